@@ -1,0 +1,34 @@
+# Two entry points: `make demo` (the main job, end to end) and `make test` (the whole suite).
+# Both create the virtual environment first. torch is installed before the project so that
+# pip never resolves a fresh (multi-GB CUDA) torch.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.zephon-installed
+
+.PHONY: env demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize]'
+	$(PY) -m pip install -q torchdata torchtitan==0.3.0
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) tools/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check zephon_store tests tools
+
+bench: $(STAMP)
+	$(PY) tools/bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .demo .bench

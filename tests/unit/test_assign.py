@@ -1,0 +1,168 @@
+"""Assign: ranks and workers partition the stream exactly once, for any schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_store.assign import (
+    batch_owner,
+    batches_for_worker,
+    node_lanes,
+    positions_for_rank,
+    rank_lanes,
+    step_cursor,
+    step_is_lane_aligned,
+)
+from zephon_store.order import Order, OrderOptions
+
+
+@st.composite
+def segment(draw: st.DrawFn) -> tuple[int, int, int]:
+    world = draw(st.integers(1, 8))
+    batch = world * draw(st.integers(1, 6))
+    return world, batch, draw(st.integers(1, 5))
+
+
+schedules = st.lists(segment(), min_size=1, max_size=6)
+
+
+def _ranks(cursor: int, batch: int, world: int, **kw: object) -> list[np.ndarray]:
+    return [positions_for_rank(cursor, batch, world, r, **kw) for r in range(world)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedule=schedules, lanes=st.sampled_from([1, 2, 6, 12, 24, 840, 7]),
+       epoch_size=st.one_of(st.none(), st.integers(1, 60)), start=st.integers(0, 100))
+def test_any_schedule_consumes_every_position_exactly_once(
+        schedule: list[tuple[int, int, int]], lanes: int, epoch_size: int | None,
+        start: int) -> None:
+    cursor = start
+    consumed = []
+    for world, batch, steps in schedule:  # a restart with a new (W, B) between segments
+        for _ in range(steps):
+            per_rank = _ranks(cursor, batch, world, lanes=lanes, epoch_size=epoch_size)
+            for pos in per_rank:
+                assert pos.dtype == np.int64
+                assert pos.size == batch // world
+                assert (np.diff(pos) > 0).all()
+            union = np.sort(np.concatenate(per_rank))
+            assert np.array_equal(union, np.arange(cursor, cursor + batch))
+            consumed.append(union)
+            cursor += batch
+    everything = np.concatenate(consumed)
+    assert np.array_equal(everything, np.arange(start, cursor))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.integers(1, 30), min_size=1, max_size=30), seed=st.integers(0, 2**32),
+       cursor=st.integers(0, 2000), k=st.integers(1, 8), lanes=st.sampled_from([1, 4, 24]))
+def test_ids_of_a_step_do_not_depend_on_world_size(
+        rows: list[int], seed: int, cursor: int, k: int, lanes: int) -> None:
+    o = Order(np.array(rows), OrderOptions(seed=seed, window_blocks=1, lanes=lanes))
+    batch = 24 * k
+    reference = None
+    for world in (1, 2, 3, 4, 6, 8, 12, 24):
+        ids = np.concatenate([o.sample_at(p) for p in _ranks(
+            cursor, batch, world, lanes=o.effective_lanes, epoch_size=o.num_samples)])
+        multiset = np.sort(ids)
+        if reference is None:
+            reference = multiset
+        assert np.array_equal(multiset, reference)
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.integers(24, 200), rows=st.integers(1, 9), seed=st.integers(0, 2**32),
+       world=st.sampled_from([1, 2, 3, 4, 6, 12]), per_rank=st.integers(1, 5),
+       cursor=st.integers(0, 5000))
+def test_lane_mode_gives_each_rank_whole_lanes(
+        blocks: int, rows: int, seed: int, world: int, per_rank: int, cursor: int) -> None:
+    o = Order(np.full(blocks, rows), OrderOptions(seed=seed, window_blocks=2, lanes=12))
+    n, p = o.num_samples, o.effective_lanes
+    assert p == 12  # blocks // window_blocks >= 12, and every world size here divides 12
+    batch = world * per_rank
+    crosses = cursor // n != (cursor + batch - 1) // n
+    for rank in range(world):
+        pos = positions_for_rank(cursor, batch, world, rank, lanes=p, epoch_size=n)
+        lanes_read = (pos % n) % p
+        if not crosses:
+            assert (lanes_read % world == rank).all()
+            assert set(lanes_read.tolist()) <= set(rank_lanes(rank, world, p).tolist())
+    assert step_is_lane_aligned(cursor, batch, world, lanes=p, epoch_size=n) or crosses
+
+
+def test_epoch_crossing_falls_back_to_contiguous_slices() -> None:
+    # N = 102, W = 4: the step [96, 104) crosses into epoch 1 with q = 96..101, 0, 1,
+    # residues mod 4 = 0,1,2,3,0,1,0,1 -> unbalanced -> plain slicing.
+    assert not step_is_lane_aligned(96, 8, 4, lanes=8, epoch_size=102)
+    assert positions_for_rank(96, 8, 4, 1, lanes=8, epoch_size=102).tolist() == [98, 99]
+    # N = 104: residues stay balanced across the boundary, lane mode holds.
+    assert step_is_lane_aligned(100, 8, 4, lanes=8, epoch_size=104)
+    assert positions_for_rank(100, 8, 4, 1, lanes=8, epoch_size=104).tolist() == [101, 105]
+    # Without epoch_size the residue of p itself is used (always balanced).
+    assert positions_for_rank(96, 8, 4, 1, lanes=8).tolist() == [97, 101]
+
+
+def test_plain_mode_when_world_does_not_divide_lanes() -> None:
+    assert positions_for_rank(10, 12, 3, 2, lanes=8).tolist() == [18, 19, 20, 21]
+    assert not step_is_lane_aligned(10, 12, 3, lanes=8)
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(ValueError, match="global_batch=10 is not a multiple of world_size=4"):
+        positions_for_rank(0, 10, 4, 0)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 4\), got 4"):
+        positions_for_rank(0, 8, 4, 4)
+    with pytest.raises(ValueError, match="cursor must be >= 0"):
+        positions_for_rank(-1, 8, 4, 0)
+    with pytest.raises(ValueError, match="epoch_size must be > 0"):
+        positions_for_rank(0, 8, 4, 0, lanes=4, epoch_size=0)
+    with pytest.raises(ValueError, match="world_size must divide lanes"):
+        rank_lanes(0, 3, 8)
+
+
+def test_node_lanes_are_whole_and_disjoint() -> None:
+    world, rpn, lanes = 8, 4, 48
+    per_node = [node_lanes(j, rpn, world, lanes) for j in range(world // rpn)]
+    assert all(x.size == lanes * rpn // world for x in per_node)
+    assert np.array_equal(np.sort(np.concatenate(per_node)), np.arange(lanes))
+    assert set(per_node[1].tolist()) == {lane for lane in range(lanes) if lane % world >= 4}
+
+
+def test_step_cursor() -> None:
+    assert step_cursor(100, 0, 32) == 100
+    assert step_cursor(100, 5, 32) == 260
+    with pytest.raises(ValueError):
+        step_cursor(0, -1, 32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("start", [0, 7])
+def test_round_robin_over_workers_reproduces_batch_order(num_workers: int, start: int) -> None:
+    stop = start + 23
+    iters = [batches_for_worker(k, num_workers, start=start, stop=stop)
+             for k in range(max(1, num_workers))]
+    active = list(range(len(iters)))
+    seen = []
+    # torch's DataLoader asks workers in turn and drops a worker once it is exhausted.
+    while active:
+        for k in list(active):
+            nxt = next(iters[k], None)
+            if nxt is None:
+                active.remove(k)
+            else:
+                seen.append(nxt)
+                assert batch_owner(nxt - start, num_workers) == k
+    assert seen == list(range(start, stop))
+
+
+def test_worker_iterators_are_endless_without_stop() -> None:
+    it = batches_for_worker(2, 4)
+    assert [next(it) for _ in range(3)] == [2, 6, 10]
+    assert [batch_owner(i, 0) for i in range(3)] == [0, 0, 0]
+    with pytest.raises(ValueError, match="worker_id"):
+        batches_for_worker(1, 0)
+    with pytest.raises(ValueError, match="num_workers"):
+        batch_owner(0, -1)

@@ -1,0 +1,247 @@
+"""ChunkCache: content keys, atomic publish, planned eviction, sharing across processes.
+
+Assertions count entries, bytes and fetches; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import time
+
+import pytest
+
+from zephon_store.cache import ChunkCache, cache_clear, cache_info, default_cache_dir, parse_size
+from zephon_store.errors import IntegrityError
+from zephon_store.hashing import xxh3_hex
+
+
+def blob(i: int, size: int = 100) -> tuple[str, bytes]:
+    """Deterministic bytes number ``i`` and their key."""
+    data = (f"blob-{i}-".encode() * size)[:size]
+    return xxh3_hex(data), data
+
+
+def files_under(directory) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs]
+
+
+def age(cache: ChunkCache, keys: list[str]) -> None:
+    """Give entries strictly increasing mtimes in the order of ``keys`` (oldest first)."""
+    for n, key in enumerate(keys):
+        os.utime(cache._entry_path(key), ns=(10**18 + n * 10**9, 10**18 + n * 10**9))
+
+
+def test_put_get_round_trip_is_atomic_and_content_keyed(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=1 << 20)
+    key, data = blob(1)
+    assert cache.get(key) is None and not cache.contains(key)
+    assert cache.put(key, data) is True
+    assert cache.get(key) == data and cache.contains(key)
+    # exactly one published file, no temp files left beside it
+    objects = [p for p in files_under(tmp_path / "v1" / "objects")]
+    assert [os.path.basename(p) for p in objects] == [key]
+    assert cache.info()["entries"] == 1 and cache.info()["bytes"] == len(data)
+    assert cache.stats.hits == 1 and cache.stats.misses == 1
+
+
+def test_put_rejects_bytes_that_do_not_hash_to_the_key(tmp_path):
+    cache = ChunkCache(tmp_path)
+    key, _ = blob(1)
+    with pytest.raises(IntegrityError, match="not to the key"):
+        cache.put(key, b"other bytes")
+    with pytest.raises(ValueError, match="xxh3-128 hex"):
+        cache.get("../../etc/passwd")
+
+
+def test_a_damaged_entry_is_dropped_not_served(tmp_path):
+    cache = ChunkCache(tmp_path)
+    key, data = blob(1)
+    cache.put(key, data)
+    with open(cache._entry_path(key), "r+b") as f:
+        f.write(b"X")
+    assert cache.get(key) is None
+    assert cache.stats.corrupt == 1 and not cache.contains(key)
+    assert cache.get_or_fetch(key, lambda: data) == data
+
+
+def test_entry_larger_than_the_budget_is_not_cached(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=50)
+    key, data = blob(1, size=100)
+    assert cache.put(key, data) is False
+    assert cache.get_or_fetch(key, lambda: data) == data
+    assert cache.info()["entries"] == 0
+
+
+def test_get_or_fetch_fetches_once(tmp_path):
+    cache = ChunkCache(tmp_path)
+    key, data = blob(1)
+    calls = []
+    fetch = lambda: calls.append(1) or data  # noqa: E731
+    assert cache.get_or_fetch(key, fetch) == data
+    assert cache.get_or_fetch(key, fetch) == data
+    assert len(calls) == 1 and cache.stats.fetches == 1 and cache.stats.hits == 1
+
+
+def test_eviction_takes_unplanned_keys_lru_first_then_the_furthest_planned(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=500, low_water=1.0)
+    keys = [blob(i)[0] for i in range(8)]
+    for i in range(5):
+        cache.put(*blob(i))
+    age(cache, [keys[2], keys[0], keys[1], keys[3], keys[4]])  # LRU order: 2, 0, 1, 3, 4
+    cache.set_future([keys[5], keys[4], keys[1], keys[6], keys[3]])  # 0 and 2 unplanned
+
+    cache.put(*blob(5))  # 600 > 500: the least recently used unplanned key goes
+    assert not cache.contains(keys[2])
+    cache.put(*blob(6))
+    assert not cache.contains(keys[0])
+    cache.put(*blob(7))  # a newcomer nobody planned is the first to go
+    assert not cache.contains(keys[7])
+    # Only planned keys left: Belady evicts the one needed furthest in the future (3).
+    cache.set_future([keys[5], keys[7], keys[4], keys[1], keys[6], keys[3]])
+    cache.put(*blob(7))
+    assert {k for k in keys if cache.contains(k)} == {keys[1], keys[4], keys[5], keys[6], keys[7]}
+    assert cache.info()["bytes"] <= 500
+    assert cache.stats.evictions == 4
+
+
+def test_belady_order_follows_the_plan(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=400, low_water=1.0)
+    keys = [blob(i)[0] for i in range(6)]
+    cache.set_future([keys[4], keys[0], keys[3], keys[1], keys[2], keys[5]])
+    for i in range(4):
+        cache.put(*blob(i))
+    cache.put(*blob(4))  # furthest planned among {0,1,2,3,4} is 2
+    assert [cache.contains(k) for k in keys[:5]] == [True, True, False, True, True]
+    cache.put(*blob(5))  # 5 itself is furthest now
+    assert not cache.contains(keys[5])
+    assert cache.info()["entries"] == 4
+
+
+def test_low_water_evicts_in_batches(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=1000, low_water=0.5)
+    for i in range(10):
+        cache.put(*blob(i))
+    assert cache.info()["bytes"] == 1000
+    cache.put(*blob(10))
+    assert cache.info()["bytes"] <= 500
+
+
+def test_plans_of_other_processes_protect_their_keys(tmp_path):
+    mine = ChunkCache(tmp_path, budget_bytes=300, low_water=1.0)
+    other = ChunkCache(tmp_path, budget_bytes=300, low_water=1.0)  # stands for another rank
+    keys = [blob(i)[0] for i in range(4)]
+    for i in range(3):
+        mine.put(*blob(i))
+    age(mine, keys[:3])  # key 0 is the LRU one
+    other.set_future([keys[0]])
+    mine.put(*blob(3))
+    assert mine.contains(keys[0]) and not mine.contains(keys[1])
+    other.clear_future()
+    assert mine.info()["plans"] == 0
+
+
+def test_clear_and_module_helpers(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    cache = ChunkCache()
+    assert cache.directory == str(tmp_path / "zc")
+    for i in range(3):
+        cache.put(*blob(i))
+    assert cache_info()["entries"] == 3 and cache_info()["bytes"] == 300
+    assert cache_clear() == 300
+    assert cache_info()["entries"] == 0 and cache.get(blob(0)[0]) is None
+    # clear only touches our own layout directory
+    (tmp_path / "zc" / "unrelated.txt").write_text("keep me")
+    cache.clear()
+    assert (tmp_path / "zc" / "unrelated.txt").exists()
+
+
+def test_default_dir_and_budget_from_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZEPHON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "zephon")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+    monkeypatch.setenv("ZEPHON_CACHE_BUDGET", "2MiB")
+    assert ChunkCache(tmp_path).budget_bytes == 2 << 20
+    assert parse_size("512m") == 512 << 20
+    with pytest.raises(ValueError, match="not a byte size"):
+        parse_size("lots")
+    assert cache_info(str(tmp_path / "never-created"))["entries"] == 0
+    assert not (tmp_path / "never-created").exists()
+
+
+# -- several processes on one cache directory -----------------------------------------------
+
+def _fits_worker(directory: str, log: str, seed: int) -> int:
+    cache = ChunkCache(directory, budget_bytes=1 << 20)
+    order = list(range(16))
+    random.Random(seed).shuffle(order)
+    for i in order:
+        key, data = blob(i, size=2000)
+
+        def fetch(key=key, data=data):
+            with open(log, "a") as f:
+                f.write(key + "\n")  # one small O_APPEND write: atomic
+            time.sleep(0.03)  # a slow fetch, so the workers' fetches overlap
+            return data
+
+        got = cache.get_or_fetch(key, fetch)
+        assert xxh3_hex(got) == key
+    return cache.stats.fetches
+
+
+def _hammer_worker(directory: str, seed: int) -> int:
+    rng = random.Random(seed)
+    cache = ChunkCache(directory, budget_bytes=48 << 10, low_water=0.75)
+    table = [blob(i, size=1000 + 997 * i % 11000) for i in range(40)]
+    checked = 0
+    for step in range(300):
+        key, data = table[rng.randrange(len(table))]
+        op = rng.random()
+        if step % 50 == 0:
+            cache.set_future([table[rng.randrange(len(table))][0] for _ in range(8)])
+        if op < 0.7:
+            got = cache.get_or_fetch(key, lambda data=data: data)
+        elif op < 0.9:
+            cache.put(key, data)
+            got = data
+        else:
+            got = cache.get(key)
+        if got is not None:
+            if xxh3_hex(got) != key:
+                raise AssertionError(f"corrupt value for {key}")
+            checked += 1
+    return checked
+
+
+def test_processes_sharing_a_cache_fetch_each_key_once(tmp_path):
+    log = tmp_path / "fetches.log"
+    log.touch()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        fetches = pool.starmap(_fits_worker, [(str(tmp_path / "c"), str(log), s)
+                                              for s in range(4)])
+    fetched = log.read_text().split()
+    assert sorted(fetched) == sorted(blob(i, size=2000)[0] for i in range(16))
+    assert sum(fetches) == 16
+
+
+def test_processes_hammering_a_small_cache_never_see_partial_entries(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        checked = pool.starmap(_hammer_worker, [(str(tmp_path), s) for s in range(4)])
+    assert all(c > 0 for c in checked)
+    names = []
+    for path in files_under(tmp_path / "v1" / "objects"):
+        name = os.path.basename(path)
+        assert not name.startswith("."), f"temp file left behind: {path}"
+        with open(path, "rb") as f:
+            assert xxh3_hex(f.read()) == name
+        names.append(name)
+    info = ChunkCache(tmp_path, budget_bytes=48 << 10).info()
+    assert info["entries"] == len(names)
+    assert info["bytes"] <= 48 << 10
+    assert info["plans"] == 0  # each worker's plan went away with it
+    assert not os.listdir(tmp_path / "v1" / "locks")

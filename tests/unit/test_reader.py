@@ -1,0 +1,80 @@
+"""Index and reader: locate is exact, take reads each needed row group once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import SeqOutOfRangeError, convert, open_dataset
+from zephon_store.shardwriter import WriteOptions
+
+
+@pytest.fixture(scope="module")
+def ds_and_records(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reader")
+    records = write_jsonl_corpus(d / "src", files=3, records=350, seed=5)
+    convert([str(d / "src")], str(d / "ds"),
+            options=WriteOptions(target_shard_bytes=30 << 10, row_group_rows=37))
+    return open_dataset(str(d / "ds")), records
+
+
+def test_locate_matches_a_brute_force_walk(ds_and_records):
+    ds, _ = ds_and_records
+    m = ds.manifest
+    expected = []
+    for rg in range(m.num_row_groups):
+        shard = int(m.rg_shard[rg])
+        for r in range(int(m.rg_rows[rg])):
+            expected.append((shard, rg, r, int(m.rg_row_start[rg] - m.shard_row_start[shard]) + r))
+    loc = ds.locate(np.arange(ds.num_samples))
+    got = list(zip(loc.shard.tolist(), loc.row_group.tolist(), loc.row_in_group.tolist(),
+                   loc.row_in_shard.tolist()))
+    assert got == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.lists(st.integers(0, 1049), max_size=80))
+def test_take_returns_rows_in_request_order(ds_and_records, seqs):
+    ds, records = ds_and_records
+    assert ds.take(seqs).to_pylist() == [records[s] for s in seqs]
+
+
+def test_take_reads_each_row_group_once_per_call(ds_and_records, monkeypatch):
+    ds, _ = ds_and_records
+    ds._decoded.budget = 0  # no decode cache: count real reads
+    ds._decoded._d.clear()
+    calls = []
+    orig = ds.storage.read_range
+    monkeypatch.setattr(ds.storage, "read_range",
+                        lambda *a, **k: calls.append(a[1:3]) or orig(*a, **k))
+    seqs = [0, 1, 2, 40, 41, 0, 1000, 2]
+    ds.take(seqs)
+    rg_reads = [c for c in calls]
+    needed = {int(r) for r in ds.locate(seqs).row_group}
+    # footers are fetched once per shard and kept; row groups once each
+    assert len(rg_reads) - len(ds._footers) <= len(needed)
+    assert len(set(rg_reads)) == len(rg_reads)
+
+
+@pytest.mark.parametrize("bad", [-1, 1050, 10**12])
+def test_out_of_range_names_the_valid_range(ds_and_records, bad):
+    ds, _ = ds_and_records
+    with pytest.raises(SeqOutOfRangeError, match=r"0\.\.1049") as e:
+        ds.take([0, bad])
+    assert isinstance(e.value, IndexError)
+
+
+def test_empty_take(ds_and_records):
+    ds, _ = ds_and_records
+    assert ds.take([]).num_rows == 0
+
+
+def test_pickled_dataset_reads_the_same(ds_and_records):
+    import pickle
+
+    ds, records = ds_and_records
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert ds2.take([3, 700]).to_pylist() == [records[3], records[700]]

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Write the golden datasets of the current format version into formats/golden/v<N>/.
+
+Each dataset is converted from small inputs defined here, and ``expected.json`` records
+its dataset_id, sample count and every record, plus the pyarrow version that wrote it.
+Tests read every golden version forever; rerun this only when bumping the format version.
+
+    python tools/make_golden.py            # writes formats/golden/v1/
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from zephon_store import convert, open_dataset  # noqa: E402
+from zephon_store.ingest import InputOptions  # noqa: E402
+from zephon_store.manifest import FORMAT_VERSION  # noqa: E402
+from zephon_store.shardwriter import WriteOptions  # noqa: E402
+
+
+def _text_inputs(d: str) -> list[str]:
+    lines = [json.dumps({"id": i, "text": f"golden record {i} " + "ab" * (i % 7),
+                         "lang": ["en", "de", "ja"][i % 3]}) for i in range(40)]
+    with open(os.path.join(d, "a.jsonl"), "w") as f:
+        f.write("\n".join(lines[:25]) + "\n")
+    with open(os.path.join(d, "b.jsonl"), "w") as f:
+        f.write("\n".join(lines[25:]) + "\n")
+    return [os.path.join(d, "*.jsonl")]
+
+
+def _nested_inputs(d: str) -> list[str]:
+    t = pa.table({
+        "k": pa.array(list(range(12)), pa.int32()),
+        "tags": pa.array([[f"t{i}", f"u{i}"] if i % 4 else None for i in range(12)],
+                         pa.list_(pa.string())),
+        "pt": pa.array([{"x": float(i), "y": -i} for i in range(12)],
+                       pa.struct([("x", pa.float64()), ("y", pa.int64())])),
+        "ts": pa.array([datetime.datetime(2026, 1, 1, i) for i in range(12)],
+                       pa.timestamp("us", tz="UTC")),
+    })
+    path = os.path.join(d, "nested.parquet")
+    pq.write_table(t, path)
+    return [path]
+
+
+DATASETS = {
+    "text": (_text_inputs, WriteOptions(target_shard_bytes=800, row_group_rows=6),
+             InputOptions()),
+    "nested": (_nested_inputs, WriteOptions(target_shard_bytes=400, row_group_bytes=150),
+               InputOptions()),
+}
+
+
+def _jsonable(rec):
+    return json.loads(json.dumps(rec, default=lambda o: o.isoformat()))
+
+
+def main() -> None:
+    out_root = os.path.join(ROOT, "formats", "golden", f"v{FORMAT_VERSION}")
+    shutil.rmtree(out_root, ignore_errors=True)
+    os.makedirs(out_root)
+    expected = {"format_version": FORMAT_VERSION, "pyarrow": pa.__version__, "datasets": {}}
+    for name, (make_inputs, wopts, iopts) in DATASETS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            inputs = make_inputs(tmp)
+            out = os.path.join(out_root, name)
+            res = convert(inputs, out, options=wopts, input_options=iopts)
+        ds = open_dataset(out)
+        expected["datasets"][name] = {
+            "dataset_id": res.dataset_id, "num_samples": res.num_samples,
+            "num_shards": res.num_shards,
+            "records": [_jsonable(r) for r in ds.take(range(ds.num_samples)).to_pylist()],
+        }
+    with open(os.path.join(out_root, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(json.dumps({k: v["dataset_id"] for k, v in expected["datasets"].items()}))
+
+
+if __name__ == "__main__":
+    main()

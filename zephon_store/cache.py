@@ -1,0 +1,492 @@
+"""A node-local disk cache of byte ranges, keyed by their content hash.
+
+Every rank and worker process of a node can share one cache directory: entries are published
+atomically (temp file + ``os.replace``), concurrent fetches of one key run once (a per-key
+``flock``), and the byte budget is kept under a cache-wide ``flock``. Because the key is the
+xxh3 of the bytes, an updated dataset can never be served stale bytes, and a damaged entry is
+detected and dropped on read.
+
+Eviction is planned, not guessed: the reader knows the order, so it tells the cache which keys
+it needs next (:meth:`ChunkCache.set_future`). Over budget, the cache first evicts keys no live
+process plans to read (least recently used first), then the planned key needed furthest in the
+future (Belady).
+
+>>> import tempfile
+>>> from zephon_store.hashing import xxh3_hex
+>>> cache = ChunkCache(tempfile.mkdtemp(), budget_bytes=1 << 20)
+>>> key = xxh3_hex(b"row group bytes")
+>>> cache.get_or_fetch(key, lambda: b"row group bytes")
+b'row group bytes'
+>>> cache.get(key)
+b'row group bytes'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+from .errors import IntegrityError
+from .hashing import is_hex_hash, xxh3_hex
+
+ENV_DIR = "ZEPHON_CACHE_DIR"
+ENV_BUDGET = "ZEPHON_CACHE_BUDGET"
+DEFAULT_BUDGET_BYTES = 10 << 30
+LAYOUT = "v1"  # everything lives under <dir>/v1, so clear() never touches foreign files
+# Temp files older than this belong to a crashed writer and are removed by the next scan.
+_STALE_TEMP_SECONDS = 3600.0
+_STALE_PLAN_SECONDS = 3600.0
+_TEMP_PREFIX = ".tmp-"
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def default_cache_dir() -> str:
+    """``$ZEPHON_CACHE_DIR``, else ``$XDG_CACHE_HOME/zephon``, else ``~/.cache/zephon``."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "zephon")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte count such as ``"512MiB"``, ``"20G"`` or ``1048576`` (powers of 1024).
+
+    >>> parse_size("1.5GiB"), parse_size("64k"), parse_size(10)
+    (1610612736, 65536, 10)
+    """
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 512MiB, 20G)")
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
+
+
+def default_budget_bytes() -> int:
+    """``$ZEPHON_CACHE_BUDGET`` (e.g. ``20GiB``), else 10 GiB."""
+    env = os.environ.get(ENV_BUDGET)
+    return parse_size(env) if env else DEFAULT_BUDGET_BYTES
+
+
+@dataclass
+class CacheStats:
+    """What this process's :class:`ChunkCache` did (other processes keep their own)."""
+
+    hits: int = 0
+    misses: int = 0
+    fetches: int = 0
+    puts: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    corrupt: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class _Entry(NamedTuple):
+    key: str
+    path: str
+    size: int
+    mtime_ns: int
+
+
+def _flock(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class ChunkCache:
+    """A byte-budgeted disk cache shared by the processes of one node.
+
+    ``directory`` defaults to :func:`default_cache_dir`; ``budget_bytes`` to
+    :func:`default_budget_bytes`. Over budget, eviction runs down to ``low_water * budget`` so
+    the directory scan it needs is paid once per ``(1 - low_water) * budget`` bytes written.
+    With ``verify`` (default) every read is hashed and a mismatching entry is dropped.
+
+    >>> cache = ChunkCache("/tmp/zc", budget_bytes=64 << 20)  # doctest: +SKIP
+    >>> cache.set_future([k1, k2, k3])   # the keys the reader needs next, in order  # doctest: +SKIP
+    >>> data = cache.get_or_fetch(k1, lambda: storage.read_range(...))  # doctest: +SKIP
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
+                 budget_bytes: int | str | None = None, low_water: float = 0.9,
+                 verify: bool = True) -> None:
+        self.directory = (os.path.abspath(os.fspath(directory)) if directory is not None
+                          else default_cache_dir())
+        budget = default_budget_bytes() if budget_bytes is None else parse_size(budget_bytes)
+        if budget <= 0:
+            raise ValueError(f"budget_bytes must be > 0, got {budget}")
+        if not 0.0 < low_water <= 1.0:
+            raise ValueError(f"low_water must be in (0, 1], got {low_water}")
+        self.budget_bytes = budget
+        self.low_water = low_water
+        self.verify = verify
+        self.stats = CacheStats()
+        self._root = os.path.join(self.directory, LAYOUT)
+        self._objects = os.path.join(self._root, "objects")
+        self._locks = os.path.join(self._root, "locks")
+        self._plans = os.path.join(self._root, "plans")
+        self._plan: dict[str, int] = {}
+        self._plan_file: str | None = None
+        self._plan_finalizer: weakref.finalize | None = None
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ChunkCache({self.directory!r}, budget_bytes={self.budget_bytes})"
+
+    # -- layout and locks -------------------------------------------------------------------
+
+    def _ensure_dirs(self) -> None:
+        for d in (self._objects, self._locks, self._plans):
+            os.makedirs(d, exist_ok=True)
+
+    def _entry_path(self, key: str) -> str:
+        if not isinstance(key, str) or not is_hex_hash(key):
+            raise ValueError(
+                f"cache keys are xxh3-128 hex digests of the cached bytes (32 lowercase hex "
+                f"digits), got {key!r}")
+        return os.path.join(self._objects, key[:2], key)
+
+    @contextlib.contextmanager
+    def _cache_lock(self) -> Iterator[None]:
+        """The cache-wide lock guarding the usage counter, eviction and clear."""
+        self._ensure_dirs()
+        fd = _flock(os.path.join(self._root, "lock"))
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        """Exclusive per-key lock; the lock file is removed by its holder.
+
+        A waiter may wake up holding the lock of a file already unlinked (and a newcomer may
+        have created a fresh one), so after locking it checks that the path still names the
+        file it holds, and starts over otherwise.
+        """
+        self._ensure_dirs()
+        path = os.path.join(self._locks, key + ".lock")
+        while True:
+            fd = _flock(path)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
+            yield
+        finally:
+            _unlink_quiet(path)
+            os.close(fd)
+
+    def _count(self, **deltas: int) -> None:
+        with self._mutex:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    # -- usage bookkeeping (call with the cache lock held) ----------------------------------
+
+    def _usage_path(self) -> str:
+        return os.path.join(self._root, "usage")
+
+    def _read_usage(self) -> int | None:
+        try:
+            with open(self._usage_path()) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_usage(self, usage: int) -> None:
+        fd = os.open(self._usage_path(), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(max(usage, 0)).encode(), 0)
+        finally:
+            os.close(fd)
+
+    def _scan(self) -> list[_Entry]:
+        """Every entry on disk; removes temp files left by crashed writers."""
+        entries: list[_Entry] = []
+        try:
+            subdirs = os.scandir(self._objects)
+        except FileNotFoundError:
+            return entries
+        now = time.time()
+        with subdirs:
+            for sub in subdirs:
+                if not sub.is_dir():
+                    continue
+                with os.scandir(sub.path) as files:
+                    for f in files:
+                        try:
+                            st = f.stat()
+                        except FileNotFoundError:
+                            continue
+                        if f.name.startswith(_TEMP_PREFIX):
+                            if now - st.st_mtime > _STALE_TEMP_SECONDS:
+                                _unlink_quiet(f.path)
+                            continue
+                        entries.append(_Entry(f.name, f.path, st.st_size, st.st_mtime_ns))
+        return entries
+
+    # -- the future plan --------------------------------------------------------------------
+
+    def set_future(self, keys_in_order: Iterable[str]) -> None:
+        """Tell the cache which keys this process will read next, soonest first.
+
+        Replaces the previous plan. The plan is published in the cache directory so eviction
+        run by any process of the node protects it; it is removed when this cache object is
+        garbage collected or the process exits (plans of dead processes are ignored).
+
+        >>> cache.set_future(manifest_row_group_hashes_in_read_order[:4096])  # doctest: +SKIP
+        """
+        plan: dict[str, int] = {}
+        for i, key in enumerate(keys_in_order):
+            self._entry_path(key)  # validates
+            plan.setdefault(key, i)
+        self._ensure_dirs()
+        if self._plan_file is None:
+            name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.plan"
+            self._plan_file = os.path.join(self._plans, name)
+            self._plan_finalizer = weakref.finalize(self, _unlink_quiet, self._plan_file)
+        fd, tmp = tempfile.mkstemp(dir=self._plans, prefix=_TEMP_PREFIX)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(k + "\n" for k in plan))
+        os.replace(tmp, self._plan_file)
+        self._plan = plan
+
+    def clear_future(self) -> None:
+        """Forget this process's plan."""
+        self._plan = {}
+        if self._plan_finalizer is not None:
+            self._plan_finalizer()
+        self._plan_file = None
+        self._plan_finalizer = None
+
+    def _plan_distances(self) -> dict[str, int]:
+        """Key -> soonest position at which any live process of the node plans to read it."""
+        dist = dict(self._plan)
+        try:
+            names = os.listdir(self._plans)
+        except FileNotFoundError:
+            return dist
+        host = socket.gethostname()
+        now = time.time()
+        for name in names:
+            path = os.path.join(self._plans, name)
+            if path == self._plan_file or not name.endswith(".plan"):
+                continue
+            plan_host, _, rest = name.rpartition("-")[0].rpartition("-")
+            pid = int(rest) if rest.isdigit() else -1
+            try:
+                stale = (not _pid_alive(pid) if plan_host == host
+                         else now - os.stat(path).st_mtime > _STALE_PLAN_SECONDS)
+                if stale:
+                    _unlink_quiet(path)
+                    continue
+                with open(path) as f:
+                    for i, line in enumerate(f):
+                        key = line.strip()
+                        if i < dist.get(key, i + 1):
+                            dist[key] = i
+            except FileNotFoundError:
+                continue
+        return dist
+
+    def _evict_locked(self, target_bytes: int) -> int:
+        """Evict until usage <= ``target_bytes``; returns the usage measured on disk."""
+        entries = self._scan()
+        usage = sum(e.size for e in entries)
+        if usage <= target_bytes:
+            return usage
+        dist = self._plan_distances()
+        unplanned = sorted((e for e in entries if e.key not in dist),
+                           key=lambda e: (e.mtime_ns, e.key))
+        planned = sorted((e for e in entries if e.key in dist),
+                         key=lambda e: (-dist[e.key], e.key))
+        for e in unplanned + planned:
+            if usage <= target_bytes:
+                break
+            _unlink_quiet(e.path)
+            usage -= e.size
+            self._count(evictions=1, evicted_bytes=e.size)
+        return usage
+
+    # -- public API -------------------------------------------------------------------------
+
+    def contains(self, key: str) -> bool:
+        """True if an entry for ``key`` is on disk (not verified)."""
+        return os.path.exists(self._entry_path(key))
+
+    def _read(self, key: str) -> bytes | None:
+        path = self._entry_path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+                ino = os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            return None
+        if self.verify and xxh3_hex(data) != key:
+            self._count(corrupt=1)
+            with self._cache_lock():
+                # Only drop the damaged file we read, not a good one published meanwhile.
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_ino == ino:
+                        os.unlink(path)
+                        usage = self._read_usage()
+                        if usage is not None:
+                            self._write_usage(usage - len(data))
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)  # recency for LRU among unplanned keys
+        return data
+
+    def get(self, key: str) -> bytes | None:
+        """The cached bytes for ``key``, or None.
+
+        >>> import tempfile
+        >>> ChunkCache(tempfile.mkdtemp()).get("0" * 32) is None
+        True
+        """
+        data = self._read(key)
+        self._count(**({"hits": 1} if data is not None else {"misses": 1}))
+        return data
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        """Publish ``data`` under ``key`` (its xxh3); False if it exceeds the whole budget.
+
+        Raises :class:`~zephon_store.errors.IntegrityError` when ``verify`` is on and the bytes
+        do not hash to ``key``.
+        """
+        path = self._entry_path(key)
+        if self.verify:
+            actual = xxh3_hex(data)
+            if actual != key:
+                raise IntegrityError(
+                    f"cache put: bytes hash to {actual}, not to the key {key}; cache keys must "
+                    f"be the xxh3 of the cached bytes", url=path, expected=key, actual=actual)
+        size = len(data)
+        if size > self.budget_bytes:
+            return False
+        if os.path.exists(path):
+            return True
+        self._ensure_dirs()
+        subdir = os.path.dirname(path)
+        os.makedirs(subdir, exist_ok=True)
+        # No fsync: after a crash a torn entry fails verification and is dropped on read.
+        fd, tmp = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            with self._cache_lock():
+                if os.path.exists(path):
+                    os.unlink(tmp)
+                    return True
+                os.replace(tmp, path)
+                usage = self._read_usage()
+                usage = (usage if usage is not None else sum(e.size for e in self._scan()) - size)
+                usage += size
+                if usage > self.budget_bytes:
+                    usage = self._evict_locked(int(self.budget_bytes * self.low_water))
+                self._write_usage(usage)
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        self._count(puts=1)
+        return True
+
+    def get_or_fetch(self, key: str, fetch_fn: Callable[[], bytes]) -> bytes:
+        """The cached bytes for ``key``, else ``fetch_fn()`` published under ``key``.
+
+        Processes (and threads) of the node asking for the same missing key wait on a per-key
+        file lock, so the fetch runs once while it fits in the budget.
+
+        >>> data = cache.get_or_fetch(rg_xxh3, lambda: st.read_range(  # doctest: +SKIP
+        ...     shard, off, off + n, expected_xxh3=rg_xxh3))
+        """
+        data = self._read(key)
+        if data is not None:
+            self._count(hits=1)
+            return data
+        with self._key_lock(key):
+            data = self._read(key)
+            if data is not None:
+                self._count(hits=1)
+                return data
+            self._count(misses=1, fetches=1)
+            data = fetch_fn()
+            self.put(key, data)
+            return data
+
+    def info(self) -> dict[str, object]:
+        """``{"dir", "entries", "bytes", "budget", "plans"}`` measured on disk."""
+        entries = self._scan()
+        try:
+            plans = sum(1 for n in os.listdir(self._plans) if n.endswith(".plan"))
+        except FileNotFoundError:
+            plans = 0
+        return {"dir": self.directory, "entries": len(entries),
+                "bytes": sum(e.size for e in entries), "budget": self.budget_bytes,
+                "plans": plans}
+
+    def clear(self) -> int:
+        """Remove every entry (and stale temp files); returns the bytes freed."""
+        if not os.path.isdir(self._root):
+            return 0
+        freed = 0
+        with self._cache_lock():
+            for e in self._scan():
+                try:
+                    os.unlink(e.path)
+                    freed += e.size
+                except FileNotFoundError:
+                    pass
+            self._write_usage(0)
+        return freed
+
+
+def cache_info(directory: str | None = None) -> dict[str, object]:
+    """:meth:`ChunkCache.info` of the cache at ``directory`` (default: the user cache dir)."""
+    return ChunkCache(directory).info()
+
+
+def cache_clear(directory: str | None = None) -> int:
+    """:meth:`ChunkCache.clear` of the cache at ``directory``; returns bytes freed."""
+    return ChunkCache(directory).clear()
+
+
+__all__ = ["ChunkCache", "CacheStats", "cache_clear", "cache_info", "default_budget_bytes",
+           "default_cache_dir", "parse_size"]

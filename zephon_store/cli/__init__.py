@@ -1,0 +1,1 @@
+"""The ``zephon`` command line. Entry point: :func:`zephon_store.cli.main.main`."""

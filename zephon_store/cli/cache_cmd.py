@@ -1,0 +1,32 @@
+"""``zephon cache info|clear``: the node-local disk cache of remote row groups."""
+
+from __future__ import annotations
+
+from .common import emit
+
+
+def add_cache_parser(sub) -> None:
+    p = sub.add_parser("cache", help="inspect or clear the local cache of remote bytes")
+    p.add_argument("action", choices=["info", "clear"])
+    p.add_argument("--dir", default=None, help="cache directory (default: $ZEPHON_CACHE_DIR or "
+                   "the user cache directory)")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_cache(args) -> int:
+    from ..cache import cache_clear, cache_info
+
+    if args.action == "info":
+        info = cache_info(args.dir)
+        if args.json:
+            emit(info)
+        else:
+            for k, v in info.items():
+                print(f"{k:10} {v}")
+        return 0
+    freed = cache_clear(args.dir)
+    if args.json:
+        emit({"cleared_bytes": freed})
+    else:
+        print(f"cleared {freed} bytes")
+    return 0

@@ -1,0 +1,83 @@
+"""Shared pieces of the CLI: size parsing, JSON output, storage options."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import decimal
+import json
+import re
+import sys
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
+          "tb": 1000**4, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class UsageError(Exception):
+    """A command-line mistake; printed and exits with status 2."""
+
+
+def parse_bytes(text: str) -> int:
+    """Parse ``128MiB``, ``1.5GB``, ``4096`` into bytes.
+
+    >>> parse_bytes("128MiB")
+    134217728
+    """
+    m = _SIZE_RE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r} as a size; use e.g. 128MiB, 1GB or 4096 (bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_row_group_size(text: str) -> tuple[int | None, int | None]:
+    """``1MiB`` -> (bytes, None); ``4096rows`` -> (None, 4096)."""
+    t = text.strip().lower()
+    if t.endswith("rows") or t.endswith("row"):
+        n = t.rstrip("s")[:-3].strip()
+        if not n.isdigit() or int(n) <= 0:
+            raise argparse.ArgumentTypeError(f"cannot read {text!r} as a row count; use e.g. 4096rows")
+        return None, int(n)
+    return parse_bytes(text), None
+
+
+def parse_json_object(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return obj
+
+
+def _default(o):
+    if isinstance(o, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(o)).decode()}
+    if isinstance(o, (datetime.datetime, datetime.date, datetime.time)):
+        return o.isoformat()
+    if isinstance(o, datetime.timedelta):
+        return o.total_seconds()
+    if isinstance(o, decimal.Decimal):
+        return str(o)
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return repr(o)
+
+
+def dumps(obj, *, indent: int | None = None) -> str:
+    """JSON text for CLI output (bytes as base64, timestamps as ISO 8601)."""
+    return json.dumps(obj, default=_default, indent=indent, ensure_ascii=False)
+
+
+def emit(obj) -> None:
+    sys.stdout.write(dumps(obj) + "\n")
+
+
+def add_storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-options", type=parse_json_object, default=None, metavar="JSON",
+                   help='fsspec storage options, e.g. \'{"endpoint_url": "http://127.0.0.1:8333"}\''
+                        " (default: the standard AWS environment variables)")

@@ -1,0 +1,231 @@
+"""``zephon``: convert, verify, info, get, plan, cache.
+
+Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
+
+>>> main(["info", "/data/ds", "--json"])   # doctest: +SKIP
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import SeqOutOfRangeError, ZephonError
+from .common import UsageError, add_storage_options, dumps, emit, parse_bytes, parse_row_group_size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zephon", description="Content-hashed Parquet shards and an "
+                                "elastically deterministic loader.")
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"zephon_store {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("convert", help="convert raw inputs into a dataset")
+    c.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="files, globs, directories or URLs (JSONL[.gz|.zst|.bz2|.xz], Parquet, "
+                        "text, CSV)")
+    c.add_argument("--output", "-o", required=True, metavar="URL", help="dataset root to write")
+    c.add_argument("--target-shard-size", type=parse_bytes, default="128MiB", metavar="SIZE",
+                   help="close a shard at this many bytes, measured before compression "
+                        "(default 128MiB)")
+    c.add_argument("--row-group-size", type=parse_row_group_size, default="1MiB", metavar="SIZE",
+                   help="bytes (e.g. 1MiB, before compression) or rows (e.g. 4096rows) per row "
+                        "group (default 1MiB)")
+    c.add_argument("--compression", default="zstd",
+                   choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"])
+    c.add_argument("--compression-level", type=int, default=3)
+    c.add_argument("--workers", type=int, default=1, help="conversion processes (default 1)")
+    c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
+                   help="input format (default: from each file name)")
+    c.add_argument("--text-mode", choices=["file", "line"], default="file",
+                   help="plain text: one sample per file or per line")
+    c.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="bad records: stop with an error naming file and line, or skip and count")
+    c.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="pack tokens: a local tokenizer.json (needs --seq-len)")
+    c.add_argument("--seq-len", type=int, default=None, metavar="L",
+                   help="pack documents into windows of L+1 tokens")
+    c.add_argument("--text-column", default="text", help="column holding the document text")
+    c.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's BOS token before each document")
+    c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's EOS token after each document")
+    c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    add_storage_options(c)
+    c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
+                   help="storage options for the inputs (default: --storage-options)")
+
+    v = sub.add_parser("verify", help="check a dataset's integrity (read-only)")
+    v.add_argument("url")
+    v.add_argument("--deep", action="store_true", help="also decode every row group")
+    v.add_argument("--workers", type=int, default=4)
+    v.add_argument("--json", action="store_true")
+    add_storage_options(v)
+
+    i = sub.add_parser("info", help="describe a dataset")
+    i.add_argument("url")
+    i.add_argument("--json", action="store_true")
+    add_storage_options(i)
+
+    g = sub.add_parser("get", help="print the records at global sequence numbers")
+    g.add_argument("url")
+    g.add_argument("seqs", nargs="+", type=int, metavar="SEQ")
+    g.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_storage_options(g)
+
+    from .plan_cmd import add_plan_parser
+    from .cache_cmd import add_cache_parser
+
+    add_plan_parser(sub)
+    add_cache_parser(sub)
+    return p
+
+
+def _json_arg(text: str) -> dict:
+    from .common import parse_json_object
+
+    return parse_json_object(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code (tests call this directly)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"zephon {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except SeqOutOfRangeError as exc:
+        print(f"zephon {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (ZephonError, OSError, ValueError) as exc:
+        print(f"zephon {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"zephon {args.command}: interrupted; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+def cmd_convert(args) -> int:
+    from ..convert import convert
+    from ..ingest import InputOptions
+    from ..shardwriter import WriteOptions
+
+    rg_bytes, rg_rows = args.row_group_size
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    wopts = WriteOptions(target_shard_bytes=args.target_shard_size, row_group_bytes=rg_bytes,
+                         row_group_rows=rg_rows, compression=args.compression,
+                         compression_level=args.compression_level)
+    iopts = InputOptions(format=args.format, text_mode=args.text_mode, on_error=args.on_error,
+                         text_column=args.text_column)
+    kwargs = {}
+    if args.tokenizer or args.seq_len:
+        if not (args.tokenizer and args.seq_len):
+            raise UsageError("--tokenizer and --seq-len go together")
+        from ..packing import PackingOptions, packing_convert_kwargs
+
+        kwargs = packing_convert_kwargs(PackingOptions(
+            tokenizer=args.tokenizer, seq_len=args.seq_len, text_column=args.text_column,
+            bos=args.bos, eos=args.eos))
+    result = convert(args.inputs, args.output, options=wopts, input_options=iopts,
+                     workers=args.workers, storage_options=args.storage_options,
+                     input_storage_options=args.input_storage_options,
+                     progress=None if not args.json else False, **kwargs)
+    if args.json:
+        emit(result.to_dict())
+    else:
+        print(f"wrote {result.num_samples} samples in {result.num_shards} shards "
+              f"({result.total_bytes / 1e6:.1f} MB) to {result.url}")
+        print(f"dataset_id {result.dataset_id}")
+        if any(result.skipped.values()):
+            print(f"skipped: {result.skipped}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from ..verify import verify
+
+    report = verify(args.url, deep=args.deep, storage_options=args.storage_options,
+                    workers=args.workers, progress=not args.json and sys.stderr.isatty())
+    if args.json:
+        emit(report.to_dict())
+    else:
+        for f in report.findings:
+            print(f"{f.kind}: {f.message}")
+        status = "OK" if report.ok else f"{len(report.findings)} finding(s)"
+        print(f"{status}: {report.shards_checked} shards checked, dataset_id {report.dataset_id}")
+    return 0 if report.ok else 1
+
+
+def cmd_info(args) -> int:
+    from ..reader import open_dataset
+
+    ds = open_dataset(args.url, storage_options=args.storage_options)
+    m = ds.manifest
+    info = {
+        "url": args.url, "dataset_id": m.dataset_id, "format_version": m.doc["format_version"],
+        "num_samples": m.num_samples, "num_shards": m.num_shards,
+        "num_row_groups": m.num_row_groups, "total_bytes": m.total_bytes,
+        "schema": m.doc["schema"]["fields"], "writer": m.doc["writer"],
+        "inputs": {k: v for k, v in m.doc.get("inputs", {}).items() if k != "options"},
+        "skipped": m.doc.get("skipped", {}),
+    }
+    if "packing" in m.doc:
+        info["packing"] = m.doc["packing"]
+    if args.json:
+        emit(info)
+        return 0
+    print(f"dataset   {args.url}")
+    print(f"id        {m.dataset_id}")
+    print(f"samples   {m.num_samples}")
+    print(f"shards    {m.num_shards} ({m.num_row_groups} row groups, {m.total_bytes / 1e6:.1f} MB)")
+    print("schema")
+    for f in info["schema"]:
+        print(f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' not null'}")
+    return 0
+
+
+def cmd_get(args) -> int:
+    from ..reader import open_dataset
+
+    ds = open_dataset(args.url, storage_options=args.storage_options)
+    rows = ds.take(args.seqs).to_pylist()
+    for seq, row in zip(args.seqs, rows):
+        if args.json:
+            emit(row)
+        else:
+            print(f"[{seq}] {dumps(row)}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from .plan_cmd import cmd_plan
+
+    return cmd_plan(args)
+
+
+def _cmd_cache(args) -> int:
+    from .cache_cmd import cmd_cache
+
+    return cmd_cache(args)
+
+
+COMMANDS = {"convert": cmd_convert, "verify": cmd_verify, "info": cmd_info, "get": cmd_get,
+            "plan": _cmd_plan, "cache": _cmd_cache}
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

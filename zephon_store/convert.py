@@ -1,0 +1,518 @@
+"""Convert raw corpora into content-hashed shards plus a manifest.
+
+Three phases, each a pure function of the inputs and options, so the output is
+byte-identical for any ``workers``:
+
+1. **parse** (N processes, one input file per task): records -> Arrow IPC in a staging
+   folder, with every row's size (:mod:`rowsize`);
+2. **plan** (one process, cheap): cut the concatenated stream into row groups and shards
+   (:mod:`layout`);
+3. **write** (N processes, one shard per task): Parquet to a temp file, hash it, publish it
+   as ``shards/<hash>.parquet`` (rename locally, one PUT on object stores), then a receipt.
+
+``manifest.json`` is published last. Killing the converter at any moment and rerunning the
+same command reuses every parsed input and every published shard (the staging folder is
+keyed by a hash of the inputs and options) and finishes with identical output.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, is_dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from . import __version__
+from .errors import InputError
+from .hashing import xxh3_hex
+from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
+from .layout import Cutter, ShardPlan
+from .manifest import (
+    INDEX_DIR,
+    MANIFEST_NAME,
+    PROVENANCE_TABLE_SCHEMA,
+    ROW_GROUP_TABLE_SCHEMA,
+    SHARD_TABLE_SCHEMA,
+    Manifest,
+    canonical_json,
+    shard_path,
+    table_to_ipc,
+)
+from .rowsize import table_row_nbytes
+from .shardwriter import ShardInfo, WriteOptions, write_shard
+from .storage import Storage
+
+STAGING_DIRNAME = ".zephon-staging"
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` did; ``to_dict()`` is the CLI's ``--json`` summary."""
+
+    url: str
+    dataset_id: str
+    num_samples: int
+    num_shards: int
+    num_row_groups: int
+    total_bytes: int
+    input_files: int
+    input_bytes: int
+    shards_reused: int
+    inputs_reused: int
+    skipped: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# A parse function turns one input into Arrow batches. The default reads records; packing
+# (zephon_store.packing) swaps in tokenization. It must be a module-level callable so
+# worker processes can import it.
+ParseFn = Callable[[InputFile, InputOptions, "dict | None", InputStats], Iterable[pa.RecordBatch]]
+
+
+def _default_parse(f: InputFile, options: InputOptions, storage_options, stats: InputStats):
+    return read_input(f, options=options, storage_options=storage_options, stats=stats)
+
+
+def convert(
+    inputs: list[str] | str,
+    output: str,
+    *,
+    options: WriteOptions | None = None,
+    input_options: InputOptions | None = None,
+    workers: int = 1,
+    storage_options: dict | None = None,
+    input_storage_options: dict | None = None,
+    progress: bool | None = None,
+    staging_dir: str | None = None,
+    parse_fn: ParseFn | None = None,
+    extra_manifest: dict | None = None,
+    restream: Callable | None = None,
+) -> ConvertResult:
+    """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
+
+    >>> convert(["corpus/*.jsonl.zst"], "s3://bucket/ds", workers=4)   # doctest: +SKIP
+    ConvertResult(url='s3://bucket/ds', dataset_id='xxh3:…', num_samples=…, …)
+
+    ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
+    inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    options = options or WriteOptions()
+    input_options = input_options or InputOptions()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    in_so = storage_options if input_storage_options is None else input_storage_options
+    parse_fn = parse_fn or _default_parse
+    if progress is None:
+        progress = sys.stderr.isatty()
+
+    files = expand_inputs(list(inputs), storage_options=in_so, options=input_options)
+    out = Storage(output, storage_options=storage_options)
+    job = _job_key(files, options, input_options, parse_fn, extra_manifest)
+    staging = _staging_dir(output, out, job, staging_dir)
+    os.makedirs(os.path.join(staging, "parsed"), exist_ok=True)
+    os.makedirs(os.path.join(staging, "done"), exist_ok=True)
+    os.makedirs(os.path.join(staging, "tmp"), exist_ok=True)
+
+    with _Pool(workers) as pool:
+        metas, inputs_reused = _parse_all(files, staging, input_options, in_so, parse_fn, pool,
+                                          progress)
+        if not any(m["rows"] for m in metas):
+            raise InputError(f"no records found in {len(files)} input file(s) ({files[0].url}, "
+                             "...); nothing to convert", path=files[0].url)
+        schema = unify_schemas([(f.url, _schema_of(m)) for f, m in zip(files, metas)
+                                if m["rows"] > 0])
+        if restream is not None:
+            # A global pass over the parsed stream (token packing) that re-stages the rows.
+            metas, schema = restream(files, metas, staging, pool)
+        plans = _plan(metas, staging, options)
+        infos, shards_reused = _write_all(plans, metas, staging, schema, options, output,
+                                          storage_options, pool, progress)
+
+    result = _publish_manifest(out, files, metas, plans, infos, schema, options, input_options,
+                               extra_manifest)
+    shutil.rmtree(staging, ignore_errors=True)
+    return ConvertResult(
+        url=output, dataset_id=result.dataset_id, num_samples=result.num_samples,
+        num_shards=result.num_shards, num_row_groups=result.num_row_groups,
+        total_bytes=result.total_bytes, input_files=len(files),
+        input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
+        inputs_reused=inputs_reused, skipped=result.doc["skipped"],
+        seconds=round(time.perf_counter() - t0, 3))
+
+
+# -- staging -------------------------------------------------------------------------------
+def _job_key(files, options, input_options, parse_fn, extra) -> str:
+    desc = {
+        "inputs": [[f.url, f.size, f.kind, f.compression] for f in files],
+        "write": options.to_dict(),
+        "input": asdict(input_options) if is_dataclass(input_options) else repr(input_options),
+        "parse": f"{parse_fn.__module__}.{getattr(parse_fn, '__qualname__', repr(parse_fn))}",
+        "extra": extra,
+        "zephon": __version__,
+    }
+    return xxh3_hex(canonical_json(desc))[:16]
+
+
+def _staging_dir(output: str, out: Storage, job: str, staging_dir: str | None) -> str:
+    if staging_dir:
+        return os.path.join(staging_dir, job)
+    if out.local:
+        return os.path.join(out.root_url, STAGING_DIRNAME, job)
+    from .cache import default_cache_dir
+
+    return os.path.join(default_cache_dir(), "staging", job)
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Pool:
+    """A process pool, or the current process when ``workers == 1``."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._ex = None
+
+    def __enter__(self) -> _Pool:
+        if self.workers > 1:
+            # spawn, not fork: forking a process that already runs pyarrow/fsspec threads can
+            # deadlock.
+            self._ex = ProcessPoolExecutor(self.workers,
+                                           mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(cancel_futures=True)
+
+    def map(self, fn, items: list) -> Iterator:
+        if self._ex is None:
+            return map(fn, items)
+        return self._ex.map(fn, items)
+
+
+def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=not progress,
+                leave=False, file=sys.stderr)
+
+
+# -- phase 1: parse ------------------------------------------------------------------------
+def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
+    tasks, metas, reused = [], [None] * len(files), 0
+    for i, f in enumerate(files):
+        meta_path = os.path.join(staging, "parsed", f"{i:06d}.json")
+        if os.path.exists(meta_path):
+            with open(meta_path) as fh:
+                metas[i] = json.load(fh)
+            reused += 1
+        else:
+            tasks.append((i, f, staging, input_options, so, parse_fn))
+    with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
+        for meta in pool.map(_parse_one, tasks):
+            metas[meta["index"]] = meta
+            bar.update(meta["input_bytes"])
+            bar.set_postfix(rows=meta["rows"])
+    return metas, reused
+
+
+def _parse_one(task) -> dict:
+    i, f, staging, input_options, so, parse_fn = task
+    stats = InputStats()
+    base = os.path.join(staging, "parsed", f"{i:06d}")
+    rows, sizes, schema = 0, [], None
+    writer = None
+    tmp = f"{base}.arrow.tmp{os.getpid()}"
+    try:
+        for batch in parse_fn(f, input_options, so, stats):
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                schema = batch.schema
+                writer = pa.ipc.new_file(tmp, schema)
+            elif not batch.schema.equals(schema):
+                # Chunks of one file may infer different types; unify within the file.
+                schema = unify_schemas([(f.url, schema), (f.url, batch.schema)])
+                writer.close()
+                writer = _rewrite_with_schema(tmp, schema)
+                batch = conform(pa.Table.from_batches([batch]), schema).to_batches()[0]
+            writer.write_batch(batch)
+            sizes.append(table_row_nbytes(batch))
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if rows == 0 and input_options.on_error != "skip":
+        raise InputError(
+            f"{f.url}: input holds no records; remove it from the inputs or pass "
+            "--on-error skip to ignore empty inputs", path=f.url)
+    if writer is not None:
+        os.replace(tmp, f"{base}.arrow")
+    np.save(f"{base}.sizes.npy", np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
+    meta = {
+        "index": i, "url": f.url, "rows": rows, "input_bytes": f.size,
+        "schema_b64": _schema_b64(schema) if schema is not None else None,
+        "stats": _stats_dict(stats),
+    }
+    _atomic_write_json(f"{base}.json", meta)
+    return meta
+
+
+def _rewrite_with_schema(path: str, schema: pa.Schema):
+    old = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    os.replace(path, path + ".old")
+    w = pa.ipc.new_file(path, schema)
+    for b in conform(old, schema).to_batches():
+        w.write_batch(b)
+    os.remove(path + ".old")
+    return w
+
+
+def _stats_dict(stats) -> dict:
+    if hasattr(stats, "to_dict"):
+        return stats.to_dict()
+    if is_dataclass(stats):
+        return asdict(stats)
+    return dict(vars(stats))
+
+
+def _schema_b64(schema: pa.Schema) -> str:
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_of(meta: dict) -> pa.Schema:
+    import base64
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(meta["schema_b64"])))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Give ``table`` exactly ``schema``: reorder, cast, and add missing columns as nulls."""
+    if table.schema.equals(schema):
+        return table
+    cols = []
+    for fld in schema:
+        if fld.name in table.column_names:
+            col = table.column(fld.name)
+            cols.append(col if col.type.equals(fld.type) else col.cast(fld.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, type=fld.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def staged_base(staging: str, meta: dict) -> str:
+    """Path prefix of a staged input's ``.arrow``/``.sizes.npy``/``.json`` files.
+
+    Parsed inputs live at ``parsed/<index>``; a restream pass (token packing) may stage its
+    output elsewhere and says so in ``meta["base"]`` (relative to the staging folder).
+    """
+    return os.path.join(staging, meta.get("base") or os.path.join("parsed", f"{meta['index']:06d}"))
+
+
+# -- phase 2: plan -------------------------------------------------------------------------
+def _plan(metas, staging, options: WriteOptions) -> list[ShardPlan]:
+    cutter = Cutter(row_group_rows=options.row_group_rows, row_group_bytes=options.row_group_bytes,
+                    target_shard_bytes=options.target_shard_bytes)
+    for m in metas:
+        if m["rows"]:
+            cutter.feed(np.load(staged_base(staging, m) + ".sizes.npy"))
+    return cutter.finish()
+
+
+def _pieces(plan: ShardPlan, input_starts: np.ndarray, input_rows: np.ndarray):
+    """(input index, local row start, count) pieces that make up one shard's rows."""
+    pieces, start, end = [], plan.row_start, plan.row_start + plan.rows
+    i = int(np.searchsorted(input_starts, start, side="right") - 1)
+    while start < end:
+        while input_rows[i] == 0 or start >= input_starts[i] + input_rows[i]:
+            i += 1
+        local = start - int(input_starts[i])
+        n = min(end - start, int(input_rows[i]) - local)
+        pieces.append((i, local, n))
+        start += n
+    return pieces
+
+
+# -- phase 3: write ------------------------------------------------------------------------
+def _write_all(plans, metas, staging, schema, options, output, so, pool, progress):
+    input_rows = np.array([m["rows"] for m in metas], dtype=np.int64)
+    input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
+    infos: list[ShardInfo | None] = [None] * len(plans)
+    tasks, reused = [], 0
+    out = Storage(output, storage_options=so)
+    for p in plans:
+        receipt = os.path.join(staging, "done", f"{p.index:06d}.json")
+        if os.path.exists(receipt):
+            with open(receipt) as fh:
+                info = ShardInfo.from_dict(json.load(fh))
+            rel = shard_path(info.name)
+            if out.exists(rel) and out.size(rel) == info.bytes:
+                infos[p.index] = info
+                reused += 1
+                continue
+        tasks.append((p, _pieces(p, input_starts, input_rows), staging,
+                      [staged_base(staging, m) for m in metas], _schema_b64(schema), options,
+                      output, so))
+    with _bar(progress, len(plans), "write", unit="shard") as bar:
+        bar.update(reused)
+        for index, info in pool.map(_write_one, tasks):
+            infos[index] = info
+            bar.update(1)
+    return infos, reused
+
+
+def _write_one(task):
+    plan, pieces, staging, bases, schema_b64, options, output, so = task
+    import base64
+
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
+    parts, readers = [], {}
+    for i, local, n in pieces:
+        if i not in readers:
+            readers[i] = pa.ipc.open_file(pa.memory_map(bases[i] + ".arrow")).read_all()
+        parts.append(conform(readers[i].slice(local, n), schema))
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    tmp = os.path.join(staging, "tmp", f"{plan.index:06d}.parquet")
+    info = write_shard(table, plan.row_group_rows, tmp, options)
+    out = Storage(output, storage_options=so)
+    rel = shard_path(info.name)
+    if not (out.exists(rel) and out.size(rel) == info.bytes):
+        out.write_file_from_local(rel, tmp)
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    _atomic_write_json(os.path.join(staging, "done", f"{plan.index:06d}.json"), info.to_dict())
+    return plan.index, info
+
+
+# -- manifest ------------------------------------------------------------------------------
+def _common_root(urls: list[str]) -> str:
+    dirs = [u.rsplit("/", 1)[0] if "/" in u else "" for u in urls]
+    root = os.path.commonpath(dirs) if all(d.startswith("/") for d in dirs) else _prefix(dirs)
+    return root
+
+
+def _prefix(dirs: list[str]) -> str:
+    p = os.path.commonprefix(dirs)
+    return p if all(d == p or d.startswith(p.rstrip("/") + "/") for d in dirs) else p.rsplit("/", 1)[0]
+
+
+def _relative(url: str, root: str) -> str:
+    if root and url.startswith(root.rstrip("/") + "/"):
+        return url[len(root.rstrip("/")) + 1:]
+    return url
+
+
+def _publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
+                      extra) -> Manifest:
+    sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
+    rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
+    row_start, rg_index = 0, 0
+    for k, (plan, info) in enumerate(zip(plans, infos)):
+        assert info is not None and info.rows == plan.rows
+        sh_cols["name"].append(info.name)
+        sh_cols["bytes"].append(info.bytes)
+        sh_cols["rows"].append(info.rows)
+        sh_cols["row_start"].append(row_start)
+        sh_cols["first_row_group"].append(rg_index)
+        sh_cols["num_row_groups"].append(len(info.row_groups))
+        sh_cols["footer_offset"].append(info.footer_offset)
+        sh_cols["footer_xxh3"].append(bytes.fromhex(info.footer_xxh3))
+        for rg in info.row_groups:
+            rg_cols["shard"].append(k)
+            rg_cols["rows"].append(rg.rows)
+            rg_cols["row_start"].append(row_start)
+            rg_cols["offset"].append(rg.offset)
+            rg_cols["length"].append(rg.length)
+            rg_cols["xxh3"].append(bytes.fromhex(rg.xxh3))
+            row_start += rg.rows
+            rg_index += 1
+    root = _common_root([f.url for f in files])
+    prov = _provenance(files, metas, plans, root)
+    tables = {
+        "shards": pa.table(sh_cols, schema=SHARD_TABLE_SCHEMA),
+        "row_groups": pa.table(rg_cols, schema=ROW_GROUP_TABLE_SCHEMA),
+        "provenance": prov,
+    }
+    refs = {}
+    for kind, table in tables.items():
+        data = table_to_ipc(table)
+        h = xxh3_hex(data)
+        rel = f"{INDEX_DIR}/{h}.arrow"
+        if not (out.exists(rel) and out.size(rel) == len(data)):
+            out.write_atomic(rel, data)
+        refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
+    skipped: dict[str, int] = {}
+    for m in metas:
+        for k, v in (m.get("stats") or {}).items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                skipped[k] = skipped.get(k, 0) + v
+    doc = Manifest.build_doc(
+        schema=schema, writer=options.to_dict(),
+        totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
+                "total_bytes": int(sum(sh_cols["bytes"]))},
+        table_refs=refs,
+        inputs={"count": len(files), "bytes": int(sum(f.size for f in files)),
+                "options": asdict(input_options) if is_dataclass(input_options) else {}},
+        skipped=skipped,
+        created_by={"library": f"zephon_store {__version__}", "pyarrow": pa.__version__,
+                    "input_root": root},
+        extra=extra,
+    )
+    m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
+    m.check()
+    # Written last: its presence means every shard and table it names is complete.
+    out.write_atomic(MANIFEST_NAME, m.to_json())
+    return m
+
+
+def _provenance(files, metas, plans, root) -> pa.Table:
+    cols = {k: [] for k in PROVENANCE_TABLE_SCHEMA.names}
+    shard_starts = np.array([p.row_start for p in plans], dtype=np.int64)
+    g = 0
+    for f, m in zip(files, metas):
+        rows = m["rows"]
+        local = 0
+        if rows == 0:
+            cols["input"].append(_relative(f.url, root))
+            cols["input_bytes"].append(f.size)
+            cols["input_row_start"].append(0)
+            cols["num_rows"].append(0)
+            cols["shard"].append(-1)
+            cols["row_start"].append(g)
+        while local < rows:
+            s = int(np.searchsorted(shard_starts, g, side="right") - 1)
+            shard_end = plans[s].row_start + plans[s].rows
+            n = min(rows - local, shard_end - g)
+            cols["input"].append(_relative(f.url, root))
+            cols["input_bytes"].append(f.size)
+            cols["input_row_start"].append(local)
+            cols["num_rows"].append(n)
+            cols["shard"].append(s)
+            cols["row_start"].append(g)
+            local += n
+            g += n
+    return pa.table(cols, schema=PROVENANCE_TABLE_SCHEMA)

@@ -1,0 +1,89 @@
+"""The error tree of zephon_store.
+
+Every error a user can hit derives from :class:`ZephonError`. The ones a caller is
+expected to handle also inherit the matching built-in, so ``except FileNotFoundError``
+keeps working (the pyarrow convention, ``ArrowInvalid(ValueError, ArrowException)``).
+Messages say what was wrong, where, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error raised by zephon_store."""
+
+
+class InputError(ZephonError, ValueError):
+    """A raw input could not be read: malformed record, undecodable bytes, schema drift.
+
+    Attributes name the input (``path``) and the 1-based ``line`` or 0-based ``row``
+    when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 row: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.row = row
+
+
+class InputNotFoundError(ZephonError, FileNotFoundError):
+    """An input path, glob or URL matched nothing."""
+
+
+class ManifestError(ZephonError, ValueError):
+    """A manifest is missing, malformed, fails its schema, or names an unsafe shard path."""
+
+
+class UnsafePathError(ManifestError):
+    """A manifest names a shard outside the dataset root (``..``, absolute path, other URL)."""
+
+
+class ShardNotFoundError(ZephonError, FileNotFoundError):
+    """A shard named by the manifest is absent from storage."""
+
+
+class IntegrityError(ZephonError, OSError):
+    """Bytes read from storage do not match the hash the manifest records.
+
+    Carries ``url``, ``expected`` and ``actual`` so a caller can report or retry.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, expected: str | None = None,
+                 actual: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.expected = expected
+        self.actual = actual
+
+
+class StorageError(ZephonError, OSError):
+    """A storage operation failed after its retries (or failed permanently: 403, 404)."""
+
+
+class SeqOutOfRangeError(ZephonError, IndexError):
+    """A global sequence number lies outside ``[0, num_samples)``."""
+
+
+class StateMismatchError(ZephonError, ValueError):
+    """A loader checkpoint does not match the dataset or order options it is loaded into."""
+
+
+class MissingExtraError(ZephonError, ImportError):
+    """An optional dependency is needed; the message names the extra to install."""
+
+
+def require(module: str, extra: str):
+    """Import ``module`` or raise :class:`MissingExtraError` naming ``pip install zephon_store[extra]``.
+
+    >>> np = require("numpy", "core")
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError(
+            f"{module} is not installed; install it with: pip install 'zephon_store[{extra}]'"
+        ) from exc

@@ -1,0 +1,225 @@
+"""Finding inputs: glob and directory expansion, kind and compression detection, and opening a
+file as one decompressed byte stream."""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import lzma
+import os
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from ..errors import InputError, InputNotFoundError
+from .options import DEFAULT_OPTIONS, InputFile, InputOptions
+
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+KIND_SUFFIXES = {
+    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+    ".parquet": "parquet", ".pq": "parquet",
+    ".csv": "csv", ".tsv": "csv",
+}
+# Plain-text and source-code suffixes; documented in docs/inputs.md, keep both in step.
+TEXT_SUFFIXES = (
+    ".txt .text .md .markdown .rst .tex .log .html .htm .xml .yaml .yml .toml "
+    ".py .c .h .cc .cpp .hpp .java .js .ts .go .rs .rb .sh"
+).split()
+KIND_SUFFIXES.update((suffix, "text") for suffix in TEXT_SUFFIXES)
+
+_MAGIC = re.compile(r"[*?\[]")
+_HIDDEN = (".", "_")
+# A zstd frame written with --long=31 needs a 2 GiB window; zstd's default limit (128 MiB)
+# would refuse it, and the window is only allocated when a frame asks for it.
+_ZSTD_MAX_WINDOW = 1 << 31
+
+
+def split_compression(name: str) -> tuple[str, str | None]:
+    """Strip one compression suffix: ``"a.jsonl.zst"`` -> ``("a.jsonl", "zstd")``."""
+    lower = name.lower()
+    for suffix, compression in COMPRESSION_SUFFIXES.items():
+        if lower.endswith(suffix):
+            return name[: -len(suffix)], compression
+    return name, None
+
+
+def detect_kind(url: str, format: str | None = None) -> str:
+    """The input kind of ``url`` from its name (compression suffix stripped), or ``format``.
+
+    >>> detect_kind("s3://b/raw/part-0.jsonl.zst")
+    'jsonl'
+    """
+    if format is not None:
+        return format
+    base, _ = split_compression(url.rstrip("/"))
+    suffix = os.path.splitext(base.rsplit("/", 1)[-1])[1].lower()
+    if suffix in KIND_SUFFIXES:
+        return KIND_SUFFIXES[suffix]
+    raise InputError(
+        f"cannot tell the format of {url}; pass --format jsonl|parquet|text|csv", path=url
+    )
+
+
+def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None = None,
+                  options: InputOptions = DEFAULT_OPTIONS) -> list[InputFile]:
+    """Expand paths, globs, directories and URLs into input files, sorted by URL, duplicates removed.
+
+    Directories are walked recursively; in a walk or below a glob's wildcard, names starting
+    with ``.`` or ``_`` (``.git``, ``_SUCCESS``, ``.crc``) are skipped unless the pattern spells
+    the dot or underscore itself. A named file is always taken.
+
+    >>> files = expand_inputs(["data/*.jsonl.zst", "s3://b/raw/"])  # doctest: +SKIP
+    >>> files[0]  # doctest: +SKIP
+    InputFile(url='/work/data/a.jsonl.zst', kind='jsonl', compression='zstd', size=5120)
+    """
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    found: dict[str, InputFile] = {}
+    for pattern in inputs:
+        matches = _expand_one(pattern, storage_options or {})
+        if not matches:
+            raise InputNotFoundError(
+                f"{pattern} matched no input files (names starting with '.' or '_' are skipped); "
+                f"check the path and quote globs so the shell does not expand them"
+            )
+        for url, size in matches:
+            if url not in found:
+                _, compression = split_compression(url)
+                found[url] = InputFile(url, detect_kind(url, options.format), compression, size)
+    return [found[url] for url in sorted(found)]
+
+
+def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int]]:
+    if "://" not in pattern and "::" not in pattern:
+        pattern = os.path.expanduser(pattern)
+    fs, path = fsspec.core.url_to_fs(pattern, **storage_options)
+    if _MAGIC.search(path):
+        out = []
+        for name, info in fs.glob(path, detail=True).items():
+            if _hidden_below_glob(name, path):
+                continue
+            if info.get("type") == "directory":
+                out.extend(_walk(fs, name))
+            else:
+                out.append((_url(fs, name), int(info.get("size") or 0)))
+        return out
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return []
+    if info.get("type") == "directory":
+        return _walk(fs, path)
+    return [(_url(fs, path), int(info.get("size") or 0))]
+
+
+def _walk(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, int]]:
+    root = root.rstrip("/")
+    out = []
+    for name, info in fs.find(root, detail=True, withdirs=False).items():
+        rel = name[len(root):].lstrip("/") if name.startswith(root) else name
+        if any(part.startswith(_HIDDEN) for part in rel.split("/")):
+            continue
+        out.append((_url(fs, name), int(info.get("size") or 0)))
+    return out
+
+
+def _hidden_below_glob(name: str, pattern: str) -> bool:
+    """True when a path component matched by a wildcard starts with '.' or '_' (shell-like)."""
+    pat_parts, parts = pattern.split("/"), name.split("/")
+    first_magic = next((i for i, p in enumerate(pat_parts) if _MAGIC.search(p)), len(pat_parts))
+    aligned = "**" not in pattern and len(pat_parts) == len(parts)
+    for i in range(first_magic, len(parts)):
+        if parts[i].startswith(_HIDDEN):
+            if not (aligned and pat_parts[i].startswith(parts[i][0])):
+                return True
+    return False
+
+
+def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    # Local files keep a plain absolute path: it is what users type and read in messages.
+    if isinstance(fs, LocalFileSystem):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+# What a corrupt or truncated compressed stream raises; bz2 raises a bare OSError.
+_DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (EOFError, zlib.error, gzip.BadGzipFile,
+                                                       lzma.LZMAError)
+
+
+def _zstd_error() -> type[BaseException]:
+    import zstandard
+
+    return zstandard.ZstdError
+
+
+@contextlib.contextmanager
+def open_stream(file: InputFile, storage_options: dict | None = None) -> Iterator[BinaryIO]:
+    """Open ``file`` for reading as one decompressed byte stream (multi-frame zstd included).
+
+    >>> with open_stream(InputFile("/d/a.jsonl.gz", "jsonl", "gzip", 0)) as f:  # doctest: +SKIP
+    ...     head = f.read(100)
+    """
+    fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
+    with fs.open(path, "rb") as raw:
+        if file.compression is None:
+            yield raw
+        elif file.compression == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                yield stream
+        elif file.compression == "bz2":
+            with bz2.BZ2File(raw, mode="rb") as stream:
+                yield stream
+        elif file.compression == "xz":
+            with lzma.LZMAFile(raw, mode="rb") as stream:
+                yield stream
+        else:
+            import zstandard
+
+            dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+            # read_across_frames: zstd files written by parallel or appending tools hold many frames.
+            with dctx.stream_reader(raw, read_across_frames=True, closefd=False) as stream:
+                yield stream
+
+
+def read_blocks(stream: BinaryIO, size: int, *, file: InputFile) -> Iterator[bytes]:
+    """Yield ``size``-byte blocks of ``stream`` (the last may be shorter) until EOF.
+
+    Decompression failures become an InputError naming the file and how far it got.
+    """
+    done = 0
+    errors = _DECOMPRESS_ERRORS + ((_zstd_error(),) if file.compression == "zstd" else ())
+    while True:
+        parts, have = [], 0
+        try:
+            while have < size:
+                part = stream.read(size - have)
+                if not part:
+                    break
+                parts.append(part)
+                have += len(part)
+        except OSError as exc:
+            if isinstance(exc, errors) or (file.compression == "bz2" and type(exc) is OSError):
+                _decompress_failed(file, done + have, exc)
+            raise
+        except errors as exc:
+            _decompress_failed(file, done + have, exc)
+        if not parts:
+            return
+        done += have
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
+        if have < size:
+            return
+
+
+def _decompress_failed(file: InputFile, offset: int, exc: BaseException) -> None:
+    raise InputError(
+        f"{file.url}: {file.compression} stream is corrupt or truncated after {offset} "
+        f"decompressed bytes ({type(exc).__name__}: {exc}); re-create or re-download the file",
+        path=file.url,
+    ) from exc

@@ -1,0 +1,51 @@
+"""Parquet from any writer (pyarrow, pandas, polars, duckdb, Spark, HF datasets), read by row group.
+
+Types are kept as written, with the normalisations of :func:`~.schema.normalize_batch`
+(dictionaries decoded, view types made large, list items named ``item``, metadata dropped).
+A pandas index that was written as a column (``__index_level_0__`` or its name) stays a
+column; a RangeIndex lives only in the pandas metadata and so does not appear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError
+from .options import InputFile, InputOptions, InputStats
+from .schema import normalize_batch
+
+_READ_ERRORS = (pa.ArrowException, OSError, ValueError)
+
+
+def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dict | None,
+                 stats: InputStats | None) -> Iterator[pa.RecordBatch]:
+    """Record batches of one Parquet file, at most ``options.batch_rows`` rows each."""
+    if file.compression is not None:
+        raise InputError(
+            f"{file.url}: Parquet compresses its pages itself and cannot be read through "
+            f"{file.compression}; decompress the file first", path=file.url)
+    fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
+    with fs.open(path, "rb") as raw:
+        try:
+            pf = pq.ParquetFile(raw)
+        except _READ_ERRORS as exc:
+            raise InputError(f"{file.url}: not a readable Parquet file ({exc}); check that it "
+                             f"is Parquet and complete, or pass --format", path=file.url) from exc
+        row = 0
+        for rg in range(pf.num_row_groups):
+            # One row group at a time, so an error can say where it happened.
+            try:
+                for batch in pf.iter_batches(batch_size=options.batch_rows, row_groups=[rg],
+                                             use_threads=True):
+                    if batch.num_rows:
+                        yield normalize_batch(batch)
+            except _READ_ERRORS as exc:
+                raise InputError(
+                    f"{file.url} row group {rg} (rows from {row}): cannot read Parquet ({exc}); "
+                    f"the file is corrupt or truncated, re-create it", path=file.url, row=row
+                ) from exc
+            row += pf.metadata.row_group(rg).num_rows

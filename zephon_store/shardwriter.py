@@ -1,0 +1,151 @@
+"""Write one shard and describe it: file hash, row-group byte ranges and their hashes.
+
+A shard is a plain Parquet file any reader opens. Zephon adds what the manifest records
+about it: the xxh3-128 of the whole file (which is also its name), and for every row group
+the byte range ``[offset, offset + length)`` holding its column chunks plus the xxh3 of
+those bytes, so a ranged read from object storage can be verified before it is decoded.
+The footer (``[footer_offset, size)``) gets a hash too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .hashing import xxh3_hex
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How shards are written. Every field is recorded in the manifest.
+
+    ``target_shard_bytes`` and ``row_group_bytes`` are measured on the values before
+    compression (see :mod:`zephon_store.rowsize`), so cuts are a pure function of the data.
+
+    >>> WriteOptions(target_shard_bytes=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: target_shard_bytes must be > 0, got 0
+    """
+
+    target_shard_bytes: int = 128 << 20
+    row_group_bytes: int | None = 1 << 20
+    row_group_rows: int | None = None
+    compression: str = "zstd"
+    compression_level: int | None = 3
+    use_dictionary: bool = True
+    write_statistics: bool = True
+    data_page_size: int = 1 << 20
+    parquet_version: str = "2.6"
+
+    def __post_init__(self) -> None:
+        if self.target_shard_bytes <= 0:
+            raise ValueError(f"target_shard_bytes must be > 0, got {self.target_shard_bytes}")
+        if self.row_group_bytes is None and self.row_group_rows is None:
+            raise ValueError("set row_group_bytes or row_group_rows (got neither)")
+        if self.row_group_bytes is not None and self.row_group_bytes <= 0:
+            raise ValueError(f"row_group_bytes must be > 0, got {self.row_group_bytes}")
+        if self.row_group_rows is not None and self.row_group_rows <= 0:
+            raise ValueError(f"row_group_rows must be > 0, got {self.row_group_rows}")
+        if self.compression not in ("zstd", "snappy", "gzip", "lz4", "brotli", "none"):
+            raise ValueError(
+                f"compression must be one of zstd, snappy, gzip, lz4, brotli, none; "
+                f"got {self.compression!r}")
+        if self.data_page_size <= 0:
+            raise ValueError(f"data_page_size must be > 0, got {self.data_page_size}")
+
+    def to_dict(self) -> dict:
+        """The options as the manifest records them."""
+        return asdict(self)
+
+
+@dataclass
+class RowGroupInfo:
+    rows: int
+    offset: int
+    length: int
+    xxh3: str
+
+
+@dataclass
+class ShardInfo:
+    """What the manifest records about one written shard."""
+
+    name: str            # xxh3-128 of the file = its name without ".parquet"
+    bytes: int
+    rows: int
+    footer_offset: int
+    footer_xxh3: str
+    row_groups: list[RowGroupInfo] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShardInfo:
+        rgs = [RowGroupInfo(**r) for r in d["row_groups"]]
+        return cls(**{**d, "row_groups": rgs})
+
+
+def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
+                options: WriteOptions) -> ShardInfo:
+    """Write ``table`` to ``path`` with exactly the given row-group sizes; describe it.
+
+    The file is written at ``path`` as given (callers pass a temp name and rename it to
+    ``shards/<name>.parquet`` afterwards).
+    """
+    if sum(row_group_rows) != table.num_rows:
+        raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
+    compression = None if options.compression == "none" else options.compression
+    level = options.compression_level if compression in ("zstd", "gzip", "brotli") else None
+    with pq.ParquetWriter(
+        path, table.schema, compression=compression or "none", compression_level=level,
+        use_dictionary=options.use_dictionary, write_statistics=options.write_statistics,
+        data_page_size=options.data_page_size, version=options.parquet_version,
+        store_schema=True, write_page_index=False,
+    ) as writer:
+        start = 0
+        for n in row_group_rows:
+            writer.write_table(table.slice(start, n), row_group_size=n)
+            start += n
+    return describe_shard(path)
+
+
+def describe_shard(path: str) -> ShardInfo:
+    """Read back a local Parquet file's layout and hash every range the manifest records."""
+    size = os.path.getsize(path)
+    md = pq.read_metadata(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    rgs: list[RowGroupInfo] = []
+    prev_end = 4  # after the leading "PAR1" magic
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        start, end = row_group_byte_range(rg)
+        if start != prev_end:
+            raise RuntimeError(f"{path}: row group {i} starts at {start}, expected {prev_end}")
+        rgs.append(RowGroupInfo(rg.num_rows, start, end - start, xxh3_hex(data[start:end])))
+        prev_end = end
+    return ShardInfo(
+        name=xxh3_hex(data), bytes=size, rows=md.num_rows, footer_offset=prev_end,
+        footer_xxh3=xxh3_hex(data[prev_end:]), row_groups=rgs,
+    )
+
+
+def row_group_byte_range(rg: pq.RowGroupMetaData) -> tuple[int, int]:
+    """``[start, end)`` of the bytes holding every column chunk of a row group."""
+    start, end = None, 0
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        first = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset:
+            first = min(first, col.dictionary_page_offset)
+        last = first + col.total_compressed_size
+        start = first if start is None else min(start, first)
+        end = max(end, last)
+    assert start is not None
+    return start, end

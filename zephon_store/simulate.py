@@ -1,0 +1,128 @@
+"""What a job would read, without reading it: the ``zephon plan`` simulator.
+
+Given the manifest, order options and topology, it computes (pure functions; no shard byte
+is read) which sample ids each rank gets per step, and per node:
+
+- **read amplification**: bytes fetched / bytes consumed, where a node fetches every row
+  group its ranks touch once (a node-local cache large enough to hold what is in flight;
+  see footprint) and consumes the compressed bytes of the rows it uses
+  (``length * rows_used / rows`` of each row group);
+- **distinct row groups per step**, the decode working set of a step;
+- **cache footprint**: the peak bytes of row groups that the node has started but not
+  finished, i.e. the cache a node needs for the amplification above to hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .assign import positions_for_rank, step_is_lane_aligned
+from .order import Order, OrderOptions, shuffle_quality
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    world_size: int
+    global_batch: int
+    ranks_per_node: int = 8
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size <= 0 or self.global_batch <= 0 or self.ranks_per_node <= 0:
+            raise ValueError("world_size, global_batch and ranks_per_node must be > 0")
+        if self.global_batch % self.world_size:
+            raise ValueError(f"world_size must divide global_batch: global_batch="
+                             f"{self.global_batch} is not a multiple of world_size="
+                             f"{self.world_size}")
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.world_size // self.ranks_per_node)
+
+
+def rank_ids(order: Order, spec: PlanSpec, cursor: int) -> list[np.ndarray]:
+    """The sample ids of every rank for the step starting at ``cursor``."""
+    return [order.sample_at(positions_for_rank(cursor, spec.global_batch, spec.world_size, r,
+                                               lanes=order.effective_lanes,
+                                               epoch_size=order.num_samples))
+            for r in range(spec.world_size)]
+
+
+def _rank_of_positions(order: Order, spec: PlanSpec, cursors: np.ndarray) -> np.ndarray:
+    """Rank of every position of the given steps (vectorised form of positions_for_rank)."""
+    b, w, n = spec.global_batch, spec.world_size, order.num_samples
+    pos = cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]
+    plain = (pos - cursors[:, None]) // (b // w)
+    if w == 1 or order.effective_lanes % w:
+        return plain
+    aligned = np.array([step_is_lane_aligned(int(c), b, w, lanes=order.effective_lanes,
+                                             epoch_size=n) for c in cursors])
+    lane = (pos % n) % w
+    return np.where(aligned[:, None], lane, plain)
+
+
+def simulate(manifest, options: OrderOptions, spec: PlanSpec, *, cursor: int = 0,
+             steps: int | None = None) -> dict:
+    """Simulate ``steps`` steps from ``cursor`` (default: one epoch, at most 20,000 steps)."""
+    order = Order(manifest.rg_rows, options)
+    b = spec.global_batch
+    if steps is None:
+        steps = max(1, min(20_000, order.num_samples // b))
+    cursors = cursor + np.arange(steps, dtype=np.int64) * b
+    pos = (cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
+    ids = order.sample_at(pos)
+    rg = np.searchsorted(manifest.rg_row_start, ids, side="right") - 1
+    ranks = _rank_of_positions(order, spec, cursors).reshape(-1)
+    nodes = ranks // spec.ranks_per_node
+    step_of = np.repeat(np.arange(steps), b)
+    rg_len = manifest.rg_length.astype(np.float64)
+    rg_rows = manifest.rg_rows.astype(np.float64)
+    per_node = []
+    tot_fetched = tot_consumed = 0.0
+    distinct_per_step = []
+    for node in range(spec.num_nodes):
+        sel = nodes == node
+        if not sel.any():
+            continue
+        node_rg, node_step = rg[sel], step_of[sel]
+        touched, first_idx = np.unique(node_rg, return_index=True)
+        fetched = float(rg_len[touched].sum())
+        consumed = float((rg_len[node_rg] / rg_rows[node_rg]).sum())
+        # footprint: bytes of row groups between their first and last touch, peak over steps
+        last_idx = len(node_rg) - 1 - np.unique(node_rg[::-1], return_index=True)[1]
+        first_step, last_step = node_step[first_idx], node_step[last_idx]
+        delta = np.zeros(steps + 1)
+        np.add.at(delta, first_step, rg_len[touched])
+        np.add.at(delta, last_step + 1, -rg_len[touched])
+        footprint = float(np.cumsum(delta)[:-1].max())
+        key = node_step * (manifest.num_row_groups + 1) + node_rg
+        per_step = np.bincount(np.unique(key) // (manifest.num_row_groups + 1), minlength=steps)
+        distinct_per_step.append(per_step)
+        per_node.append({"node": node, "bytes_fetched": int(fetched),
+                         "bytes_consumed": int(consumed),
+                         "read_amplification": round(fetched / consumed, 4) if consumed else 0.0,
+                         "distinct_row_groups_per_step": round(float(per_step.mean()), 2),
+                         "cache_footprint_bytes": int(footprint)})
+        tot_fetched += fetched
+        tot_consumed += consumed
+    ranks_distinct = []
+    for r in range(min(spec.world_size, 64)):
+        sel = ranks == r
+        key = step_of[sel] * (manifest.num_row_groups + 1) + rg[sel]
+        ranks_distinct.append(len(np.unique(key)) / steps)
+    quality = shuffle_quality(order, b, num_batches=min(steps, 200),
+                              shard_of_block=manifest.rg_shard)
+    return {
+        "effective_lanes": order.effective_lanes,
+        "simulated_steps": steps,
+        "read_amplification": round(tot_fetched / tot_consumed, 4) if tot_consumed else 0.0,
+        "distinct_row_groups_per_step_per_node": round(
+            float(np.mean([d.mean() for d in distinct_per_step])), 2),
+        "distinct_row_groups_per_step_per_rank": round(float(np.mean(ranks_distinct)), 2),
+        "cache_footprint_bytes_max": max(p["cache_footprint_bytes"] for p in per_node),
+        "lane_aligned": bool(spec.world_size == 1 or order.effective_lanes % spec.world_size == 0),
+        "shuffle_quality": quality,
+        "nodes": per_node,
+    }

@@ -1,0 +1,504 @@
+"""Dataset storage: local paths or object stores through fsspec, with ranged reads that are
+retried and verified.
+
+Every path is relative to the dataset root; reads of shard byte ranges are one ranged GET each
+(never a readahead buffer), checked against the xxh3 the manifest records.
+
+>>> import tempfile
+>>> st = Storage(tempfile.mkdtemp())
+>>> st.write_atomic("shards/a.bin", b"hello world")
+>>> st.read_range("shards/a.bin", 6, 11, expected_xxh3=xxh3_hex(b"world"))
+b'world'
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from .errors import (
+    IntegrityError,
+    ShardNotFoundError,
+    StorageError,
+    UnsafePathError,
+    ZephonError,
+    require,
+)
+from .hashing import xxh3_hex
+from .retry import RetryPolicy, call_with_retry
+
+T = TypeVar("T")
+
+_LOCAL_PROTOCOLS = (None, "file", "local")
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+# botocore retries once at most (max_attempts counts the first try): our RetryPolicy is the
+# layer that counts, and stacked layers multiply (s3fs x botocore x ours). read_timeout bounds a
+# blackholed connection; a 1 MiB row group arrives in well under a second on a healthy link.
+S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 30,
+    "retries": {"total_max_attempts": 1, "mode": "standard"},
+}
+# s3fs's own retry loop (_error_wrapper); 1 means a single try.
+S3FS_RETRIES = 1
+# Extra whole fetches after a hash mismatch before IntegrityError: a flipped bit in transit
+# heals on re-fetch, a corrupt object does not.
+INTEGRITY_REFETCHES = 2
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """Storage refused the request (403, bad signature, missing credentials); never retried."""
+
+
+@dataclass
+class StorageStats:
+    """Counters of one :class:`Storage`: every attempt is a request, also retried ones.
+
+    ``bytes_fetched`` counts bytes returned by reads (re-fetches included);
+    ``integrity_failures`` counts reads whose hash or length did not match.
+    """
+
+    requests: int = 0
+    bytes_fetched: int = 0
+    retries: int = 0
+    integrity_failures: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def is_local_url(url: str) -> bool:
+    """True for plain paths and ``file://`` URLs."""
+    import fsspec.core
+
+    protocol, _ = fsspec.core.split_protocol(url)
+    return protocol in _LOCAL_PROTOCOLS
+
+
+def _s3_filesystem(storage_options: dict[str, Any]):
+    s3fs = require("s3fs", "s3")
+    opts = dict(storage_options)
+    config = {**S3_CONFIG_DEFAULTS, **(opts.pop("config_kwargs", None) or {})}
+    client_kwargs = opts.get("client_kwargs") or {}
+    if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
+        # botocore reads AWS_ENDPOINT_URL itself only in some versions; make it explicit.
+        env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if env_endpoint:
+            opts["endpoint_url"] = env_endpoint
+    opts.pop("skip_instance_cache", None)
+    opts.setdefault("use_listings_cache", False)
+    # A private instance: fault tests and forked workers must not share a cached client.
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **opts)
+    fs.retries = S3FS_RETRIES  # S3FileSystem(retries=...) is ignored; the attribute is not.
+    return fs
+
+
+def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """Return ``(fs, root_path)`` for a local path or URL.
+
+    ``s3://`` uses s3fs (the ``s3`` extra) with credentials and endpoint from
+    ``storage_options`` (``key``, ``secret``, ``token``, ``profile``, ``endpoint_url``,
+    ``anon``, ``client_kwargs``, ``config_kwargs``) or the standard AWS environment
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
+    ``AWS_ENDPOINT_URL``). Other protocols go to ``fsspec.filesystem``.
+
+    >>> fs, root = resolve("/tmp/ds")
+    >>> root
+    '/tmp/ds'
+    """
+    import fsspec
+    import fsspec.core
+
+    protocol, path = fsspec.core.split_protocol(url)
+    opts = dict(storage_options or {})
+    if protocol in _LOCAL_PROTOCOLS:
+        from fsspec.implementations.local import LocalFileSystem
+
+        return LocalFileSystem(), os.path.abspath(os.path.expanduser(path)).rstrip("/") or "/"
+    if protocol in ("s3", "s3a"):
+        return _s3_filesystem(opts), path.strip("/")
+    opts.setdefault("skip_instance_cache", True)
+    fs = fsspec.filesystem(protocol, **opts)
+    return fs, fs._strip_protocol(url).rstrip("/")
+
+
+def check_relpath(relpath: str, *, root: str = "", allow_empty: bool = False) -> str:
+    """Return ``relpath`` if it stays inside the dataset root, else raise ``UnsafePathError``.
+
+    >>> check_relpath("shards/ab.parquet")
+    'shards/ab.parquet'
+    >>> check_relpath("../etc/passwd")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    zephon_store.errors.UnsafePathError: unsafe path '../etc/passwd' under the dataset root: ...
+    """
+    if not isinstance(relpath, str):
+        raise TypeError(f"relpath must be a str, got {type(relpath).__name__}")
+    if relpath == "" and allow_empty:
+        return relpath
+    parts = relpath.split("/")
+    if (not relpath or relpath.startswith("/") or "\\" in relpath or "\x00" in relpath
+            or _SCHEME_RE.match(relpath) or any(p in ("", ".", "..") for p in parts)):
+        where = root or "the dataset root"
+        raise UnsafePathError(
+            f"unsafe path {relpath!r} under {where}: paths must be relative to the dataset "
+            f"root, without '..', '.', empty parts, a leading '/' or a URL scheme")
+    return relpath
+
+
+class Storage:
+    """One dataset root (local directory or ``s3://bucket/prefix``) and its files.
+
+    Reads are retried per ``retry`` (a :class:`~zephon_store.retry.RetryPolicy`) and, when an
+    ``expected_xxh3`` is given, verified. Picklable: a copy in another process opens its own
+    filesystem client.
+
+    >>> st = Storage("s3://bucket/ds", storage_options={"endpoint_url": "http://127.0.0.1:8333"})
+    >>> st.url("manifest.json")
+    's3://bucket/ds/manifest.json'
+    """
+
+    def __init__(self, root_url: str, *, storage_options: dict[str, Any] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        if not isinstance(root_url, str) or not root_url:
+            raise ValueError(f"root_url must be a non-empty str, got {root_url!r}")
+        self.local = is_local_url(root_url)
+        if self.local:
+            root_url = os.path.abspath(os.path.expanduser(root_url.removeprefix("file://")))
+        self.root_url = root_url.rstrip("/") or "/"
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.stats = StorageStats()
+        self._lock = threading.Lock()
+        self._fs: Any = None
+        self._root_path = ""
+        self._pid = -1
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root_url": self.root_url, "storage_options": self.storage_options,
+                "retry": self.retry}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root_url"], storage_options=state["storage_options"],
+                      retry=state["retry"])
+
+    def __repr__(self) -> str:
+        return f"Storage({self.root_url!r})"
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem, created on first use in each process."""
+        with self._lock:
+            if self._fs is None or self._pid != os.getpid():
+                self._fs, self._root_path = resolve(self.root_url, self.storage_options)
+                self._pid = os.getpid()
+            return self._fs
+
+    def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
+        check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)
+        fs = self.fs  # noqa: F841 - resolves _root_path
+        if not relpath:
+            return self._root_path
+        return f"{self._root_path.rstrip('/')}/{relpath}"
+
+    def url(self, relpath: str) -> str:
+        """The full URL (or local path) of ``relpath``.
+
+        >>> Storage("/data/ds").url("shards/x.parquet")
+        '/data/ds/shards/x.parquet'
+        """
+        check_relpath(relpath, root=self.root_url, allow_empty=True)
+        if not relpath:
+            return self.root_url
+        return f"{self.root_url.rstrip('/')}/{relpath}"
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str) -> T:
+        """Run one storage operation with retries; map failures to zephon errors."""
+        def attempt() -> T:
+            self._count(requests=1)
+            return fn()
+
+        try:
+            return call_with_retry(attempt, self.retry, what=f"{op} {url}",
+                                   on_retry=lambda *_: self._count(retries=1))
+        except ZephonError:
+            raise
+        except FileNotFoundError as exc:
+            err = ShardNotFoundError(
+                f"{label}: not found at {url} ({exc}); check the dataset URL, or run "
+                f"'zephon verify {self.root_url}' to list what is missing")
+            err.url = url  # type: ignore[attr-defined]
+            raise err from exc
+        except PermissionError as exc:
+            raise self._access_denied(url, op, exc) from exc
+        except Exception as exc:
+            names = {c.__name__ for c in type(exc).__mro__}
+            if names & {"NoCredentialsError", "PartialCredentialsError"}:
+                raise self._access_denied(url, op, exc) from exc
+            if isinstance(exc, OSError) or names & {"BotoCoreError", "ClientError"}:
+                raise StorageError(
+                    f"{op} {url} failed: {type(exc).__name__}: {exc} (not retried: the error "
+                    f"is permanent)") from exc
+            raise
+
+    def _access_denied(self, url: str, op: str, exc: BaseException) -> AccessDeniedError:
+        if self.local:
+            hint = "check the file permissions"
+        else:
+            hint = ("check credentials: storage_options key/secret/profile or AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, and the endpoint (AWS_ENDPOINT_URL)")
+        return AccessDeniedError(f"access denied: {op} {url}: {type(exc).__name__}: {exc}; {hint}")
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _read_verified(self, fetch: Callable[[], bytes], *, url: str, label: str, op: str,
+                       expected_xxh3: str | None, expected_len: int | None) -> bytes:
+        actual = ""
+        data = b""
+        for _ in range(1 + INTEGRITY_REFETCHES):
+            data = self._call(fetch, url=url, label=label, op=op)
+            self._count(bytes_fetched=len(data))
+            length_ok = expected_len is None or len(data) == expected_len
+            if expected_xxh3 is None and length_ok:
+                return data
+            if expected_xxh3 is not None:
+                actual = xxh3_hex(data)
+                if actual == expected_xxh3 and length_ok:
+                    return data
+            self._count(integrity_failures=1)
+        reads = 1 + INTEGRITY_REFETCHES
+        if expected_xxh3 is None:
+            raise StorageError(
+                f"{label}: short read at {url}: got {len(data)} of {expected_len} bytes in each "
+                f"of {reads} reads; the object is smaller than the manifest says. Run 'zephon "
+                f"verify {self.root_url}' and re-convert")
+        length_note = "" if expected_len is None else f", {len(data)} of {expected_len} bytes"
+        raise IntegrityError(
+            f"{label}: xxh3 mismatch (expected {expected_xxh3}, got {actual}{length_note}) at "
+            f"{url} in each of {reads} reads; the stored bytes are corrupt or were replaced. "
+            f"Run 'zephon verify {self.root_url}' and re-convert",
+            url=url, expected=expected_xxh3, actual=actual)
+
+    def read_range(self, relpath: str, start: int, end: int, *,
+                   expected_xxh3: str | None = None, what: str = "") -> bytes:
+        """Bytes ``[start, end)`` of ``relpath``: one ranged GET per attempt, verified.
+
+        With ``expected_xxh3``, a mismatch is re-fetched (twice) and then raises
+        :class:`~zephon_store.errors.IntegrityError` naming ``what`` (e.g. ``"shard 3f2a… row
+        group 7"``), the URL and both hashes. A short read never passes silently.
+
+        >>> st.read_range("shards/3f2a.parquet", 4, 1028, what="row group 0")  # doctest: +SKIP
+        """
+        if start < 0 or end < start:
+            raise ValueError(f"need 0 <= start <= end, got start={start}, end={end}")
+        path = self._path(relpath)
+        url = self.url(relpath)
+
+        def fetch() -> bytes:
+            if start == end:
+                return b""
+            if self.local:
+                return _pread(path, start, end)
+            return self.fs.cat_file(path, start=start, end=end)
+
+        return self._read_verified(fetch, url=url, label=what or relpath,
+                                   op=f"GET bytes {start}-{end} of", expected_xxh3=expected_xxh3,
+                                   expected_len=end - start)
+
+    def read_file(self, relpath: str, *, expected_xxh3: str | None = None,
+                  what: str = "") -> bytes:
+        """The whole of ``relpath``, verified against ``expected_xxh3`` when given.
+
+        >>> st.read_file("manifest.json")  # doctest: +SKIP
+        """
+        path = self._path(relpath)
+        url = self.url(relpath)
+
+        def fetch() -> bytes:
+            if self.local:
+                with open(path, "rb") as f:
+                    return f.read()
+            return self.fs.cat_file(path)
+
+        return self._read_verified(fetch, url=url, label=what or relpath, op="GET",
+                                   expected_xxh3=expected_xxh3, expected_len=None)
+
+    def exists(self, relpath: str) -> bool:
+        """True if ``relpath`` exists (file or directory)."""
+        path = self._path(relpath)
+        if self.local:
+            return os.path.exists(path)
+        return self._call(lambda: bool(self.fs.exists(path)), url=self.url(relpath),
+                          label=relpath, op="HEAD")
+
+    def size(self, relpath: str) -> int:
+        """Size of ``relpath`` in bytes; ``ShardNotFoundError`` if it is absent."""
+        path = self._path(relpath)
+        fn = (lambda: os.stat(path).st_size) if self.local else (lambda: int(self.fs.size(path)))
+        return self._call(fn, url=self.url(relpath), label=relpath, op="HEAD")
+
+    def listdir(self, relprefix: str = "") -> list[str]:
+        """Sorted root-relative paths of the direct children of ``relprefix`` ([] if absent).
+
+        >>> st.listdir("shards")  # doctest: +SKIP
+        ['shards/3f2a….parquet', ...]
+        """
+        relprefix = relprefix.rstrip("/")
+        path = self._path(relprefix, allow_empty=True)
+
+        def ls() -> list[str]:
+            try:
+                if self.local:
+                    return [os.path.join(path, n) for n in os.listdir(path)]
+                return list(self.fs.ls(path, detail=False))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+        names = self._call(ls, url=self.url(relprefix), label=relprefix or "root", op="LIST")
+        base = self._root_path.rstrip("/") + "/"
+        out = []
+        for name in names:
+            name = name.rstrip("/")
+            if name.startswith(base) and name != path:
+                out.append(name[len(base):])
+        return sorted(out)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def write_atomic(self, relpath: str, data: bytes | bytearray | memoryview) -> None:
+        """Publish ``data`` at ``relpath`` all at once: readers see the old object or the new.
+
+        Locally a temp file beside the target, fsync, ``os.replace``; on object stores one PUT
+        (a multipart upload above 50 MiB, which is equally atomic).
+        """
+        path = self._path(relpath)
+        url = self.url(relpath)
+        if self.local:
+            self._call(lambda: _local_atomic_write(path, data), url=url, label=relpath,
+                       op="write")
+        else:
+            self._call(lambda: self.fs.pipe_file(path, bytes(data)), url=url, label=relpath,
+                       op="PUT")
+
+    def write_file_from_local(self, relpath: str, local_path: str, *, move: bool = False) -> None:
+        """Publish the local file ``local_path`` at ``relpath`` atomically.
+
+        Locally: rename into place when ``move`` (copy + rename across devices), else copy to a
+        temp file beside the target and rename. Object stores: one upload; with ``move`` the
+        local file is removed after it succeeded.
+        """
+        path = self._path(relpath)
+        url = self.url(relpath)
+        if self.local:
+            self._call(lambda: _local_publish(local_path, path, move=move), url=url,
+                       label=relpath, op="write")
+            return
+        self._call(lambda: self.fs.put_file(local_path, path), url=url, label=relpath, op="PUT")
+        if move:
+            os.unlink(local_path)
+
+    def delete(self, relpath: str, *, missing_ok: bool = True) -> None:
+        """Remove ``relpath``; a missing file is fine unless ``missing_ok=False``."""
+        path = self._path(relpath)
+        url = self.url(relpath)
+
+        def rm() -> None:
+            try:
+                if self.local:
+                    os.unlink(path)
+                else:
+                    self.fs.rm_file(path)
+            except FileNotFoundError:
+                if not missing_ok:
+                    raise
+
+        self._call(rm, url=url, label=relpath, op="DELETE")
+
+
+def _pread(path: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        pos = start
+        while pos < end:
+            chunk = os.pread(fd, end - pos, pos)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            pos += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_beside(target: str) -> tuple[int, str]:
+    parent = os.path.dirname(target) or "."
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+
+
+def _local_atomic_write(target: str, data: bytes | bytearray | memoryview) -> None:
+    fd, tmp = _temp_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(target) or ".")
+
+
+def _local_publish(src: str, target: str, *, move: bool) -> None:
+    if move:
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        try:
+            os.replace(src, target)
+            _fsync_dir(os.path.dirname(target) or ".")
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:  # another device: copy below
+                raise
+    fd, tmp = _temp_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+            shutil.copyfileobj(inp, out, 8 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(target) or ".")
+    if move:
+        os.unlink(src)

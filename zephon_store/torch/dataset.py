@@ -1,0 +1,44 @@
+"""An ``IterableDataset`` yielding one rank's batches from a start cursor.
+
+Worker ``k`` of ``n`` makes local batches ``i`` with ``i % n == k``; torch's DataLoader
+returns worker outputs round-robin, so the main process sees batches ``0, 1, 2, ...`` for
+any ``num_workers``. Workers hold no state: everything follows from the start cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch.utils.data
+
+from ..assign import batches_for_worker
+from ..order import OrderOptions
+from ..stream import RankStream, Topology
+
+
+class ZephonIterableDataset(torch.utils.data.IterableDataset):
+    """Yields ``(i, batch)``: the local batch index (from ``start_cursor``) and the batch.
+
+    ``num_batches=None`` is an endless stream (epochs follow each other, each a fresh
+    permutation). Usually driven by :class:`zephon_store.torch.ZephonLoader`.
+    """
+
+    def __init__(self, dataset, *, order: OrderOptions, topology: Topology, start_cursor: int = 0,
+                 num_batches: int | None = None, columns: list[str] | None = None,
+                 with_seq: bool = False, transform: Callable[[dict], dict] | None = None) -> None:
+        super().__init__()
+        self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq)
+        self.start_cursor = start_cursor
+        self.num_batches = num_batches
+        self.transform = transform
+
+    def batch_at(self, i: int) -> dict:
+        cursor = self.start_cursor + i * self.stream.topology.global_batch
+        batch = self.stream.batch(cursor)
+        return self.transform(batch) if self.transform is not None else batch
+
+    def __iter__(self) -> Iterator[tuple[int, dict]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in batches_for_worker(worker, workers, 0, self.num_batches):
+            yield i, self.batch_at(i)

@@ -1,0 +1,223 @@
+"""Offline integrity checks of a dataset. Reports every finding; never modifies anything.
+
+Checks, in order: the manifest parses and matches its JSON Schema; ``dataset_id`` matches
+its content; each side table is present and matches its hash and schema; the tables agree
+with the totals; then, per shard (in parallel): present, right size, right xxh3, every
+row group's and the footer's xxh3, the footer parses with the row counts and schema the
+manifest records; with ``deep``, every row group decodes.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ManifestError, UnsafePathError, ZephonError
+from .hashing import xxh3_hex
+from .manifest import (
+    INDEX_DIR,
+    MANIFEST_NAME,
+    Manifest,
+    check_table_path,
+    compute_dataset_id,
+    parse_manifest_json,
+    schema_from_json,
+    shard_path,
+    table_from_ipc,
+)
+from .storage import Storage
+
+
+@dataclass
+class Finding:
+    """One problem: which shard (or ``None`` for the manifest), what kind, and details."""
+
+    shard: str | None
+    kind: str
+    message: str
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify`; ``to_dict()`` is the ``--json`` output."""
+
+    dataset_id: str | None
+    shards_checked: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "dataset_id": self.dataset_id,
+                "shards_checked": self.shards_checked,
+                "findings": [asdict(f) for f in self.findings]}
+
+
+def manifest_json_schema() -> dict:
+    """The JSON Schema of ``manifest.json`` (the same file as ``formats/manifest.schema.json``)."""
+    text = resources.files("zephon_store").joinpath("manifest.schema.json").read_text()
+    return json.loads(text)
+
+
+def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
+           workers: int = 4, progress: bool = False) -> VerifyReport:
+    """Check the dataset at ``url``; return every finding.
+
+    >>> report = verify("/data/ds", deep=True)   # doctest: +SKIP
+    >>> report.ok, [f.kind for f in report.findings]   # doctest: +SKIP
+    """
+    st = Storage(url, storage_options=storage_options)
+    report = VerifyReport(dataset_id=None)
+    add = report.findings.append
+    murl = st.url(MANIFEST_NAME)
+    try:
+        doc = parse_manifest_json(st.read_file(MANIFEST_NAME), murl)
+    except FileNotFoundError:
+        add(Finding(None, "missing_manifest", f"{murl} not found: not a zephon dataset, or its "
+                    "conversion has not finished; run 'zephon convert' again"))
+        return report
+    except ManifestError as exc:
+        add(Finding(None, "manifest_json", str(exc)))
+        return report
+    report.dataset_id = doc.get("dataset_id")
+    _check_json_schema(doc, murl, add)
+    want = compute_dataset_id(doc)
+    if doc.get("dataset_id") != want:
+        add(Finding(None, "dataset_id", f"{murl}: dataset_id {doc.get('dataset_id')} does not "
+                    f"match the manifest's content ({want}): the manifest was edited or corrupted"))
+    tables = _load_tables(st, doc, murl, add)
+    if tables is None:
+        return report
+    try:
+        m = Manifest(doc, tables, url=murl)
+    except (ZephonError, KeyError, ValueError, pa.ArrowException) as exc:
+        add(Finding(None, "manifest", f"{murl}: {exc}"))
+        return report
+    try:
+        m.check()
+    except ManifestError as exc:
+        if "dataset_id" not in str(exc):  # already reported above
+            add(Finding(None, "manifest", str(exc)))
+    shards = range(m.num_shards if m.num_shards == len(m.shard_bytes) else len(m.shard_bytes))
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = pool.map(lambda s: _check_shard(st, m, s, deep), shards)
+        for found in tqdm(results, total=len(shards), desc="verify", unit="shard",
+                          disable=not progress, leave=False):
+            report.findings.extend(found)
+            report.shards_checked += 1
+    return report
+
+
+def _check_json_schema(doc: dict, murl: str, add) -> None:
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - jsonschema is a core dependency
+        return
+    validator = jsonschema.Draft202012Validator(manifest_json_schema())
+    for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        add(Finding(None, "manifest_schema", f"{murl}: at {where}: {err.message}"))
+
+
+def _load_tables(st: Storage, doc: dict, murl: str, add) -> dict | None:
+    tables, ok = {}, True
+    for kind in ("shards", "row_groups", "provenance"):
+        ref = (doc.get("tables") or {}).get(kind) or {}
+        try:
+            path = check_table_path(ref.get("path"))
+            if path != f"{INDEX_DIR}/{ref.get('xxh3')}.arrow":
+                raise UnsafePathError(f"side table {path} is not named by its hash")
+            data = st.read_file(path)
+            actual = xxh3_hex(data)
+            if actual != ref.get("xxh3"):
+                add(Finding(None, "side_table", f"{st.url(path)}: {kind} table xxh3 mismatch "
+                            f"(expected {ref.get('xxh3')}, got {actual})"))
+                ok = False
+                continue
+            tables[kind] = table_from_ipc(data, kind)
+        except FileNotFoundError:
+            add(Finding(None, "side_table", f"{kind} table {ref.get('path')} is missing"))
+            ok = False
+        except (ZephonError, pa.ArrowException) as exc:
+            add(Finding(None, "side_table", f"{murl}: {kind} table: {exc}"))
+            ok = False
+    return tables if ok else None
+
+
+def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
+    out: list[Finding] = []
+    name = m.shard_name(s)
+    try:
+        rel = shard_path(name)
+    except UnsafePathError as exc:
+        return [Finding(name, "unsafe_path", str(exc))]
+    url = st.url(rel)
+    try:
+        data = st.read_file(rel)
+    except FileNotFoundError:
+        return [Finding(name, "missing_shard", f"{url} is missing")]
+    except OSError as exc:
+        return [Finding(name, "read_error", f"{url}: {exc}")]
+    want_size = int(m.shard_bytes[s])
+    if len(data) != want_size:
+        out.append(Finding(name, "size_mismatch",
+                           f"{url}: {len(data)} bytes, manifest says {want_size} (truncated or "
+                           "replaced)"))
+    actual = xxh3_hex(data)
+    if actual != name:
+        out.append(Finding(name, "hash_mismatch", f"{url}: xxh3 {actual} does not match its name"))
+    first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
+    for local in range(n):
+        rg = first + local
+        off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
+        h = xxh3_hex(data[off:off + length])
+        if h != m.rg_xxh3(rg):
+            out.append(Finding(name, "row_group_hash",
+                               f"{url}: row group {local} (bytes {off}..{off + length}) xxh3 {h}, "
+                               f"manifest says {m.rg_xxh3(rg)}"))
+    fo = int(m.footer_offset[s])
+    if xxh3_hex(data[fo:want_size]) != m.shard_footer_xxh3(s):
+        out.append(Finding(name, "footer_hash", f"{url}: footer bytes {fo}.. do not match "
+                           "their xxh3"))
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        out.append(Finding(name, "footer_unreadable", f"{url}: Parquet footer unreadable: {exc}"))
+        return out
+    md = pf.metadata
+    if md.num_rows != int(m.shard_rows[s]):
+        out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_rows} rows, manifest "
+                           f"says {int(m.shard_rows[s])}"))
+    if md.num_row_groups != n:
+        out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_row_groups} row "
+                           f"groups, manifest says {n}"))
+    else:
+        for local in range(n):
+            got, want = md.row_group(local).num_rows, int(m.rg_rows[first + local])
+            if got != want:
+                out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
+                                   f" manifest says {want}"))
+    schema = pf.schema_arrow
+    if not schema.equals(m.schema, check_metadata=False):
+        out.append(Finding(name, "schema_mismatch", f"{url}: schema {schema} differs from the "
+                           f"manifest's {m.schema}"))
+    if deep:
+        for local in range(md.num_row_groups):
+            try:
+                pf.read_row_group(local)
+            except (pa.ArrowException, OSError) as exc:
+                out.append(Finding(name, "decode_error", f"{url}: row group {local} does not "
+                                   f"decode: {exc}"))
+    return out
+
+
+__all__ = ["Finding", "VerifyReport", "verify", "manifest_json_schema", "schema_from_json"]
