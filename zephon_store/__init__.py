@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "convert": ("convert", "convert"),
+    "convert": ("converter", "convert"),
     "open_dataset": ("reader", "open_dataset"),
     "WriteOptions": ("shardwriter", "WriteOptions"),
     "InputOptions": ("ingest", "InputOptions"),

@@ -11,6 +11,7 @@ table's hash, the id covers every byte the manifest describes. See ``formats/SPE
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import posixpath
 import re
@@ -308,7 +309,7 @@ def load_manifest(storage, *, check: bool = True) -> Manifest:
     for kind in ("shards", "row_groups"):
         tables[kind] = load_side_table(storage, doc, kind, url)
     m = Manifest(doc, tables, url=url,
-                 loader=lambda kind: load_side_table(storage, doc, kind, url))
+                 loader=functools.partial(load_side_table, storage, doc, url=url))
     if check:
         m.check()
     return m

@@ -52,7 +52,11 @@ _ROUNDS_WIDE = 6
 _CHUNK = 1 << 17
 # Epoch tables kept per Order: the current epoch and its neighbour across a boundary.
 _CACHED_EPOCHS = 2
-_OPTION_KEYS = ("seed", "shuffle", "window_blocks", "lanes")
+_OPTION_KEYS = ("seed", "shuffle", "window_blocks", "lanes", "algorithm")
+# Version of the position -> id mapping. Any change that moves a sample to another position
+# for the same options must bump it, so old checkpoints are refused instead of silently
+# resuming into a different order.
+ORDER_ALGORITHM = 1
 
 
 def _is_int(x: object) -> bool:
@@ -68,7 +72,7 @@ class OrderOptions:
     divide it.
 
     >>> OrderOptions(seed=7, window_blocks=4).to_dict()
-    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 5040}
+    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 5040, 'algorithm': 1}
     >>> OrderOptions(window_blocks=0)
     Traceback (most recent call last):
     ...
@@ -79,8 +83,14 @@ class OrderOptions:
     shuffle: bool = True
     window_blocks: int = 8
     lanes: int = 5040
+    algorithm: int = ORDER_ALGORITHM
 
     def __post_init__(self) -> None:
+        if self.algorithm != ORDER_ALGORITHM:
+            raise ValueError(
+                f"order algorithm {self.algorithm!r} is not known to this zephon_store (it "
+                f"implements algorithm {ORDER_ALGORITHM}); use the zephon_store version that "
+                "wrote the checkpoint")
         if not _is_int(self.seed) or not 0 <= int(self.seed) <= _MASK64:
             raise ValueError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.shuffle, (bool, np.bool_)):
@@ -105,8 +115,9 @@ class OrderOptions:
     def from_dict(cls, d: Mapping[str, Any]) -> OrderOptions:
         """Strict inverse of :meth:`to_dict`: an unknown or missing key raises ``ValueError``.
 
-        >>> OrderOptions.from_dict({"seed": 1, "shuffle": False, "window_blocks": 8, "lanes": 1})
-        OrderOptions(seed=1, shuffle=False, window_blocks=8, lanes=1)
+        >>> OrderOptions.from_dict({"seed": 1, "shuffle": False, "window_blocks": 8, "lanes": 1,
+        ...                         "algorithm": 1})
+        OrderOptions(seed=1, shuffle=False, window_blocks=8, lanes=1, algorithm=1)
         """
         if not isinstance(d, Mapping):
             raise ValueError(f"order options must be a mapping, got {type(d).__name__}")

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 
 import pytest
 from faultproxy import FaultProxy
 
-from zephon_store.errors import IntegrityError, ShardNotFoundError, StorageError, UnsafePathError
+from zephon_store.errors import (
+    IntegrityError,
+    MissingExtraError,
+    ShardNotFoundError,
+    StorageError,
+    UnsafePathError,
+)
 from zephon_store.hashing import xxh3_hex
 from zephon_store.retry import RetryPolicy
 from zephon_store.storage import AccessDeniedError, Storage
@@ -63,6 +70,10 @@ def test_round_trip(any_root, tmp_path):
     assert st.read_range("shards/a.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
     assert st.read_file("shards/a.bin", expected_xxh3=xxh3_hex(DATA)) == DATA
     assert st.read_range("shards/a.bin", 5, 5) == b""
+    with pytest.raises(ShardNotFoundError, match="not found at"):
+        st.read_range("shards/none.bin", 0, 10)
+    with pytest.raises(StorageError, match="short read"):
+        st.read_range("shards/a.bin", len(DATA) - 10, len(DATA) + 10)
 
     local = tmp_path / "upload.bin"
     local.write_bytes(b"manifest bytes")
@@ -76,7 +87,7 @@ def test_round_trip(any_root, tmp_path):
     st.delete("shards/b.bin")
     st.delete("shards/b.bin")  # missing is fine
     assert st.listdir("shards") == ["shards/a.bin"]
-    assert st.stats.integrity_failures == 0 and st.stats.retries == 0
+    assert st.stats.integrity_failures == 3 and st.stats.retries == 0  # the short read, 3 times
 
     copy = pickle.loads(pickle.dumps(st))  # e.g. a DataLoader worker
     assert copy.read_range("shards/a.bin", 0, 10) == DATA[:10]
@@ -95,6 +106,13 @@ def test_paths_outside_the_root_are_rejected(tmp_path, bad):
     st = Storage(str(tmp_path))
     with pytest.raises(UnsafePathError, match="unsafe path"):
         st.read_file(bad)
+
+
+def test_s3_urls_without_s3fs_name_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs -> ImportError
+    st = Storage("s3://bucket/ds")  # constructing needs nothing
+    with pytest.raises(MissingExtraError, match=r"zephon_store\[s3\]"):
+        st.read_file("manifest.json")
 
 
 def test_s3_without_proxy_counts_one_request_per_range(dataset, s3_bucket):

@@ -96,7 +96,10 @@ def test_permute_positions_are_roughly_uniform() -> None:
 def test_options_validate_and_round_trip() -> None:
     opts = OrderOptions(seed=7, shuffle=False, window_blocks=3, lanes=12)
     assert OrderOptions.from_dict(opts.to_dict()) == opts
-    assert opts.to_dict() == {"seed": 7, "shuffle": False, "window_blocks": 3, "lanes": 12}
+    assert opts.to_dict() == {"seed": 7, "shuffle": False, "window_blocks": 3, "lanes": 12,
+                              "algorithm": 1}
+    with pytest.raises(ValueError, match="order algorithm 2 is not known"):
+        OrderOptions(algorithm=2)
     with pytest.raises(ValueError, match="window_blocks must be > 0, got 0"):
         OrderOptions(window_blocks=0)
     with pytest.raises(ValueError, match="lanes must be > 0, got -1"):

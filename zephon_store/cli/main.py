@@ -120,7 +120,7 @@ def entry() -> None:
 
 
 def cmd_convert(args) -> int:
-    from ..convert import convert
+    from ..converter import convert
     from ..ingest import InputOptions
     from ..shardwriter import WriteOptions
 

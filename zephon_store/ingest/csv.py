@@ -81,15 +81,16 @@ def read_csv(file: InputFile, *, options: InputOptions, storage_options: dict | 
         if dupes:
             raise InputError(f"{file.url} line 1: the header names {dupes} more than once; "
                              f"rename the columns", path=file.url, line=1)
-        reader = pacsv.open_csv(
-            io.BufferedReader(_ChunkReader(itertools.chain([first], chunks))),
-            read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
-                                             invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in names}, strings_can_be_null=False),
-        )
         try:
+            # use_threads=False: only the serial reader tells on_invalid the row's number.
+            reader = pacsv.open_csv(
+                io.BufferedReader(_ChunkReader(itertools.chain([first], chunks))),
+                read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
+                                                 invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={n: pa.string() for n in names}, strings_can_be_null=False),
+            )
             for batch in reader:
                 for start in range(0, batch.num_rows, options.batch_rows):
                     yield batch.slice(start, options.batch_rows)

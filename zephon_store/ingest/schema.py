@@ -60,7 +60,8 @@ def normalize_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     fields, columns, changed = [], [], batch.schema.metadata is not None
     for field, column in zip(batch.schema, batch.columns, strict=True):
         target = normalize_type(field.type)
-        if target != field.type:
+        # Type equality ignores list child names, which normalize_type also fixes.
+        if target != field.type or str(target) != str(field.type):
             column = column.cast(target)
             changed = True
         changed = changed or field.metadata is not None

@@ -7,6 +7,7 @@ any ``num_workers``. Workers hold no state: everything follows from the start cu
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 
 import torch.utils.data
@@ -40,5 +41,11 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            # A forked worker inherits the parent's Dataset, including its I/O thread pool
+            # (whose threads did not survive the fork: reads would wait forever) and locks
+            # a parent thread may have held. A copy goes through __getstate__/__setstate__
+            # and gets fresh ones; the manifest is shared, not reloaded.
+            self.stream.dataset = copy.copy(self.stream.dataset)
         for i in batches_for_worker(worker, workers, 0, self.num_batches):
             yield i, self.batch_at(i)
