@@ -33,6 +33,7 @@ from . import __version__
 from .errors import InputError
 from .hashing import xxh3_hex
 from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
+from .ingest.options import SKIP_KINDS
 from .layout import Cutter, ShardPlan
 from .manifest import (
     INDEX_DIR,
@@ -67,6 +68,7 @@ class ConvertResult:
     shards_reused: int
     inputs_reused: int
     skipped: dict = field(default_factory=dict)
+    skip_examples: list = field(default_factory=list)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -152,6 +154,7 @@ def convert(
         total_bytes=result.total_bytes, input_files=len(files),
         input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
         inputs_reused=inputs_reused, skipped=result.doc["skipped"],
+        skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3))
 
 
@@ -465,11 +468,13 @@ def _publish_manifest(out: Storage, files, metas, plans, infos, schema, options,
         if not (out.exists(rel) and out.size(rel) == len(data)):
             out.write_atomic(rel, data)
         refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
-    skipped: dict[str, int] = {}
+    skipped = {kind: 0 for kind in SKIP_KINDS}
+    skipped["empty_inputs"] = 0
     for m in metas:
-        for k, v in (m.get("stats") or {}).items():
-            if isinstance(v, int) and not isinstance(v, bool):
-                skipped[k] = skipped.get(k, 0) + v
+        stats = m.get("stats") or {}
+        for kind in SKIP_KINDS:
+            skipped[kind] += int(stats.get(kind, 0))
+        skipped["empty_inputs"] += int(m["rows"] == 0)
     doc = Manifest.build_doc(
         schema=schema, writer=options.to_dict(),
         totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,

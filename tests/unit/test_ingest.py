@@ -233,6 +233,17 @@ def test_jsonl_details(tmp_path):
     assert rows[2] == {"a": None, "t": None, "n": None, "b": [1.0, 2.5]}
 
 
+@pytest.mark.parametrize("data", [b"null\n", b"  null\r\n\n", b'{"a": 1}\n' + b"null\n" * 5000])
+def test_jsonl_null_lines_never_reach_pyarrow(tmp_path, data):
+    path = tmp_path / "n.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match="n.jsonl line [12]: a null is not a record"):
+        read_all(one(path))
+    stats = InputStats()
+    got = list(read_input(one(path), options=InputOptions(on_error="skip"), stats=stats))
+    assert sum(b.num_rows for b in got) == data.count(b"{") and stats.not_an_object >= 1
+
+
 def test_jsonl_empty_file_yields_nothing(tmp_path):
     (tmp_path / "e.jsonl").write_bytes(b"")
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b"\n\n"))
@@ -274,6 +285,8 @@ BAD_CASES = [
     (b'[1, 2, 3]', "not_an_object", "an array is not a record; each line must hold one JSON "
                                     "object; fix the line or pass --on-error skip"),
     (b'"just a string"', "not_an_object", "a string is not a record"),
+    # pyarrow 26 would read this as a row of nulls, or crash on a block of only such lines.
+    (b'null', "not_an_object", "a null is not a record"),
     (b'{"id": "nine"}', "schema_mismatch",
      "column 'id' is a string here but a number in earlier records (first at line 1); "
      "make the types agree or pass --on-error skip to skip bad records"),

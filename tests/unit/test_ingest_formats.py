@@ -14,17 +14,18 @@ import pytest
 from zephon_store.errors import InputError
 from zephon_store.ingest import InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from zephon_store.ingest import lines as lines_mod
+from zephon_store.ingest.options import DEFAULT_OPTIONS
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 UTC = dt.timezone.utc
 
 
-def read_all(path, options=InputOptions(), **kw) -> pa.Table:
+def read_all(path, options=DEFAULT_OPTIONS, **kw) -> pa.Table:
     (f,) = expand_inputs([str(path)], options=options)
     return pa.Table.from_batches(list(read_input(f, options=options, **kw)))
 
 
-def batches(path, options=InputOptions(), **kw) -> list[pa.RecordBatch]:
+def batches(path, options=DEFAULT_OPTIONS, **kw) -> list[pa.RecordBatch]:
     (f,) = expand_inputs([str(path)], options=options)
     return list(read_input(f, options=options, **kw))
 
@@ -138,7 +139,7 @@ def test_parquet_errors(tmp_path):
 # -- text -------------------------------------------------------------------------------------
 
 def test_text_file_mode(tmp_path):
-    (tmp_path / "a.txt").write_bytes("first\nsecond\r\n\n".encode())
+    (tmp_path / "a.txt").write_bytes(b"first\nsecond\r\n\n")
     (tmp_path / "b.md.gz").write_bytes(gzip.compress("# héllo\n".encode("utf-8-sig")))
     (tmp_path / "c.txt").write_bytes(b"")
     rows = [r for f in expand_inputs([str(tmp_path)]) for b in read_input(f)

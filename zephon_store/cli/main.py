@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per line")
     add_storage_options(g)
 
-    from .plan_cmd import add_plan_parser
     from .cache_cmd import add_cache_parser
+    from .plan_cmd import add_plan_parser
 
     add_plan_parser(sub)
     add_cache_parser(sub)
@@ -152,7 +152,10 @@ def cmd_convert(args) -> int:
               f"({result.total_bytes / 1e6:.1f} MB) to {result.url}")
         print(f"dataset_id {result.dataset_id}")
         if any(result.skipped.values()):
-            print(f"skipped: {result.skipped}")
+            counts = ", ".join(f"{k}={v}" for k, v in result.skipped.items() if v)
+            print(f"skipped (--on-error skip): {counts}")
+            for example in result.skip_examples:
+                print(f"  e.g. {example}")
     return 0
 
 

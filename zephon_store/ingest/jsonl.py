@@ -6,6 +6,7 @@ so a table's types never depend on which path built it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -18,6 +19,8 @@ from .lines import LineChunk, bad_record, iter_line_chunks
 from .options import InputFile, InputOptions, InputStats
 from .schema import normalize_batch
 
+_NON_BLANK = re.compile(rb"\S")
+_NULL_LINE = re.compile(rb"(?m)^[ \t\r]*null[ \t\r]*$")
 # pyarrow parses blocks in parallel; 16 MiB blocks keep every core busy on a 64 MiB chunk.
 # Inference across blocks matches inference over one block (unified, in order).
 BLOCK_BYTES = 16 << 20
@@ -28,13 +31,17 @@ def read_jsonl(stream: BinaryIO, file: InputFile, *, options: InputOptions,
     """Record batches of one JSONL stream; bad lines raise InputError or are skipped and counted."""
     seen: pa.Schema | None = None  # what earlier chunks of this file settled on
     for chunk in iter_line_chunks(stream, file, options=options, stats=stats):
-        if not chunk.data.strip():
+        if not _NON_BLANK.search(chunk.data):
             continue
-        try:
-            table = parse_lines(chunk.data)
-            if seen is not None:  # a later chunk may disagree with earlier ones
-                pa.unify_schemas([seen, table.schema], promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        table = None
+        if not has_null_lines(chunk.data):
+            try:
+                table = parse_lines(chunk.data)
+                if seen is not None:  # a later chunk may disagree with earlier ones
+                    pa.unify_schemas([seen, table.schema], promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+                table = None
+        if table is None:
             table = _fallback(chunk, file, seen, options=options, stats=stats)
         if table.num_rows == 0:
             continue
@@ -43,6 +50,22 @@ def read_jsonl(stream: BinaryIO, file: InputFile, *, options: InputOptions,
         for batch in table.to_batches(max_chunksize=options.batch_rows):
             if batch.num_rows:
                 yield normalize_batch(batch)
+
+
+def has_null_lines(data: bytes) -> bool:
+    """True when a line is a bare JSON ``null``.
+
+    pyarrow (26) reads such a line as a row of nulls instead of refusing it, and crashes the
+    process (SIGSEGV) when a parse block holds nothing else, so these lines must never reach
+    it. The exact regex costs ~5 ms/MiB; the line counts (~0.3 ms/MiB) skip it for the usual
+    file where every line starts with '{'.
+
+    >>> has_null_lines(b'{"a": null}\\n'), has_null_lines(b'{"a": 1}\\n  null\\n')
+    (False, True)
+    """
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    objects = data.count(b"\n{") + data.startswith(b"{")
+    return objects != lines and _NULL_LINE.search(data) is not None
 
 
 def parse_lines(data: bytes) -> pa.Table:
