@@ -14,6 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    AccessDeniedError,
     InputError,
     InputNotFoundError,
     IntegrityError,
@@ -35,6 +36,7 @@ __all__ = [
     "InputOptions",
     "OrderOptions",
     "ZephonError",
+    "AccessDeniedError",
     "InputError",
     "InputNotFoundError",
     "IntegrityError",

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
-from . import __version__
+from . import __version__, arrowutil
 from .errors import InputError
 from .hashing import xxh3_hex
 from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
@@ -456,8 +456,8 @@ def _publish_manifest(out: Storage, files, metas, plans, infos, schema, options,
     root = _common_root([f.url for f in files])
     prov = _provenance(files, metas, plans, root)
     tables = {
-        "shards": pa.table(sh_cols, schema=SHARD_TABLE_SCHEMA),
-        "row_groups": pa.table(rg_cols, schema=ROW_GROUP_TABLE_SCHEMA),
+        "shards": _side_table(sh_cols, SHARD_TABLE_SCHEMA),
+        "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
         "provenance": prov,
     }
     refs = {}
@@ -520,4 +520,10 @@ def _provenance(files, metas, plans, root) -> pa.Table:
             cols["row_start"].append(g)
             local += n
             g += n
-    return pa.table(cols, schema=PROVENANCE_TABLE_SCHEMA)
+    return _side_table(cols, PROVENANCE_TABLE_SCHEMA)
+
+
+def _side_table(cols: dict, schema: pa.Schema) -> pa.Table:
+    build = {pa.int64(): arrowutil.i64, pa.string(): arrowutil.strings,
+             pa.binary(16): arrowutil.binary16}
+    return pa.Table.from_arrays([build[f.type](cols[f.name]) for f in schema], schema=schema)

@@ -62,6 +62,10 @@ class StorageError(ZephonError, OSError):
     """A storage operation failed after its retries (or failed permanently: 403, 404)."""
 
 
+class AccessDeniedError(StorageError, PermissionError):
+    """Storage refused the request (403, bad signature, missing credentials); never retried."""
+
+
 class SeqOutOfRangeError(ZephonError, IndexError):
     """A global sequence number lies outside ``[0, num_samples)``."""
 

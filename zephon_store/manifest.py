@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrowutil import column_np
 from .errors import ManifestError, UnsafePathError
 from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 
@@ -145,18 +146,18 @@ class Manifest:
         sh = tables["shards"]
         rg = tables["row_groups"]
         self._shard_names = sh.column("name")
-        self.shard_bytes = sh.column("bytes").to_numpy()
-        self.shard_rows = sh.column("rows").to_numpy()
-        self.shard_row_start = sh.column("row_start").to_numpy()
-        self.shard_first_rg = sh.column("first_row_group").to_numpy()
-        self.shard_num_rgs = sh.column("num_row_groups").to_numpy()
-        self.footer_offset = sh.column("footer_offset").to_numpy()
+        self.shard_bytes = column_np(sh.column("bytes"))
+        self.shard_rows = column_np(sh.column("rows"))
+        self.shard_row_start = column_np(sh.column("row_start"))
+        self.shard_first_rg = column_np(sh.column("first_row_group"))
+        self.shard_num_rgs = column_np(sh.column("num_row_groups"))
+        self.footer_offset = column_np(sh.column("footer_offset"))
         self._footer_xxh3 = sh.column("footer_xxh3")
-        self.rg_shard = rg.column("shard").to_numpy()
-        self.rg_rows = rg.column("rows").to_numpy()
-        self.rg_row_start = rg.column("row_start").to_numpy()
-        self.rg_offset = rg.column("offset").to_numpy()
-        self.rg_length = rg.column("length").to_numpy()
+        self.rg_shard = column_np(rg.column("shard"))
+        self.rg_rows = column_np(rg.column("rows"))
+        self.rg_row_start = column_np(rg.column("row_start"))
+        self.rg_offset = column_np(rg.column("offset"))
+        self.rg_length = column_np(rg.column("length"))
         self._rg_xxh3 = rg.column("xxh3")
 
     @property

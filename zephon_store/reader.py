@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .arrowutil import i64
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
 from .rangefile import RangeFile
@@ -190,11 +191,11 @@ class Dataset:
         rgs, inverse = np.unique(loc.row_group, return_inverse=True)
         tables = self.read_row_groups(rgs)
         if len(tables) == 1:
-            return tables[0].take(pa.array(loc.row_in_group))
+            return tables[0].take(i64(loc.row_in_group))
         sizes = np.array([t.num_rows for t in tables], dtype=np.int64)
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         idx = base[inverse.reshape(-1)] + loc.row_in_group
-        return pa.concat_tables(tables).take(pa.array(idx))
+        return pa.concat_tables(tables).take(i64(idx))
 
     def __getitem__(self, seq: int) -> dict:
         """One record as a dict: ``ds[17]``."""

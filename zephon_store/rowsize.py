@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrowutil import np_view, valid_mask
+
 
 def table_row_nbytes(table: pa.Table | pa.RecordBatch) -> np.ndarray:
     """Return the approximate uncompressed size of every row, as int64.
@@ -35,6 +37,18 @@ def array_row_nbytes(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return _sizes(arr)
 
 
+def _ints_or_zero(arr: pa.Array) -> np.ndarray:
+    """Integer array -> int64 numpy, nulls as 0.
+
+    Deliberately not ``fill_null``: it builds a Python scalar, which makes pyarrow import
+    pandas (about half a second) in every conversion process.
+    """
+    values = np_view(arr).astype(np.int64, copy=False)
+    if arr.null_count == 0:
+        return values
+    return np.where(valid_mask(arr), values, 0)
+
+
 def _sizes(arr: pa.Array) -> np.ndarray:
     t = arr.type
     n = len(arr)
@@ -43,28 +57,27 @@ def _sizes(arr: pa.Array) -> np.ndarray:
     if pa.types.is_boolean(t):
         return np.ones(n, dtype=np.int64)
     if pa.types.is_dictionary(t):
-        idx = arr.indices
         value_sizes = _sizes(arr.dictionary)
-        idx_np = idx.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        out = value_sizes[idx_np] if len(value_sizes) else np.zeros(n, dtype=np.int64)
+        idx = _ints_or_zero(arr.indices)
+        out = value_sizes[idx] if len(value_sizes) else np.zeros(n, dtype=np.int64)
         return out + t.index_type.bit_width // 8
     if (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
             or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
             or pa.types.is_binary_view(t)):
-        lengths = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths = _ints_or_zero(pc.binary_length(arr))
         offset_width = 8 if (pa.types.is_large_string(t) or pa.types.is_large_binary(t)) else 4
-        return lengths.astype(np.int64) + offset_width
+        return lengths + offset_width
     if pa.types.is_fixed_size_list(t):
         child = _sizes(arr.flatten()) if n else np.zeros(0, dtype=np.int64)
         if t.list_size == 0 or n == 0:
             return np.zeros(n, dtype=np.int64)
         # flatten() drops the values of null slots; rebuild per-row sums over valid rows.
-        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        valid = valid_mask(arr)
         out = np.zeros(n, dtype=np.int64)
         out[valid] = child.reshape(-1, t.list_size).sum(axis=1)
         return out
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
-        offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = np_view(arr.offsets).astype(np.int64)
         child = _sizes(arr.values)
         csum = np.concatenate([[0], np.cumsum(child)])
         width = 8 if pa.types.is_large_list(t) else 4

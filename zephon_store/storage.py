@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from .errors import (
+    AccessDeniedError,
     IntegrityError,
     ShardNotFoundError,
     StorageError,
@@ -52,10 +53,6 @@ S3FS_RETRIES = 1
 # Extra whole fetches after a hash mismatch before IntegrityError: a flipped bit in transit
 # heals on re-fetch, a corrupt object does not.
 INTEGRITY_REFETCHES = 2
-
-
-class AccessDeniedError(StorageError, PermissionError):
-    """Storage refused the request (403, bad signature, missing credentials); never retried."""
 
 
 @dataclass

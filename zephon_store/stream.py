@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .arrowutil import np_view
 from .assign import positions_for_rank
 from .order import Order, OrderOptions
 
@@ -126,9 +127,10 @@ def decode_column(col: pa.ChunkedArray):
     if pa.types.is_fixed_size_list(t) and _is_numeric(t.value_type) and col.null_count == 0:
         values = col.flatten()
         if values.null_count == 0:
-            arr = values.to_numpy(zero_copy_only=False)
-            return arr.reshape(len(col), t.list_size)
-    if (_is_numeric(t) or pa.types.is_boolean(t)) and col.null_count == 0:
+            return np_view(values).reshape(len(col), t.list_size)
+    if _is_numeric(t) and col.null_count == 0:
+        return np_view(col)
+    if pa.types.is_boolean(t) and col.null_count == 0:
         return col.to_numpy(zero_copy_only=False)
     return col.to_pylist()
 

@@ -6,6 +6,7 @@ import bz2
 import gzip
 import json
 import lzma
+import pickle
 import uuid
 
 import fsspec
@@ -88,6 +89,7 @@ def test_stats_merge_and_dict():
     assert (a.malformed_json, a.bad_row, a.skipped) == (1, 12, 13)
     assert len(a.examples) == InputStats.MAX_EXAMPLES and a.examples[0] == "a line 1"
     assert a.to_dict()["skipped"] == 13
+    assert pickle.loads(pickle.dumps(a)) == a  # parser processes send theirs back
     with pytest.raises(ValueError):
         a.record_skip("nope", "x")
 
@@ -217,6 +219,12 @@ def test_jsonl_round_trip(tmp_path, suffix):
         ("id", pa.int64()), ("text", pa.string()), ("score", pa.float64()),
         ("tags", pa.list_(pa.string())), ("meta", pa.struct([("src", pa.string()),
                                                              ("n", pa.int64())]))])
+
+
+def test_multi_member_gzip(tmp_path):
+    path = tmp_path / "m.jsonl.gz"
+    path.write_bytes(gzip.compress(jsonl_bytes(RECORDS[:2])) + gzip.compress(jsonl_bytes(RECORDS[2:])))
+    assert read_all(one(path)).to_pylist() == expected(RECORDS)
 
 
 def test_jsonl_details(tmp_path):

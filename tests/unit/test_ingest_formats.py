@@ -208,6 +208,12 @@ def test_tsv_and_other_delimiters(tmp_path):
         {"a": "1", "b": "x,y"}]
 
 
+def test_csv_other_encoding(tmp_path):
+    (tmp_path / "l.csv").write_bytes("name,city\nJosé,Zürich\n".encode("latin-1"))
+    got = read_all(tmp_path / "l.csv", options=InputOptions(encoding="latin-1"))
+    assert got.to_pylist() == [{"name": "José", "city": "Zürich"}]
+
+
 def test_csv_bad_rows_name_the_line(tmp_path):
     text = CSV_TEXT + "5,too,many,fields\n6,ok,1\n7\n"
     (tmp_path / "bad.csv").write_text(text)

@@ -11,7 +11,6 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from stateful_helper import (
     Segment,
     assert_exactly_once_per_epoch,
@@ -22,6 +21,7 @@ from stateful_helper import (
     run_segments,
     small_dataset,
 )
+
 from zephon_store.assign import positions_for_rank
 from zephon_store.errors import StateMismatchError
 from zephon_store.order import Order, OrderOptions

@@ -20,10 +20,13 @@ from .options import InputFile, InputOptions, InputStats
 from .schema import normalize_batch
 
 _NON_BLANK = re.compile(rb"\S")
-_NULL_LINE = re.compile(rb"(?m)^[ \t\r]*null[ \t\r]*$")
-# pyarrow parses blocks in parallel; 16 MiB blocks keep every core busy on a 64 MiB chunk.
-# Inference across blocks matches inference over one block (unified, in order).
-BLOCK_BYTES = 16 << 20
+_NULL_FIRST = re.compile(rb"[ \t\r\n]*null[ \t\r]*(?:\n|\Z)")
+_NULL_LINE = re.compile(rb"\n[ \t\r]*null[ \t\r]*(?:\n|\Z)")
+# pyarrow parses blocks in parallel: 4 MiB blocks give 16 per 64 MiB chunk, enough to keep
+# the cores of one parser process busy, at 1/4 of pyarrow's per-block overhead at its 1 MiB
+# default. Inference across blocks equals inference over one block (types unified in
+# order), so this only tunes speed.
+BLOCK_BYTES = 4 << 20
 
 
 def read_jsonl(stream: BinaryIO, file: InputFile, *, options: InputOptions,
@@ -57,15 +60,12 @@ def has_null_lines(data: bytes) -> bool:
 
     pyarrow (26) reads such a line as a row of nulls instead of refusing it, and crashes the
     process (SIGSEGV) when a parse block holds nothing else, so these lines must never reach
-    it. The exact regex costs ~5 ms/MiB; the line counts (~0.3 ms/MiB) skip it for the usual
-    file where every line starts with '{'.
+    it. The regexes start with a newline (or are anchored), which keeps them near 2 GB/s.
 
     >>> has_null_lines(b'{"a": null}\\n'), has_null_lines(b'{"a": 1}\\n  null\\n')
     (False, True)
     """
-    lines = data.count(b"\n") + (not data.endswith(b"\n"))
-    objects = data.count(b"\n{") + data.startswith(b"{")
-    return objects != lines and _NULL_LINE.search(data) is not None
+    return bool(_NULL_FIRST.match(data) or _NULL_LINE.search(data))
 
 
 def parse_lines(data: bytes) -> pa.Table:

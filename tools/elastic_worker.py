@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""One phase of an elastic job, run by torchrun: resume, consume steps, checkpoint.
+
+Each rank builds a :class:`~zephon_store.torch.ZephonLoader` (world size and rank from
+torchrun), optionally restores it from a ``torch.distributed.checkpoint`` (DCP) directory,
+consumes ``--steps`` global steps and logs every step's ``_seq`` ids, then saves the loader
+state with DCP. The loader state is replicated (identical on every rank), so DCP stores each
+value once and any world size can load it.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=4 tools/elastic_worker.py \\
+        DATASET --global-batch 12 --steps 20 --save ckpt/1 --log-dir logs --tag phase1
+    python -m torch.distributed.run --standalone --nproc_per_node=3 tools/elastic_worker.py \\
+        DATASET --global-batch 12 --steps 30 --num-workers 2 --load ckpt/1 --save ckpt/2 \\
+        --log-dir logs --tag phase2
+
+Log: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per step ``{"tag", "rank", "world_size",
+"num_workers", "step", "cursor", "global_batch", "ids"}`` (``cursor``: before the step), and
+lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``tools/elastic_demo.py`` and
+``tests/integration/test_elastic_torchrun.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script from a checkout without an installed package
+    sys.path.insert(0, ROOT)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dataset", help="dataset URL (local path or s3://bucket/prefix)")
+    p.add_argument("--storage-options", default=None, help="JSON dict for fsspec")
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True, help="global steps to consume")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window-blocks", type=int, default=None)
+    p.add_argument("--lanes", type=int, default=None)
+    p.add_argument("--load", default=None, help="DCP checkpoint directory to resume from")
+    p.add_argument("--save", default=None, help="DCP checkpoint directory to write at the end")
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--tag", required=True)
+    return p.parse_args(argv)
+
+
+def order_options(args: argparse.Namespace):
+    from zephon_store.order import OrderOptions
+
+    kw = {"seed": args.seed}
+    if args.window_blocks is not None:
+        kw["window_blocks"] = args.window_blocks
+    if args.lanes is not None:
+        kw["lanes"] = args.lanes
+    return OrderOptions(**kw)
+
+
+def same_on_every_rank(dist, value, what: str):
+    """All-gather ``value`` and fail unless every rank holds the same one.
+
+    DCP keeps one copy of each replicated key, written by whichever rank its planner picks;
+    it does not compare the ranks' values. A loader state that differed between ranks would
+    be saved half from one rank and half from another, so check before saving.
+    """
+    if not dist.is_initialized():
+        return value
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    if any(v != values[0] for v in values):
+        raise SystemExit(f"{what} differs between ranks: {values}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from zephon_store.torch import ZephonLoader
+
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    storage_options = json.loads(args.storage_options) if args.storage_options else None
+    loader = ZephonLoader(args.dataset, global_batch=args.global_batch, order=order_options(args),
+                          world_size=world, rank=rank, num_workers=args.num_workers,
+                          prefetch=args.prefetch, with_seq=True, max_steps=args.steps,
+                          storage_options=storage_options)
+    os.makedirs(args.log_dir, exist_ok=True)
+    log_path = os.path.join(args.log_dir, f"{args.tag}.rank{rank}.jsonl")
+    with open(log_path, "w", encoding="utf-8") as log:
+        def write(record: dict) -> None:
+            log.write(json.dumps({"tag": args.tag, "rank": rank, **record}) + "\n")
+
+        if args.load:
+            # DCP loads in place into a template with the same keys: the fresh loader's own
+            # state. Non-tensor values come back as the Python objects that were saved.
+            template = {"loader": loader.state_dict()}
+            dcp.load(template, checkpoint_id=args.load)
+            loader.load_state_dict(template["loader"])
+            write({"event": "loaded", "state": same_on_every_rank(
+                dist, loader.state_dict(), "loaded loader state")})
+        t0 = time.perf_counter()
+        cursor = loader.state_dict()["cursor"]
+        step = 0
+        for batch in loader:
+            ids = [int(i) for i in batch["_seq"].tolist()]
+            write({"world_size": world, "num_workers": args.num_workers, "step": step,
+                   "cursor": cursor, "global_batch": args.global_batch, "ids": ids})
+            cursor += args.global_batch
+            step += 1
+        if step != args.steps:
+            raise SystemExit(f"rank {rank}: consumed {step} steps, expected {args.steps}")
+        state = same_on_every_rank(dist, loader.state_dict(), "loader state")
+        if args.save:
+            dcp.save({"loader": state}, checkpoint_id=args.save)
+            write({"event": "saved", "state": state, "seconds": time.perf_counter() - t0})
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""TorchTitan dataloader over a zephon dataset of packed token windows.
+
+``ZephonDataLoader`` is a TorchTitan ``BaseDataLoader``: TorchTitan builds it from its config
+(``ZephonDataLoader.Config``) and checkpoints it with the rest of the training state. Its
+``state_dict()`` is the zephon loader state ``{version, dataset_id, seed, order, cursor}`` and
+nothing else: identical on every rank, with no ``dp_rank_N`` keys, so TorchTitan's DCP
+checkpointer stores one copy and a run resumes on any data-parallel degree. TorchTitan's own
+loaders store per-rank state and refuse a new degree.
+
+Supported TorchTitan APIs, picked by what the trainer passes to ``build``:
+
+- 0.3.0 (``components/dataloader.py``; tested): ``build(dp_world_size, dp_rank, tokenizer,
+  seq_len, local_batch_size, ...)``; batches ``({"input", "positions"}: [B, L], labels)``.
+- main after the Grain move (``components/data/loader.py``; untested here): ``build(
+  dp_world_size, dp_rank, tokenizer, max_context_length, num_tokens_per_batch)``; batches are
+  flat token streams (see :mod:`zephon_store.integrations.titan_batches`).
+
+Select it with ``--module zephon_store.integrations.torchtitan --config zephon_llama3_debug``
+or with the override ``--override.imports zephon_store.integrations.torchtitan_override.use_zephon``
+(docs/torchtitan.md). Needs the ``torchtitan`` extra.
+
+>>> cfg = ZephonDataLoader.Config(dataset="s3://b/ds", seed=7)                  # doctest: +SKIP
+>>> dl = cfg.build(dp_world_size=2, dp_rank=0, tokenizer=None, seq_len=2048,    # doctest: +SKIP
+...                local_batch_size=8)
+>>> inputs, labels = next(iter(dl))   # inputs["input"]: LongTensor[8, 2048]    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import require
+
+require("torch", "torch")
+require("torchtitan", "torchtitan")
+
+try:  # TorchTitan main (Grain era): components/data/loader.py owns BaseDataLoader.
+    from torchtitan.components.data.loader import BaseDataLoader
+
+    TORCHTITAN_API = "data"
+except ImportError:  # TorchTitan 0.3.0 (and earlier 0.x with the Configurable API)
+    from torchtitan.components.dataloader import BaseDataLoader
+
+    TORCHTITAN_API = "0.3"
+
+from ..order import OrderOptions  # noqa: E402
+from ..packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
+from ..reader import Dataset, open_dataset  # noqa: E402
+from ..stream import SEQ_KEY, RankStream, Topology  # noqa: E402
+from ..torch import ZephonLoader  # noqa: E402
+from .titan_batches import flat_batch, rows_batch  # noqa: E402
+
+__all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
+           "dataset_seq_len"]
+
+log = logging.getLogger("zephon_store")
+# Read by zephon_llama3_debug() and the override when no dataset is given otherwise, so one
+# exported variable reaches every torchrun rank.
+DATASET_ENV = "ZEPHON_DATASET"
+_DEFAULT_ORDER = OrderOptions()
+
+
+def dataset_seq_len(dataset: Dataset) -> int:
+    """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema)."""
+    info = packing_info(dataset.manifest.doc)
+    if info is not None and "seq_len" in info:
+        return int(info["seq_len"])
+    import pyarrow as pa
+
+    if TOKENS_COLUMN not in dataset.schema.names:
+        raise ValueError(f"dataset {dataset.url} has no {TOKENS_COLUMN!r} column (columns: "
+                         f"{dataset.schema.names}); convert it with --tokenizer and --seq-len")
+    t = dataset.schema.field(TOKENS_COLUMN).type
+    if not pa.types.is_fixed_size_list(t) or t.list_size < 2:
+        raise ValueError(f"dataset {dataset.url}: column {TOKENS_COLUMN!r} is {t}, not a "
+                         "fixed-size list of token ids; convert it with --tokenizer and --seq-len")
+    return t.list_size - 1
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """TorchTitan dataloader: this DP rank's share of each global batch of token windows.
+
+    Global batch = ``local_batch_size * dp_world_size`` windows (0.3.0) or
+    ``num_tokens_per_batch // L * dp_world_size`` (main). The cursor advances when a batch is
+    handed to the trainer, so a checkpoint taken after step ``s`` resumes with the batch that
+    follows it, whatever the new degree, local batch size or ``num_workers``.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        dataset: str = ""
+        """Dataset URL (local path, s3://..., any fsspec URL) of windows made by
+        ``zephon convert --tokenizer ... --seq-len L``; defaults to $ZEPHON_DATASET."""
+
+        seed: int = 0
+        """Shuffle seed; part of the checkpoint (resuming with another seed is refused)."""
+
+        shuffle: bool = True
+        window_blocks: int = _DEFAULT_ORDER.window_blocks
+        """Row groups per shuffle window (see docs/order.md)."""
+
+        lanes: int = _DEFAULT_ORDER.lanes
+        """Order lanes P (see docs/order.md)."""
+
+        storage_options: str = ""
+        """fsspec storage options as a JSON object, e.g. '{"endpoint_url": "http://..."}'."""
+
+        cache_dir: str = ""
+        """Local disk cache for remote shards; empty = zephon's default location."""
+
+        num_workers: int = 0
+        """0: prefetch with threads (default); N: N worker processes. Any value can resume
+        any checkpoint."""
+
+        prefetch: int = 4
+        """Batches prepared ahead of the trainer."""
+
+        infinite: bool = True
+        """Epochs follow each other (each a fresh permutation); False: stop after one epoch
+        (counted from position 0)."""
+
+        positions: bool = True
+        """Emit ``positions`` (per-document, from ``doc_starts``) as TorchTitan 0.3.0's loader
+        does; Flex/varlen attention needs them."""
+
+        audit_dir: str = ""
+        """If set, every rank appends one JSON line per consumed batch (cursor, positions,
+        sample ids) to ``<audit_dir>/dp<W>-rank<r>.jsonl``."""
+
+        def __post_init__(self) -> None:
+            if self.num_workers < 0:
+                raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+            if self.prefetch < 1:
+                raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
+            self.order_options()  # validates seed, window_blocks, lanes
+            self.storage_options_dict()
+
+        def order_options(self) -> OrderOptions:
+            return OrderOptions(seed=self.seed, shuffle=self.shuffle,
+                                window_blocks=self.window_blocks, lanes=self.lanes)
+
+        def storage_options_dict(self) -> dict | None:
+            if not self.storage_options:
+                return None
+            try:
+                value = json.loads(self.storage_options)
+            except ValueError as exc:
+                raise ValueError(f"storage_options must be a JSON object, got "
+                                 f"{self.storage_options!r}: {exc}") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"storage_options must be a JSON object, got "
+                                 f"{self.storage_options!r}")
+            return value
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer=None,
+                 seq_len: int | None = None, local_batch_size: int | None = None,
+                 max_context_length: int | None = None,
+                 num_tokens_per_batch: int | None = None, **_: Any) -> None:
+        # Other build kwargs (0.3.0's snapshot_every_n_steps) need no handling: the state is
+        # one cursor, exact after every batch.
+        url = config.dataset or os.environ.get(DATASET_ENV, "")
+        if not url:
+            raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset URL "
+                             f"(or ${DATASET_ENV})")
+        self.config = config
+        self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
+                                    cache=config.cache_dir or None)
+        self.seq_len = dataset_seq_len(self.dataset)
+        if seq_len is not None and local_batch_size is not None:
+            self.layout = "rows"
+            if seq_len != self.seq_len:
+                raise ValueError(
+                    f"dataset {url} holds windows of seq_len {self.seq_len} (+1) tokens but the "
+                    f"trainer's training.seq_len is {seq_len}; pass --training.seq_len "
+                    f"{self.seq_len} or re-convert with --seq-len {seq_len}")
+            rows = local_batch_size
+        elif max_context_length is not None and num_tokens_per_batch is not None:
+            self.layout = "flat"
+            if self.seq_len > max_context_length:
+                raise ValueError(
+                    f"dataset {url} holds windows of seq_len {self.seq_len}, longer than the "
+                    f"trainer's max_context_length {max_context_length}; re-convert with "
+                    f"--seq-len {max_context_length} or raise max_context_length")
+            if num_tokens_per_batch % self.seq_len:
+                raise ValueError(
+                    f"num_tokens_per_batch {num_tokens_per_batch} is not a multiple of the "
+                    f"dataset's seq_len {self.seq_len}; a batch is whole windows")
+            rows = num_tokens_per_batch // self.seq_len
+        else:
+            raise TypeError("ZephonDataLoader.build needs seq_len and local_batch_size "
+                            "(TorchTitan 0.3.0) or max_context_length and num_tokens_per_batch "
+                            "(TorchTitan main)")
+        if rows < 1:
+            raise ValueError(f"a batch must hold at least one window, got {rows}")
+        self._check_tokenizer(tokenizer)
+        columns = [TOKENS_COLUMN]
+        if config.positions and DOC_STARTS_COLUMN in self.dataset.schema.names:
+            columns.append(DOC_STARTS_COLUMN)
+        self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
+        self._loader = ZephonLoader(
+            self.dataset, global_batch=rows * dp_world_size, order=config.order_options(),
+            world_size=dp_world_size, rank=dp_rank, num_workers=config.num_workers,
+            prefetch=config.prefetch, columns=columns, with_seq=bool(config.audit_dir),
+            collate=None, epochs=None if config.infinite else 1)
+        self._audit = None
+        self._iter: Iterator | None = None
+
+    def _check_tokenizer(self, tokenizer) -> None:
+        info = packing_info(self.dataset.manifest.doc) or {}
+        expected = (info.get("tokenizer") or {}).get("vocab_size")
+        get = getattr(tokenizer, "get_vocab_size", None)
+        if expected is None or get is None:
+            return
+        try:
+            actual = get()
+        except Exception:  # a tokenizer without a loaded vocabulary: nothing to compare
+            return
+        if actual != expected:
+            log.warning("zephon: the dataset was tokenized with a %d-token vocabulary (%s) but "
+                        "the trainer's tokenizer has %d tokens; check --hf_assets_path",
+                        expected, info["tokenizer"].get("file"), actual)
+
+    # -- iteration -----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[dict, Any]]:
+        self._iter = self._batches()
+        return self._iter
+
+    def _batches(self) -> Iterator[tuple[dict, Any]]:
+        shape = rows_batch if self.layout == "rows" else flat_batch
+        positions = self.config.positions
+        global_batch = self._loader.topology.global_batch
+        for batch in self._loader:
+            if self.config.audit_dir:
+                self._write_audit(self._loader.cursor - global_batch, batch[SEQ_KEY])
+            yield shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN), positions=positions)
+
+    def _write_audit(self, cursor: int, seq) -> None:
+        if self._audit is None:
+            os.makedirs(self.config.audit_dir, exist_ok=True)
+            path = os.path.join(self.config.audit_dir,
+                                f"dp{self.dp_world_size}-rank{self.dp_rank}.jsonl")
+            self._audit = (open(path, "a", buffering=1),
+                           RankStream(self.dataset, self._loader.order, self._loader.topology))
+        fh, stream = self._audit
+        fh.write(json.dumps({"cursor": int(cursor), "world_size": self.dp_world_size,
+                             "rank": self.dp_rank, "positions": stream.positions(cursor).tolist(),
+                             "seq": [int(s) for s in seq]}) + "\n")
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{version, dataset_id, seed, order, cursor}``: the same on every rank."""
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # An empty state is what TorchTitan passes when the checkpoint has no dataloader.
+        if not state_dict:
+            return
+        self._loader.load_state_dict(dict(state_dict))
+
+    @property
+    def cursor(self) -> int:
+        """Samples (windows) consumed by the whole job so far."""
+        return self._loader.cursor
+
+    def close(self) -> None:
+        if self._iter is not None:
+            self._iter.close()
+            self._iter = None
+        if self._audit is not None:
+            self._audit[0].close()
+            self._audit = None
+
+
+# -- config functions ----------------------------------------------------------------------
+def with_zephon(config, **fields):
+    """Return ``config`` (a TorchTitan ``Trainer.Config``) reading its data from zephon.
+
+    ``fields`` are :class:`ZephonDataLoader.Config` fields; ``dataset`` defaults to
+    ``$ZEPHON_DATASET``. The validator's dataloader is left alone.
+    """
+    fields.setdefault("dataset", os.environ.get(DATASET_ENV, ""))
+    config.dataloader = ZephonDataLoader.Config(**fields)
+    return config
+
+
+def zephon_llama3_debug():
+    """TorchTitan's ``llama3_debugmodel`` config reading windows from a zephon dataset.
+
+    Use: ``--module zephon_store.integrations.torchtitan --config zephon_llama3_debug
+    --dataloader.dataset URL --training.seq_len L``. Importing TorchTitan's llama3 registry
+    needs ``triton`` in 0.3.0, so it is imported here, not at module import.
+    """
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    return with_zephon(llama3_debugmodel())

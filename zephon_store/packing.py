@@ -1,0 +1,539 @@
+"""Token packing at conversion time: tokenize documents, concatenate them, cut fixed windows.
+
+Each document becomes ``[BOS] + ids + [EOS]`` (each special token optional), documents are
+concatenated in input order (files sorted by URL, records in file order) and the stream is
+cut into non-overlapping windows of ``seq_len + 1`` tokens, so a window gives a training
+example ``input = w[:-1]``, ``labels = w[1:]``. The final partial window is dropped and
+counted. A dataset row is one window::
+
+    tokens:     fixed_size_list<int32>[seq_len + 1]
+    doc_starts: list<int32>          # positions in the window where a document begins
+
+The manifest's ``packing`` entry records the tokenizer (file hash, vocabulary size), the
+special token ids and the totals (documents, tokens, windows, dropped tail). See
+``docs/packing.md``.
+
+The work runs through :func:`~zephon_store.converter.convert`'s hooks, so it inherits its
+crash-safe staging and its byte-identical output for any number of workers:
+
+- ``parse_fn`` (:class:`TokenizeDocuments`, in the worker processes): one input file ->
+  staged Arrow batches with a ``tokens: large_list<int32>`` column, one row per document;
+- ``restream`` (:class:`PackWindows`): the global pass. Window ``k`` covers global tokens
+  ``[k*(L+1), (k+1)*(L+1))`` and belongs to the input file where it starts; each file's
+  windows are staged under ``packed/<index>`` by one pool task that reads the token range
+  it needs (including the head of the following files) from the memory-mapped parsed files.
+
+>>> kwargs = packing_convert_kwargs(PackingOptions(tokenizer="tok.json", seq_len=2048))  # doctest: +SKIP
+>>> convert(["corpus/*.jsonl.zst"], "/data/ds", workers=8, **kwargs)                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import InputError, InputNotFoundError, require
+from .hashing import xxh3_file
+
+__all__ = [
+    "PackingOptions",
+    "SpecialTokens",
+    "TokenizeDocuments",
+    "PackWindows",
+    "packing_convert_kwargs",
+    "resolve_special_tokens",
+    "window_schema",
+    "packing_info",
+    "PACKING_VERSION",
+    "TOKENS_COLUMN",
+    "DOC_STARTS_COLUMN",
+]
+
+PACKING_VERSION = 1
+TOKENS_COLUMN = "tokens"
+DOC_STARTS_COLUMN = "doc_starts"
+# Looked up in this order among the tokenizer's special tokens (then its whole vocabulary)
+# when neither options nor a tokenizer_config.json name them: Llama 3, SentencePiece
+# (Llama 2, Mistral, T5), Gemma, and common custom spellings.
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[BOS]", "<|startoftext|>")
+EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|endoftext|>")
+# Documents per encode_batch call: big enough for the tokenizer's Rust thread pool to
+# pay off, small enough that the Encoding objects of one call stay a few MiB.
+_ENCODE_DOCS = 1024
+# Tokens per staged chunk of windows (~32 MiB of int32): bounds the restream's memory.
+_CHUNK_TOKENS = 8 << 20
+PARSED_SCHEMA = pa.schema([pa.field(TOKENS_COLUMN, pa.large_list(pa.int32()), nullable=False)])
+
+
+@dataclass(frozen=True)
+class PackingOptions:
+    """How documents are tokenized and packed; validated on construction.
+
+    ``tokenizer``: a local ``tokenizer.json`` (or a folder holding one); nothing is
+    downloaded. ``seq_len``: a window holds ``seq_len + 1`` tokens. ``bos``/``eos``: wrap
+    every document in the tokenizer's BOS/EOS token; which token that is comes from
+    ``bos_id``/``eos_id``, else ``bos_token``/``eos_token``, else a ``tokenizer_config.json``
+    beside the tokenizer, else a special token named like ``<|begin_of_text|>``, ``<s>``,
+    ``<bos>`` (see :data:`BOS_NAMES`, :data:`EOS_NAMES`). ``doc_starts``: also store where
+    documents begin inside each window.
+
+    >>> PackingOptions(tokenizer="tok.json", seq_len=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: seq_len must be > 0, got 0
+    """
+
+    tokenizer: str
+    seq_len: int
+    text_column: str = "text"
+    bos: bool = True
+    eos: bool = True
+    bos_token: str | None = None
+    eos_token: str | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    doc_starts: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, (str, os.PathLike)) or not str(self.tokenizer):
+            raise ValueError(f"tokenizer must be a path to a tokenizer.json, got {self.tokenizer!r}")
+        object.__setattr__(self, "tokenizer", os.fspath(self.tokenizer))
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, (int, np.integer)):
+            raise ValueError(f"seq_len must be an int, got {self.seq_len!r}")
+        if self.seq_len <= 0:
+            raise ValueError(f"seq_len must be > 0, got {self.seq_len}")
+        # Window positions are stored as int32 (doc_starts).
+        if self.seq_len >= 2**31 - 1:
+            raise ValueError(f"seq_len must be < 2**31 - 1, got {self.seq_len}")
+        object.__setattr__(self, "seq_len", int(self.seq_len))
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise ValueError(f"text_column must be a non-empty string, got {self.text_column!r}")
+        for name in ("bos", "eos", "doc_starts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for which in ("bos", "eos"):
+            tok, tid = getattr(self, f"{which}_token"), getattr(self, f"{which}_id")
+            if tok is not None and tid is not None:
+                raise ValueError(f"pass {which}_token or {which}_id, not both")
+            if tok is not None and (not isinstance(tok, str) or not tok):
+                raise ValueError(f"{which}_token must be a non-empty string, got {tok!r}")
+            if tid is not None and (isinstance(tid, bool) or not isinstance(tid, int) or tid < 0):
+                raise ValueError(f"{which}_id must be an int >= 0, got {tid!r}")
+
+    @property
+    def window(self) -> int:
+        """Tokens per stored window: ``seq_len + 1``."""
+        return self.seq_len + 1
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The BOS/EOS ids actually added (None when that side is off) and how they were found."""
+
+    bos_id: int | None
+    bos_token: str | None
+    eos_id: int | None
+    eos_token: str | None
+    source: str
+
+
+# -- tokenizer -----------------------------------------------------------------------------
+def tokenizer_file(path: str) -> str:
+    """The absolute path of the tokenizer.json ``path`` names (a file, or a folder holding one)."""
+    p = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(p):
+        p = os.path.join(p, "tokenizer.json")
+    if not os.path.isfile(p):
+        raise InputNotFoundError(
+            f"tokenizer file not found: {p}; pass --tokenizer with a local tokenizer.json (or "
+            "the folder holding it); tokenizers are never downloaded")
+    return p
+
+
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def load_tokenizer(path: str, xxh3: str | None = None):
+    """A ``tokenizers.Tokenizer`` from a local file, cached per process and file hash.
+
+    With ``xxh3`` the file must still have that hash (it is what the manifest records).
+    """
+    tokenizers = require("tokenizers", "tokenize")
+    path = tokenizer_file(path)
+    digest = xxh3 or xxh3_file(path)
+    key = (path, digest)
+    if key not in _LOADED:
+        if xxh3 is not None and xxh3_file(path) != xxh3:
+            raise InputError(f"tokenizer {path} changed during the conversion (xxh3 is no longer "
+                             f"{xxh3}); rerun the conversion", path=path)
+        try:
+            _LOADED[key] = tokenizers.Tokenizer.from_file(path)
+        except Exception as exc:  # the Rust side raises plain Exception on bad JSON
+            raise InputError(f"cannot load tokenizer {path}: {exc}", path=path) from exc
+    return _LOADED[key]
+
+
+def _config_token(folder: str, key: str) -> str | None:
+    # HF convention (TorchTitan's HuggingFaceTokenizer reads the same file): the value is
+    # either the token string or {"content": "<token>", ...}.
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as fh:
+            value = json.load(fh).get(key)
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _named_token(tok, names: tuple[str, ...]) -> str | None:
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    for pool in (special, None):
+        for name in names:
+            if (pool is None or name in pool) and tok.token_to_id(name) is not None:
+                return name
+    return None
+
+
+def resolve_special_tokens(options: PackingOptions, tok=None) -> SpecialTokens:
+    """Find the BOS/EOS ids to add, in the order the :class:`PackingOptions` docstring gives.
+
+    Raises ValueError naming what was looked for when a required token is absent.
+    """
+    path = tokenizer_file(options.tokenizer)
+    tok = tok if tok is not None else load_tokenizer(path)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    found: dict[str, tuple[int | None, str | None]] = {}
+    sources = []
+    for which, names in (("bos", BOS_NAMES), ("eos", EOS_NAMES)):
+        if not getattr(options, which):
+            found[which] = (None, None)
+            continue
+        tid, token = getattr(options, f"{which}_id"), getattr(options, f"{which}_token")
+        if tid is not None:
+            if tid >= vocab:
+                raise ValueError(f"{which}_id={tid} is outside the vocabulary of {path} "
+                                 f"({vocab} tokens)")
+            found[which] = (tid, tok.id_to_token(tid))
+            sources.append(f"{which}: option {which}_id")
+            continue
+        source = f"option {which}_token"
+        if token is None:
+            token, source = _config_token(os.path.dirname(path), f"{which}_token"), \
+                "tokenizer_config.json"
+        if token is None:
+            token, source = _named_token(tok, names), "special token name"
+        if token is None:
+            raise ValueError(
+                f"tokenizer {path} has no {which.upper()} token: looked for {which}_token in "
+                f"tokenizer_config.json and for tokens named {', '.join(names)}; pass "
+                f"{which}_token=/{which}_id= (PackingOptions) or --no-{which}")
+        tid = tok.token_to_id(token)
+        if tid is None:
+            raise ValueError(f"{which.upper()} token {token!r} ({source}) is not in the "
+                             f"vocabulary of {path}")
+        found[which] = (tid, token)
+        sources.append(f"{which}: {source}")
+    return SpecialTokens(bos_id=found["bos"][0], bos_token=found["bos"][1],
+                         eos_id=found["eos"][0], eos_token=found["eos"][1],
+                         source="; ".join(sources) or "none")
+
+
+# -- phase 1: tokenize (worker processes) --------------------------------------------------
+@dataclass(frozen=True)
+class TokenizeDocuments:
+    """``parse_fn`` for :func:`~zephon_store.converter.convert`: one input -> token lists.
+
+    A frozen dataclass so it pickles to spawned workers and its ``repr`` (part of the
+    converter's staging key) is stable across runs.
+    """
+
+    tokenizer_path: str
+    tokenizer_xxh3: str
+    text_column: str
+    bos_id: int | None
+    eos_id: int | None
+
+    def __call__(self, f, options, storage_options, stats) -> Iterator[pa.RecordBatch]:
+        from .ingest import read_input
+
+        tok = load_tokenizer(self.tokenizer_path, self.tokenizer_xxh3)
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+        row = 0
+        for batch in read_input(f, options=options, storage_options=storage_options, stats=stats):
+            texts = self._texts(f, batch, options, stats, row)
+            row += batch.num_rows
+            for i in range(0, len(texts), _ENCODE_DOCS):
+                chunk = texts[i:i + _ENCODE_DOCS]
+                yield self._to_batch([e.ids for e in encode(chunk, add_special_tokens=False)])
+
+    def _texts(self, f, batch: pa.RecordBatch, options, stats, row0: int) -> list[str]:
+        names = batch.schema.names
+        if self.text_column in names:
+            col = batch.column(self.text_column)
+        elif f.kind == "text" and len(names) == 1:
+            # Plain-text inputs name their one column after InputOptions.text_column.
+            col = batch.column(0)
+        else:
+            raise InputError(f"{f.url}: no column {self.text_column!r} to tokenize (columns: "
+                             f"{', '.join(names)}); pass --text-column NAME", path=f.url)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            raise InputError(f"{f.url}: column {self.text_column!r} holds {col.type}, not text; "
+                             "pass --text-column naming a string column", path=f.url)
+        texts = col.to_pylist()
+        if col.null_count:
+            kept = []
+            for j, t in enumerate(texts):
+                if t is not None:
+                    kept.append(t)
+                    continue
+                msg = (f"{f.url} record {row0 + j + 1}: {self.text_column!r} is null; fix the "
+                       "record or pass --on-error skip")
+                if options.on_error != "skip":
+                    raise InputError(msg, path=f.url, row=row0 + j)
+                stats.record_skip("schema_mismatch", msg)
+            texts = kept
+        return texts
+
+    def _to_batch(self, ids: list[list[int]]) -> pa.RecordBatch:
+        nb, ne = int(self.bos_id is not None), int(self.eos_id is not None)
+        core_len = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        lengths = core_len + (nb + ne)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.empty(int(offsets[-1]), dtype=np.int32)
+        core = np.ones(len(values), dtype=bool)
+        if nb:
+            values[offsets[:-1]] = self.bos_id
+            core[offsets[:-1]] = False
+        if ne:
+            values[offsets[1:] - 1] = self.eos_id
+            core[offsets[1:] - 1] = False
+        values[core] = np.fromiter(chain.from_iterable(ids), dtype=np.int32,
+                                   count=int(core_len.sum()))
+        arr = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+        return pa.RecordBatch.from_arrays([arr], schema=PARSED_SCHEMA)
+
+
+# -- phase 2: the global pass (restream) ---------------------------------------------------
+def window_schema(seq_len: int, doc_starts: bool = True) -> pa.Schema:
+    """The schema of a packed dataset with windows of ``seq_len + 1`` tokens."""
+    fields = [pa.field(TOKENS_COLUMN, pa.list_(pa.int32(), seq_len + 1), nullable=False)]
+    if doc_starts:
+        fields.append(pa.field(DOC_STARTS_COLUMN, pa.list_(pa.int32()), nullable=False))
+    return pa.schema(fields)
+
+
+class _TokenSource:
+    """Random access to the concatenated token stream of the parsed inputs (memory-mapped)."""
+
+    def __init__(self, paths: list[str | None], file_starts: np.ndarray) -> None:
+        self.paths = paths
+        self.file_starts = file_starts  # global token index where each input begins (+ total)
+        self._open: dict[int, tuple[list, np.ndarray]] = {}
+
+    def _file(self, i: int) -> tuple[list, np.ndarray]:
+        if i not in self._open:
+            reader = pa.ipc.open_file(pa.memory_map(self.paths[i]))
+            batches = [reader.get_batch(j).column(0) for j in range(reader.num_record_batches)]
+            counts = [int(b.offsets[-1].as_py() - b.offsets[0].as_py()) for b in batches]
+            starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            self._open = {i: (batches, starts)}  # one file at a time: reads are sequential
+        return self._open[i]
+
+    def read(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens ``[a, b)`` and the global positions in ``[a, b)`` where documents begin."""
+        out = np.empty(b - a, dtype=np.int32)
+        starts_out = []
+        fi = int(np.searchsorted(self.file_starts, a, side="right") - 1)
+        pos = a
+        while pos < b:
+            while self.file_starts[fi + 1] <= pos:
+                fi += 1
+            batches, bstarts = self._file(fi)
+            local = pos - int(self.file_starts[fi])
+            j = int(np.searchsorted(bstarts, local, side="right") - 1)
+            while pos < b and j < len(batches):
+                arr = batches[j]
+                offs = arr.offsets.to_numpy()
+                base = int(self.file_starts[fi] + bstarts[j]) - int(offs[0])
+                lo = pos - base
+                hi = min(b - base, int(offs[-1]))
+                vals = arr.values.to_numpy()
+                out[pos - a:pos - a + hi - lo] = vals[lo:hi]
+                # Documents that begin inside [lo, hi); empty documents begin nowhere.
+                doc_first = offs[:-1][offs[1:] > offs[:-1]]
+                sel = doc_first[(doc_first >= lo) & (doc_first < hi)]
+                starts_out.append(sel.astype(np.int64) + base)
+                pos = base + hi
+                j += 1
+        starts = np.concatenate(starts_out) if starts_out else np.zeros(0, np.int64)
+        return out, starts
+
+
+def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
+                   schema: pa.Schema) -> pa.RecordBatch:
+    n = len(tokens) // window
+    cols = [pa.FixedSizeListArray.from_arrays(pa.array(tokens), window)]
+    if DOC_STARTS_COLUMN in schema.names:
+        rel = starts - a
+        offsets = np.searchsorted(rel, np.arange(n + 1, dtype=np.int64) * window).astype(np.int32)
+        values = (rel % window).astype(np.int32)
+        cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _pack_file(task) -> dict:
+    """Stage the windows ``[lo, hi)`` (those starting in input ``i``) as ``packed/<i>``."""
+    from .converter import _atomic_write_json, _schema_b64
+    from .rowsize import table_row_nbytes
+
+    i, lo, hi, window, doc_starts, paths, file_starts, staging, meta = task
+    schema = window_schema(window - 1, doc_starts)
+    base = os.path.join(staging, "packed", f"{i:06d}")
+    src = _TokenSource(paths, np.asarray(file_starts, dtype=np.int64))
+    per_chunk = max(1, _CHUNK_TOKENS // window)
+    tmp = f"{base}.arrow.tmp{os.getpid()}"
+    sizes = []
+    with pa.ipc.new_file(tmp, schema) as writer:
+        for k in range(lo, hi, per_chunk):
+            k1 = min(hi, k + per_chunk)
+            a, b = k * window, k1 * window
+            tokens, starts = src.read(a, b)
+            batch = _windows_batch(tokens, starts, a, window, schema)
+            writer.write_batch(batch)
+            sizes.append(table_row_nbytes(batch))
+    os.replace(tmp, f"{base}.arrow")
+    np.save(f"{base}.sizes.npy", np.concatenate(sizes))
+    out = dict(meta, rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
+               schema_b64=_schema_b64(schema), first_window=lo)
+    _atomic_write_json(f"{base}.json", out)  # written last: the file's done marker
+    return out
+
+
+class PackWindows:
+    """``restream`` for :func:`~zephon_store.converter.convert`: cut the windows, stage them.
+
+    Fills the dynamic totals of ``extra["packing"]`` (the dict passed as ``extra_manifest``)
+    once they are known. Reuses its staged output on a resumed run: per input
+    (``packed/<i>.json``) and as a whole (``packed/done.json``).
+    """
+
+    def __init__(self, *, seq_len: int, doc_starts: bool, extra: dict) -> None:
+        self.window = seq_len + 1
+        self.doc_starts = doc_starts
+        self.extra = extra
+
+    def __call__(self, files, metas, staging, pool):
+        from .converter import _atomic_write_json, staged_base
+
+        folder = os.path.join(staging, "packed")
+        os.makedirs(folder, exist_ok=True)
+        done_path = os.path.join(folder, "done.json")
+        schema = window_schema(self.window - 1, self.doc_starts)
+        if os.path.exists(done_path):
+            with open(done_path) as fh:
+                done = json.load(fh)
+            self.extra["packing"].update(done["totals"])
+            return done["metas"], schema
+
+        paths = [staged_base(staging, m) + ".arrow" if m["rows"] else None for m in metas]
+        counts = np.array([_token_count(p) for p in paths], dtype=np.int64)
+        file_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        total, w = int(file_starts[-1]), self.window
+        n_windows = total // w
+        if n_windows == 0:
+            raise InputError(
+                f"the corpus holds {total} tokens, fewer than one window of seq_len + 1 = {w} "
+                f"tokens; lower --seq-len or add data", path=files[0].url)
+        # Window k starts at token k*w; it belongs to the input holding that token.
+        first = np.minimum(-(-file_starts // w), n_windows)
+        tasks, out = [], [None] * len(metas)
+        for i, m in enumerate(metas):
+            lo, hi = int(first[i]), int(first[i + 1])
+            kept = {k: m[k] for k in ("index", "url", "input_bytes", "stats") if k in m}
+            meta_path = os.path.join(folder, f"{i:06d}.json")
+            if hi <= lo:
+                out[i] = dict(kept, rows=0, schema_b64=None)
+            elif os.path.exists(meta_path):
+                with open(meta_path) as fh:
+                    out[i] = json.load(fh)
+            else:
+                tasks.append((i, lo, hi, w, self.doc_starts, paths, file_starts.tolist(), staging,
+                              kept))
+        for meta in pool.map(_pack_file, tasks):
+            out[meta["index"]] = meta
+        totals = {
+            "num_documents": int(sum(m["rows"] for m in metas)),
+            "num_tokens": total,
+            "num_windows": n_windows,
+            "packed_tokens": n_windows * w,
+            "dropped_tail_tokens": total - n_windows * w,
+        }
+        self.extra["packing"].update(totals)
+        _atomic_write_json(done_path, {"metas": out, "totals": totals})
+        return out, schema
+
+
+def _token_count(path: str | None) -> int:
+    if path is None:
+        return 0
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    n = 0
+    for j in range(reader.num_record_batches):
+        offs = reader.get_batch(j).column(0).offsets
+        n += offs[-1].as_py() - offs[0].as_py()
+    return n
+
+
+# -- wiring --------------------------------------------------------------------------------
+def packing_convert_kwargs(options: PackingOptions) -> dict:
+    """Keyword arguments for :func:`~zephon_store.converter.convert` that pack tokens.
+
+    Returns ``parse_fn``, ``restream`` and ``extra_manifest``; the manifest's ``packing``
+    entry is completed with the totals during the conversion. Build a fresh set per
+    ``convert`` call (the entry is filled in place).
+
+    >>> kw = packing_convert_kwargs(PackingOptions(tokenizer="tok.json", seq_len=8))  # doctest: +SKIP
+    >>> convert(["docs.jsonl"], "/data/ds", **kw).num_samples   # windows  # doctest: +SKIP
+    """
+    path = tokenizer_file(options.tokenizer)
+    digest = xxh3_file(path)
+    tok = load_tokenizer(path, digest)
+    special = resolve_special_tokens(options, tok)
+    extra = {"packing": {
+        "version": PACKING_VERSION,
+        "seq_len": options.seq_len,
+        "window": options.window,
+        "tokens_column": TOKENS_COLUMN,
+        "doc_starts_column": DOC_STARTS_COLUMN if options.doc_starts else None,
+        "text_column": options.text_column,
+        # The file name only: an absolute path would make dataset_id depend on the host.
+        "tokenizer": {"file": os.path.basename(path), "xxh3": digest,
+                      "vocab_size": tok.get_vocab_size(with_added_tokens=True)},
+        "bos_id": special.bos_id, "bos_token": special.bos_token,
+        "eos_id": special.eos_id, "eos_token": special.eos_token,
+    }}
+    parse = TokenizeDocuments(tokenizer_path=path, tokenizer_xxh3=digest,
+                              text_column=options.text_column, bos_id=special.bos_id,
+                              eos_id=special.eos_id)
+    restream = PackWindows(seq_len=options.seq_len, doc_starts=options.doc_starts, extra=extra)
+    return {"parse_fn": parse, "restream": restream, "extra_manifest": extra}
+
+
+def packing_info(manifest_doc: dict) -> dict | None:
+    """The ``packing`` entry of a manifest document, or None for an unpacked dataset.
+
+    Tokens per second of a conversion: ``packing_info(doc)["num_tokens"] / result.seconds``.
+    """
+    info = manifest_doc.get("packing")
+    return info if isinstance(info, dict) else None
