@@ -153,6 +153,15 @@ class Dataset:
         return self.cache.get_or_fetch(
             xxh3, lambda: self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what))
 
+    def fetch_row_group_bytes(self, rg: int) -> bytes:
+        """The verified bytes of global row group ``rg`` (through the disk cache if any)."""
+        m = self.manifest
+        rg = int(rg)
+        shard = int(m.rg_shard[rg])
+        off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
+        return self._fetch(shard, off, off + length, m.rg_xxh3(rg),
+                           f"shard {m.shard_name(shard)} row group {m.rg_local_index(rg)}")
+
     def read_row_group(self, rg: int) -> pa.Table:
         """Decode global row group ``rg`` (verified against its xxh3 before decoding)."""
         rg = int(rg)
@@ -162,10 +171,9 @@ class Dataset:
         m = self.manifest
         shard = int(m.rg_shard[rg])
         md = self.footer(shard)
-        off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
+        off = int(m.rg_offset[rg])
+        data = self.fetch_row_group_bytes(rg)
         local = m.rg_local_index(rg)
-        data = self._fetch(shard, off, off + length, m.rg_xxh3(rg),
-                           f"shard {m.shard_name(shard)} row group {local}")
         f = RangeFile(int(m.shard_bytes[shard]), {off: data}, name=self.storage.url(m.shard_path(shard)))
         t = pq.ParquetFile(f, metadata=md).read_row_group(local)
         self._decoded.put(rg, t)

@@ -86,6 +86,12 @@ class RankStream:
         """Sample ids (global sequence numbers) of this rank's share of the step."""
         return self.order.sample_at(self.positions(cursor))
 
+    def row_groups(self, cursor: int) -> np.ndarray:
+        """Row groups the step starting at ``cursor`` reads, in order of first use."""
+        rg = self.dataset.locate(self.ids(cursor)).row_group
+        _, first = np.unique(rg, return_index=True)
+        return rg[np.sort(first)]
+
     def table(self, cursor: int) -> tuple[np.ndarray, pa.Table]:
         ids = self.ids(cursor)
         table = self.dataset.take(ids)

@@ -19,6 +19,8 @@ from .lines import LineChunk, bad_record, iter_line_chunks
 from .options import InputFile, InputOptions, InputStats
 from .schema import normalize_batch
 
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                 UnicodeDecodeError)
 _NON_BLANK = re.compile(rb"\S")
 _NULL_FIRST = re.compile(rb"[ \t\r\n]*null[ \t\r]*(?:\n|\Z)")
 _NULL_LINE = re.compile(rb"\n[ \t\r]*null[ \t\r]*(?:\n|\Z)")
@@ -42,7 +44,7 @@ def read_jsonl(stream: BinaryIO, file: InputFile, *, options: InputOptions,
                 table = parse_lines(chunk.data)
                 if seen is not None:  # a later chunk may disagree with earlier ones
                     pa.unify_schemas([seen, table.schema], promote_options="permissive")
-            except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+            except _ARROW_ERRORS:
                 table = None
         if table is None:
             table = _fallback(chunk, file, seen, options=options, stats=stats)
@@ -88,10 +90,13 @@ def _read(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
     try:
         return pajson.read_json(pa.BufferReader(data), parse_options=parse,
                                 read_options=pajson.ReadOptions(block_size=BLOCK_BYTES))
+    except pa.ArrowNotImplementedError:
+        pass  # pyarrow 26 cannot merge some nested types across blocks (null then struct<ts>)
     except pa.ArrowInvalid as exc:
         if "straddl" not in str(exc):
             raise
-    # A line longer than a block: read the chunk as one block.
+        # A line longer than a block.
+    # Read the chunk as one block: inference is then one sequential pass.
     return pajson.read_json(pa.BufferReader(data), parse_options=parse,
                             read_options=pajson.ReadOptions(block_size=len(data) + 1))
 
@@ -117,7 +122,7 @@ def _fallback(chunk: LineChunk, file: InputFile, seen: pa.Schema | None, *,
             if seen is not None:
                 pa.unify_schemas([seen, table.schema], promote_options="permissive")
             return table
-        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+        except _ARROW_ERRORS as exc:
             i = _first_failing(good, seen)
             if i is None:  # the lines parse one by one but not together: nothing to blame
                 raise InputError(f"{file.url}: cannot read JSON Lines ({exc})", path=file.url) from exc
@@ -134,7 +139,7 @@ def _first_failing(good: list[tuple[int, bytes]], seen: pa.Schema | None) -> int
             schema = parse_lines(b"\n".join(raw for _, raw in good[:n]) + b"\n").schema
             if seen is not None:
                 pa.unify_schemas([seen, schema], promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        except _ARROW_ERRORS:
             return True
         return False
 

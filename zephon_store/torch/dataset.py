@@ -14,6 +14,7 @@ import torch.utils.data
 
 from ..assign import batches_for_worker
 from ..order import OrderOptions
+from ..prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
 from ..stream import RankStream, Topology
 
 
@@ -26,12 +27,29 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, dataset, *, order: OrderOptions, topology: Topology, start_cursor: int = 0,
                  num_batches: int | None = None, columns: list[str] | None = None,
-                 with_seq: bool = False, transform: Callable[[dict], dict] | None = None) -> None:
+                 with_seq: bool = False, transform: Callable[[dict], dict] | None = None,
+                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
         super().__init__()
         self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq)
         self.start_cursor = start_cursor
         self.num_batches = num_batches
         self.transform = transform
+        self.prefetch_bytes = prefetch_bytes
+
+    def step_row_groups(self, i: int):
+        """Row groups local batch ``i`` reads (for the prefetcher)."""
+        return self.stream.row_groups(self.start_cursor + i * self.stream.topology.global_batch)
+
+    def prefetcher(self, *, stride: int = 1, offset: int = 0) -> Prefetcher:
+        """A prefetcher over this source's batches (``stride``/``offset``: one worker's share)."""
+        def rgs(j: int):
+            return self.step_row_groups(offset + j * stride)
+
+        total = None
+        if self.num_batches is not None:
+            total = max(0, -(-(self.num_batches - offset) // stride))
+        return Prefetcher(self.stream.dataset, rgs, budget_bytes=self.prefetch_bytes,
+                          num_batches=total)
 
     def batch_at(self, i: int) -> dict:
         cursor = self.start_cursor + i * self.stream.topology.global_batch

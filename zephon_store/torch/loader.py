@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..order import OrderOptions
+from ..prefetch import DEFAULT_PREFETCH_BYTES
 from ..reader import Dataset, open_dataset
 from ..stream import Topology
 from .dataset import ZephonIterableDataset
@@ -78,7 +79,8 @@ class ZephonLoader:
                  collate: Callable[[dict], object] | None = to_torch,
                  max_steps: int | None = None, epochs: float | None = None,
                  storage_options: dict | None = None, cache=None,
-                 multiprocessing_context: str | None = None, pin_memory: bool = False) -> None:
+                 multiprocessing_context: str | None = None, pin_memory: bool = False,
+                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -103,6 +105,7 @@ class ZephonLoader:
         self.collate = collate
         self.mp_context = multiprocessing_context
         self.pin_memory = pin_memory
+        self.prefetch_bytes = prefetch_bytes
         self.cursor = 0
         n = self.dataset.num_samples
         self._max_cursor = None
@@ -150,7 +153,7 @@ class ZephonLoader:
         return ZephonIterableDataset(
             self.dataset, order=self.order, topology=self.topology, start_cursor=start,
             num_batches=self._num_batches(start), columns=self.columns, with_seq=self.with_seq,
-            transform=self.transform)
+            transform=self.transform, prefetch_bytes=self.prefetch_bytes)
 
     def __iter__(self) -> Iterator:
         start = self.cursor
@@ -165,6 +168,7 @@ class ZephonLoader:
 
     def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
         total = source.num_batches
+        pre = source.prefetcher()
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="zephon-batch") as pool:
             pending: deque = deque()
             nxt = 0
@@ -179,10 +183,12 @@ class ZephonLoader:
             try:
                 while pending:
                     i, fut = pending.popleft()
+                    pre.consumed(i)
                     batch = fut.result()
                     fill()
                     yield i, batch
             finally:
+                pre.close()
                 for _, fut in pending:
                     fut.cancel()
 
