@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize]'
-	$(PY) -m pip install -q torchdata torchtitan==0.3.0
+	# One resolver run for everything: torchtitan 0.3.0 pulls datasets, which caps fsspec, and
+	# s3fs must match that fsspec; separate installs would leave them inconsistent.
+	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan]'
 	touch $(STAMP)
 
 env: $(STAMP)

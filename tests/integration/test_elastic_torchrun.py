@@ -180,9 +180,10 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
     assert p2[0].cursor < N < p2[-1].cursor
 
 
-def test_elastic_demo_proves_the_resume_on_s3(s3_bucket, tmp_path, monkeypatch) -> None:
-    import zephon_store as z
+def test_elastic_demo_proves_the_resume_on_s3(s3_bucket, tmp_path) -> None:
     from helpers import write_jsonl_corpus
+
+    import zephon_store as z
 
     write_jsonl_corpus(tmp_path / "raw", files=2, records=150)
     url = f"{s3_bucket.url}/ds"

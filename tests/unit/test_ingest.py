@@ -140,7 +140,7 @@ def test_expand_directories_globs_and_duplicates(tmp_path):
 def test_expand_relative_paths_are_absolute(tmp_path, monkeypatch):
     (tmp_path / "a.jsonl").write_bytes(b"{}\n")
     monkeypatch.chdir(tmp_path)
-    assert expand_inputs(["a.jsonl", "./a.jsonl", "*.jsonl"]) == [
+    assert expand_inputs(["a.jsonl", "./a.jsonl", "*.jsonl", f"file://{tmp_path}/a.jsonl"]) == [
         InputFile(str(tmp_path / "a.jsonl"), "jsonl", None, 3)]
 
 
@@ -239,6 +239,22 @@ def test_jsonl_details(tmp_path):
     assert rows[0] == {"a": 1.0, "t": "2020-01-01T00:00:00Z", "n": None, "b": None}
     assert rows[1]["t"] == "2021-02-03" and rows[1]["n"] != rows[1]["n"]  # NaN
     assert rows[2] == {"a": None, "t": None, "n": None, "b": [1.0, 2.5]}
+
+
+@pytest.mark.parametrize("records", [
+    [{"b": [None, 1]}, {"b": [5]}],  # leading nulls in a list: pyarrow drops them, invalid array
+    [{"y": {"b": [None, "zz"]}}],
+    [{"b": [None, None]}, {"b": [None]}, {"b": []}, {"b": None}],  # list<null>: rebuilt
+    [{"y": [{"b": [None, None]}, None, {"b": [None]}]}],
+    [{"b": [[None, 1], [None]]}],
+    [{"t": ["2020-01-01", None]}, {"t": [None, None, "2020-01-02 10:00"]}],
+])
+def test_jsonl_pyarrow_list_pitfalls(tmp_path, records):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(jsonl_bytes(records))
+    table = read_all(one(path))
+    table.validate(full=True)
+    assert table.to_pylist() == records
 
 
 @pytest.mark.parametrize("data", [b"null\n", b"  null\r\n\n", b'{"a": 1}\n' + b"null\n" * 5000])
@@ -411,8 +427,17 @@ def test_chunks_are_unified_and_conflicts_named_across_chunks(tmp_path, monkeypa
 
 def test_very_long_line_spans_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(lines_mod, "CHUNK_BYTES", 32)
-    monkeypatch.setattr(jsonl_mod, "BLOCK_BYTES", 1 << 16)
     records = [{"t": "x" * 200_000}, {"t": "short"}]
     path = tmp_path / "long.jsonl"
     path.write_bytes(jsonl_bytes(records))
     assert read_all(one(path)).to_pylist() == records
+
+
+def test_conflicts_far_apart_in_one_chunk_raise_cleanly(tmp_path):
+    """With several parse blocks pyarrow 26 segfaults on this; one block per chunk raises."""
+    lines = [json.dumps({"y": i, "pad": "p" * 100}) for i in range(50_000)]
+    lines.append(json.dumps({"y": {"c": 1}}))
+    path = tmp_path / "far.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="far.jsonl line 50001: column 'y' is an object here"):
+        read_all(one(path))

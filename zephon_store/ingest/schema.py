@@ -177,6 +177,8 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     extra = set(batch.schema.names) - set(schema.names)
     if extra:
         raise ValueError(f"batch has columns {sorted(extra)} that the schema lacks")
+    if not schema:
+        return batch.select([])  # keeps num_rows, which from_arrays([]) would lose
     columns = []
     for field in schema:
         i = batch.schema.get_field_index(field.name)
