@@ -159,9 +159,20 @@ def convert(
 
 
 # -- staging -------------------------------------------------------------------------------
+def _stamp(url: str) -> int | None:
+    """Modification time (ns) of a local input, so an edited input is never taken for done."""
+    path = url.removeprefix("file://")
+    if "://" in path:
+        return None  # object stores: the size (part of the key) and a rerun's listing
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 def _job_key(files, options, input_options, parse_fn, extra) -> str:
     desc = {
-        "inputs": [[f.url, f.size, f.kind, f.compression] for f in files],
+        "inputs": [[f.url, f.size, f.kind, f.compression, _stamp(f.url)] for f in files],
         "write": options.to_dict(),
         "input": asdict(input_options) if is_dataclass(input_options) else repr(input_options),
         "parse": f"{parse_fn.__module__}.{getattr(parse_fn, '__qualname__', repr(parse_fn))}",
@@ -233,11 +244,16 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
             reused += 1
         else:
             tasks.append((i, f, staging, input_options, so, parse_fn))
+    import time
+
+    t0, rows = time.perf_counter(), 0
     with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
         for meta in pool.map(_parse_one, tasks):
             metas[meta["index"]] = meta
+            rows += meta["rows"]
             bar.update(meta["input_bytes"])
-            bar.set_postfix(rows=meta["rows"])
+            bar.set_postfix(samples=rows,
+                            samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
     return metas, reused
 
 
@@ -404,7 +420,7 @@ def _write_one(task):
     out = Storage(output, storage_options=so)
     rel = shard_path(info.name)
     if not (out.exists(rel) and out.size(rel) == info.bytes):
-        out.write_file_from_local(rel, tmp)
+        out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)
     _atomic_write_json(os.path.join(staging, "done", f"{plan.index:06d}.json"), info.to_dict())

@@ -19,6 +19,7 @@ def read_input(file: InputFile, *, options: InputOptions = DEFAULT_OPTIONS,
                stats: InputStats | None = None) -> Iterator[pa.RecordBatch]:
     """Stream ``file`` as record batches of at most ``options.batch_rows`` rows.
 
+    The kind is ``file.kind`` (:func:`expand_inputs` already applied ``options.format``).
     Batches carry only the file's own columns. Bad records raise
     :class:`~zephon_store.errors.InputError` naming the file and line, or with
     ``options.on_error="skip"`` are dropped and counted in ``stats``. Batches of one file may
