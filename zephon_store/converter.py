@@ -496,11 +496,13 @@ def _publish_manifest(out: Storage, files, metas, plans, infos, schema, options,
         totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
                 "total_bytes": int(sum(sh_cols["bytes"]))},
         table_refs=refs,
-        inputs={"count": len(files), "bytes": int(sum(f.size for f in files)),
-                "options": asdict(input_options) if is_dataclass(input_options) else {}},
+        inputs={"count": len(files), "bytes": int(sum(f.size for f in files))},
         skipped=skipped,
+        # How inputs were read is recorded but not hashed: the shard bytes it produced are,
+        # and a new (defaulted) reader option must not change the id of identical data.
         created_by={"library": f"zephon_store {__version__}", "pyarrow": pa.__version__,
-                    "input_root": root},
+                    "input_root": root,
+                    "input_options": asdict(input_options) if is_dataclass(input_options) else {}},
         extra=extra,
     )
     m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))

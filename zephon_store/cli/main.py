@@ -184,7 +184,7 @@ def cmd_info(args) -> int:
         "num_samples": m.num_samples, "num_shards": m.num_shards,
         "num_row_groups": m.num_row_groups, "total_bytes": m.total_bytes,
         "schema": m.doc["schema"]["fields"], "writer": m.doc["writer"],
-        "inputs": {k: v for k, v in m.doc.get("inputs", {}).items() if k != "options"},
+        "inputs": m.doc.get("inputs", {}),
         "skipped": m.doc.get("skipped", {}),
     }
     if "packing" in m.doc:
