@@ -201,6 +201,25 @@ def _atomic_write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def _die_with_parent() -> None:
+    """Pool worker initializer: exit when the converter dies, even by SIGKILL.
+
+    Otherwise a killed conversion leaves idle workers behind forever. Linux only (prctl
+    PR_SET_PDEATHSIG); elsewhere the workers exit when their task queue closes.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            return
+        if os.getppid() == 1:  # the parent already died before prctl took effect
+            os._exit(1)
+
+
 class _Pool:
     """A process pool, or the current process when ``workers == 1``."""
 
@@ -212,7 +231,7 @@ class _Pool:
         if self.workers > 1:
             # spawn, not fork: forking a process that already runs pyarrow/fsspec threads can
             # deadlock.
-            self._ex = ProcessPoolExecutor(self.workers,
+            self._ex = ProcessPoolExecutor(self.workers, initializer=_die_with_parent,
                                            mp_context=multiprocessing.get_context("spawn"))
         return self
 

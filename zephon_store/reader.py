@@ -8,6 +8,7 @@ remote byte ranges can go through a node-local disk cache keyed by content hash.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,7 @@ class Dataset:
         self._footer_lock = threading.Lock()
         self._decoded = _LRU(self._decode_cache_bytes)
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = -1
 
     def _make_cache(self, cache):
         # Local datasets are read in place; a disk cache only pays for remote bytes.
@@ -184,8 +186,10 @@ class Dataset:
         rgs = [int(r) for r in rgs]
         if len(rgs) <= 1 or self._io_threads <= 1:
             return [self.read_row_group(r) for r in rgs]
-        if self._pool is None:
+        if self._pool is None or self._pool_pid != os.getpid():
+            # A pool inherited through fork has no threads; make a fresh one in this process.
             self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="zephon-io")
+            self._pool_pid = os.getpid()
         return list(self._pool.map(self.read_row_group, rgs))
 
     def take(self, seqs) -> pa.Table:

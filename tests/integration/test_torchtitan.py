@@ -3,7 +3,10 @@
 The main test runs ``torchrun`` (gloo, CPU): 12 steps at DP=2 with TorchTitan's own
 CheckpointManager saving after step 6, then resumes that checkpoint at DP=3 and at DP=1 and
 shows the consumed windows continue exactly as in the uninterrupted run, token for token.
-The dataset is small enough (about 40 windows) that the runs cross an epoch boundary.
+The dataset is small (under 48 windows), so the runs cross an epoch boundary.
+
+TorchTitan main (Grain era) cannot be installed here; its API is exercised against stand-ins
+of its data classes (``test_main_api_with_stand_in_classes``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ pytestmark = pytest.mark.integration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 from torchtitan_worker import make_packed_dataset  # noqa: E402
 
 SEQ_LEN = 32
 LOCAL_BATCH = 2
 SEED = 11
+STATE_KEYS = {"version", "dataset_id", "seed", "order", "cursor"}
 
 
 def _has_torchtitan() -> bool:
@@ -47,15 +52,16 @@ needs_torchtitan = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
+    """(root with tokenizer.json, dataset URL, every window [N, L+1], doc_starts per window)."""
     root = str(tmp_path_factory.mktemp("titan"))
-    url = make_packed_dataset(root, seq_len=SEQ_LEN, paragraphs=10)
+    url = make_packed_dataset(root, seq_len=SEQ_LEN, windows=40)
     from zephon_store.reader import open_dataset
 
     ds = open_dataset(url)
     table = ds.take(range(ds.num_samples))
     windows = np.array(table.column("tokens").to_pylist(), dtype=np.int64)
     starts = table.column("doc_starts").to_pylist()
-    assert 30 <= ds.num_samples <= 48, ds.num_samples  # a 48-window run crosses an epoch
+    assert 24 < ds.num_samples < 48, ds.num_samples  # a 48-window run crosses an epoch
     assert len({tuple(w) for w in windows}) == len(windows), "windows must be distinct"
     return root, url, windows, starts
 
@@ -98,8 +104,9 @@ def _expected_positions(doc_starts: list[int]) -> list[int]:
 @needs_torchtitan
 def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
     from stateful_helper import assert_exactly_once_per_epoch
+    from torch.distributed.checkpoint import FileSystemReader
 
-    root, url, windows, starts = packed
+    _, url, windows, starts = packed
     n = len(windows)
     ckpt = str(tmp_path / "dump")
     common = ["--dataset", url, "--ckpt", ckpt, "--seq-len", str(SEQ_LEN),
@@ -110,10 +117,18 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
     assert sorted(ref) == list(range(48))
     assert assert_exactly_once_per_epoch({p: v[0] for p, v in ref.items()}, n) == 1
     for p, (sid, window, pos) in ref.items():
-        # The batch TorchTitan sees is the stored window: input = w[:-1], labels = w[1:].
+        # The batch TorchTitan sees is the stored window: input = w[:-1], labels = w[1:],
+        # positions restart where a document begins.
         assert window == windows[sid].tolist(), p
         assert pos == _expected_positions(starts[sid]), p
     assert any(pos != list(range(SEQ_LEN)) for _, _, pos in ref.values())
+
+    # TorchTitan's DCP checkpoint holds one replicated copy of the loader state.
+    meta = FileSystemReader(os.path.join(ckpt, "checkpoint", "step-6")).read_metadata()
+    keys = [k for k in meta.state_dict_metadata if k.startswith("dataloader.")]
+    assert "dataloader.cursor" in keys
+    assert all(k in ("dataloader.version", "dataloader.dataset_id", "dataloader.seed",
+                     "dataloader.cursor") or k.startswith("dataloader.order.") for k in keys), keys
 
     # Resume the step-6 checkpoint (cursor 24) at DP=3 (global batch 6) and DP=1 (batch 2).
     for world in (3, 1):
@@ -123,67 +138,291 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
         with open(os.path.join(out, f"summary-dp{world}.json")) as fh:
             summary = json.load(fh)
         assert summary["start_cursor"] == 24 and summary["state"]["cursor"] == 48
-        assert set(summary["state"]) == {"version", "dataset_id", "seed", "order", "cursor"}
+        assert set(summary["state"]) == STATE_KEYS
         resumed = _consumed(out, world)
         assert sorted(resumed) == list(range(24, 48)), f"DP={world}: repeats or gaps"
         for p in range(24, 48):
             assert resumed[p] == ref[p], f"DP={world}: position {p} differs from the reference"
 
 
-@needs_torchtitan
-def test_checkpoint_has_only_replicated_dataloader_keys(packed, tmp_path):
-    from torch.distributed.checkpoint import FileSystemReader
-
-    _, url, _, _ = packed
-    ckpt = str(tmp_path / "dump")
-    _torchrun(2, "--dataset", url, "--ckpt", ckpt, "--seq-len", str(SEQ_LEN), "--local-batch",
-              "2", "--out", str(tmp_path / "out"), "--steps", "2", "--save-at", "2")
-    meta = FileSystemReader(os.path.join(ckpt, "checkpoint", "step-2")).read_metadata()
-    keys = sorted(k for k in meta.state_dict_metadata if k.startswith("dataloader."))
-    assert keys == ["dataloader.cursor", "dataloader.dataset_id", "dataloader.order.algorithm",
-                    "dataloader.order.lanes", "dataloader.order.seed", "dataloader.order.shuffle",
-                    "dataloader.order.window_blocks", "dataloader.seed", "dataloader.version"] \
-        or all("dp_rank" not in k and "world_size" not in k for k in keys)
-    assert not any("dp_rank" in k for k in meta.state_dict_metadata)
-
-
 # -- in-process: every-step checkpoints through the shared helper ---------------------------
-@needs_torchtitan
-def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
-    from stateful_helper import Segment, assert_resumes_everywhere, reference_ids, run_segments
-
+def _loader_factory(url, **config):
     from zephon_store.integrations.torchtitan import ZephonDataLoader
-
-    _, url, windows, _ = packed
-    index = {tuple(w): i for i, w in enumerate(windows.tolist())}
 
     def make_loader(*, world_size, rank, num_workers, global_batch):
         return ZephonDataLoader.Config(dataset=url, seed=SEED, window_blocks=2, lanes=6,
-                                       num_workers=num_workers).build(
+                                       num_workers=num_workers, **config).build(
             dp_world_size=world_size, dp_rank=rank, tokenizer=None, seq_len=SEQ_LEN,
             local_batch_size=global_batch // world_size)
+
+    return make_loader
+
+
+@needs_torchtitan
+def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
+    from stateful_helper import Segment, assert_matches_reference, run_segments
+
+    _, url, windows, _ = packed
+    index = {tuple(w): i for i, w in enumerate(windows.tolist())}
+    make_loader = _loader_factory(url)
 
     def ids_of(batch) -> list[int]:
         inputs, labels = batch
         full = np.concatenate([inputs["input"].numpy(), labels[:, -1:].numpy()], axis=1)
         return [index[tuple(w)] for w in full.tolist()]
 
-    gb = 6
-    reference = reference_ids(make_loader, global_batch=gb, samples=gb * 14)
-    checked = assert_resumes_everywhere(
-        make_loader, global_batch=gb, steps=14, reference=reference, every=3,
-        restore=[(2, 0), (3, 0), (6, 0)]) if False else None
-    # assert_resumes_everywhere reads ids with the default _seq reader; run it by hand.
-    base = run_segments(make_loader, [Segment(world_size=1, steps=14)], global_batch=gb,
+    gb, steps = 6, 14
+    base = run_segments(make_loader, [Segment(world_size=1, steps=steps)], global_batch=gb,
                         ids_of=ids_of)
-    assert [i for s in base.steps for i in s.ids[0]] == reference or reference == []
-    checked = 0
-    for k in range(0, 14, 3):
+    assert all(set(s) == STATE_KEYS for s in base.states)
+    reference = [i for s in base.steps for i in s.ids[0]]
+    for k in range(0, steps, 3):
         for world, workers in ((2, 0), (3, 0), (6, 0), (2, 1)):
-            resumed = run_segments(make_loader, [Segment(world, 13 - k, workers)],
+            resumed = run_segments(make_loader, [Segment(world, steps - k - 1, workers)],
                                    global_batch=gb, state=base.states[k], ids_of=ids_of)
-            got = [sorted(i for ids in s.ids for i in ids) for s in resumed.steps]
-            want = [sorted(reference[s.cursor:s.cursor + gb]) for s in resumed.steps]
-            assert got == want and resumed.steps[0].cursor == (k + 1) * gb
-            checked += 1
-    assert checked == 20
+            assert_matches_reference(base.steps[:k + 1] + resumed.steps, reference)
+    # Restarts that also change the global batch (TorchTitan: another local batch size).
+    mixed = run_segments(make_loader, [Segment(2, 3), Segment(3, 2, global_batch=12),
+                                       Segment(1, 3, global_batch=2)],
+                         global_batch=gb, ids_of=ids_of)
+    assert_matches_reference(mixed.steps, reference)
+    assert mixed.final_state["cursor"] == 48
+
+
+# -- errors, selection, optional extra -----------------------------------------------------
+@needs_torchtitan
+def test_seq_len_mismatch_and_missing_dataset_are_clear(packed, monkeypatch):
+    from zephon_store.integrations.torchtitan import ZephonDataLoader
+
+    _, url, _, _ = packed
+    with pytest.raises(ValueError, match=r"seq_len 32 .*training.seq_len is 64.*--training.seq_len 32"):
+        ZephonDataLoader.Config(dataset=url).build(dp_world_size=1, dp_rank=0, tokenizer=None,
+                                                   seq_len=64, local_batch_size=2)
+    monkeypatch.delenv("ZEPHON_DATASET", raising=False)
+    with pytest.raises(ValueError, match="needs a dataset"):
+        ZephonDataLoader.Config().build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32,
+                                        local_batch_size=2)
+    with pytest.raises(ValueError, match="storage_options must be a JSON object"):
+        ZephonDataLoader.Config(dataset=url, storage_options="[1]")
+    monkeypatch.setenv("ZEPHON_DATASET", url)
+    dl = ZephonDataLoader.Config().build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32,
+                                         local_batch_size=2)
+    assert dl.state_dict()["cursor"] == 0
+
+
+@needs_torchtitan
+def test_real_tokenizer_is_checked_against_the_dataset(packed, caplog):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from zephon_store.integrations.torchtitan import ZephonDataLoader
+
+    root, url, _, _ = packed
+    tok = HuggingFaceTokenizer.Config().build(tokenizer_path=root)
+    with caplog.at_level(logging.WARNING, logger="zephon_store"):
+        dl = ZephonDataLoader.Config(dataset=url).build(dp_world_size=1, dp_rank=0,
+                                                        tokenizer=tok, seq_len=32,
+                                                        local_batch_size=2)
+        inputs, _ = next(iter(dl))
+    dl.close()
+    assert "vocabulary" not in caplog.text
+    assert int(inputs["input"].max()) < tok.get_vocab_size()
+
+    class OtherTokenizer:
+        def get_vocab_size(self):
+            return 128256
+
+    with caplog.at_level(logging.WARNING, logger="zephon_store"):
+        ZephonDataLoader.Config(dataset=url).build(dp_world_size=1, dp_rank=0,
+                                                   tokenizer=OtherTokenizer(), seq_len=32,
+                                                   local_batch_size=2)
+    assert "500-token vocabulary" in caplog.text
+
+
+@needs_torchtitan
+def test_override_swaps_only_the_training_dataloader(packed, monkeypatch):
+    from dataclasses import dataclass, field
+
+    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.config import Configurable, OverrideConfig, apply_overrides
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from zephon_store.integrations.torchtitan import ZephonDataLoader
+
+    _, url, _, _ = packed
+    monkeypatch.delenv("ZEPHON_DATASET", raising=False)
+
+    # Stand-ins for Trainer.Config / Validator.Config (importing the trainer needs triton).
+    @dataclass(kw_only=True, slots=True)
+    class Validator(Configurable.Config):
+        dataloader: BaseDataLoader.Config = field(
+            default_factory=lambda: HuggingFaceTextDataLoader.Config(dataset="c4_validation"))
+
+    @dataclass(kw_only=True, slots=True)
+    class Root(Configurable.Config):
+        dataloader: BaseDataLoader.Config = field(
+            default_factory=HuggingFaceTextDataLoader.Config)
+        validator: Validator = field(default_factory=Validator)
+
+    target = "zephon_store.integrations.torchtitan_override.use_zephon"
+    root = Root()
+    apply_overrides(OverrideConfig(imports=[(target, {"dataset": url, "seed": 7})]), root)
+    assert isinstance(root.dataloader, ZephonDataLoader.Config)
+    assert (root.dataloader.dataset, root.dataloader.seed) == (url, 7)
+    assert isinstance(root.validator.dataloader, HuggingFaceTextDataLoader.Config)
+    dl = root.dataloader.build(dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=32,
+                               local_batch_size=2)
+    assert next(iter(dl))[0]["input"].shape == (2, 32)
+    dl.close()
+
+    # Without kwargs the URL comes from --dataloader.dataset_path (or .dataset, or the env).
+    root = Root()
+    root.dataloader.dataset_path = url
+    apply_overrides(OverrideConfig(imports=[target]), root)
+    assert root.dataloader.dataset == url
+    with pytest.raises(ValueError, match="no dataset given"):
+        apply_overrides(OverrideConfig(imports=[target]), Root())
+    with pytest.raises(TypeError, match="unknown ZephonDataLoader.Config field"):
+        apply_overrides(OverrideConfig(imports=[(target, {"datset": url})]), Root())
+
+
+@needs_torchtitan
+def test_config_function_through_config_manager(packed):
+    pytest.importorskip("triton", reason="TorchTitan 0.3.0's llama3 config registry imports "
+                        "triton (pip install triton); zephon_llama3_debug imports it lazily")
+    from torchtitan.config import ConfigManager
+
+    from zephon_store.integrations.torchtitan import ZephonDataLoader
+
+    _, url, _, _ = packed
+    cfg = ConfigManager().parse_args([
+        "--module", "zephon_store.integrations.torchtitan", "--config", "zephon_llama3_debug",
+        "--dataloader.dataset", url, "--dataloader.seed", "7", "--training.seq_len", "32"])
+    assert isinstance(cfg.dataloader, ZephonDataLoader.Config)
+    assert (cfg.dataloader.dataset, cfg.dataloader.seed) == (url, 7)
+
+
+def test_optional_extra():
+    """Importing zephon_store imports no TorchTitan; without it the integration names the extra."""
+    code = textwrap.dedent("""
+        import sys
+        import zephon_store, zephon_store.integrations
+        import zephon_store.integrations.titan_batches
+        assert "torchtitan" not in sys.modules, "zephon_store imported torchtitan"
+        sys.modules["torchtitan"] = None  # as if it were not installed
+        try:
+            import zephon_store.integrations.torchtitan
+        except zephon_store.MissingExtraError as exc:
+            assert "zephon_store[torchtitan]" in str(exc), exc
+            print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+# -- TorchTitan main (Grain era): stand-in classes ------------------------------------------
+_FAKE_CONFIG = """
+from dataclasses import dataclass, fields, replace
+
+
+class Configurable:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        def build(self, **kwargs):
+            overlap = {f.name for f in fields(self)} & kwargs.keys()
+            assert not overlap, overlap
+            return self._owner(config=replace(self), **kwargs)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "Config" in cls.__dict__:
+            cls.__dict__["Config"]._owner = cls
+"""
+
+# As in main's components/data/loader.py: an empty Config, abstract __iter__, close().
+_FAKE_LOADER = """
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from torch.distributed.checkpoint.stateful import Stateful
+
+from torchtitan.config import Configurable
+
+
+class BaseDataLoader(Stateful, ABC, Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        pass
+
+    @abstractmethod
+    def __iter__(self): ...
+
+    def close(self) -> None:
+        pass
+"""
+
+_MAIN_DRIVER = """
+import json, sys
+import torch
+from zephon_store.integrations.torchtitan import TORCHTITAN_API, ZephonDataLoader
+import torchtitan.components.data.loader as loader_mod
+assert TORCHTITAN_API == "data" and issubclass(ZephonDataLoader, loader_mod.BaseDataLoader)
+url, seq_len = sys.argv[1], int(sys.argv[2])
+out = {}
+for world in (2, 3):
+    dls = [ZephonDataLoader.Config(dataset=url, seed=5).build(
+        dp_world_size=world, dp_rank=r, tokenizer=None, max_context_length=64,
+        num_tokens_per_batch=2 * seq_len) for r in range(world)]
+    its = [iter(dl) for dl in dls]
+    rows = []
+    for step in range(2):
+        for it in its:
+            input_dict, labels = next(it)
+            # What main's Trainer.train_step does with a batch:
+            n = input_dict.pop("num_valid_tokens")
+            model_kwargs = {**input_dict, "labels": labels}
+            assert set(model_kwargs) == {"input", "positions", "labels"}, set(model_kwargs)
+            assert getattr(input_dict, "num_valid_tokens") == n == labels.numel() == 2 * seq_len
+            assert input_dict["input"].shape == (2 * seq_len,) == input_dict["positions"].shape
+            assert int(input_dict["positions"][0]) == int(input_dict["positions"][seq_len]) == 0
+            assert torch.equal(input_dict["input"].view(2, seq_len)[:, 1:],
+                               labels.view(2, seq_len)[:, :-1])
+            rows += torch.cat([input_dict["input"].view(2, seq_len),
+                               labels.view(2, seq_len)[:, -1:]], 1).tolist()
+    states = [dl.state_dict() for dl in dls]
+    assert all(s == states[0] for s in states) and states[0]["cursor"] == 2 * 2 * world
+    for dl in dls:
+        dl.close()
+    out[world] = rows
+try:
+    ZephonDataLoader.Config(dataset=url).build(dp_world_size=1, dp_rank=0, tokenizer=None,
+                                               max_context_length=64, num_tokens_per_batch=33)
+    raise SystemExit("a token batch that is not whole windows was accepted")
+except ValueError as exc:
+    assert "not a multiple" in str(exc)
+print(json.dumps(out))
+"""
+
+
+@needs_torchtitan
+def test_main_api_with_stand_in_classes(packed, tmp_path):
+    """Flat batches and build kwargs of TorchTitan main, against stand-ins of its classes."""
+    _, url, windows, _ = packed
+    fake = tmp_path / "fake"
+    files = {"torchtitan/__init__.py": "", "torchtitan/components/__init__.py": "",
+             "torchtitan/components/data/__init__.py": "",
+             "torchtitan/config/__init__.py": _FAKE_CONFIG,
+             "torchtitan/components/data/loader.py": _FAKE_LOADER}
+    for rel, text in files.items():
+        path = fake / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), ROOT]))
+    proc = subprocess.run([sys.executable, "-c", _MAIN_DRIVER, url, str(SEQ_LEN)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    known = {tuple(w) for w in windows.tolist()}
+    for world, rows in out.items():
+        assert len(rows) == 2 * 2 * int(world) and all(tuple(r) in known for r in rows)
+        assert len({tuple(r) for r in rows}) == len(rows)

@@ -28,8 +28,9 @@ import sys
 import sysconfig
 
 
-def make_packed_dataset(root: str, *, seq_len: int = 32, paragraphs: int = 140) -> str:
-    """Train a small byte-level BPE on stdlib sources and pack stdlib paragraphs into windows."""
+def make_packed_dataset(root: str, *, seq_len: int = 32, windows: int = 400) -> str:
+    """Train a small byte-level BPE on stdlib sources; pack stdlib paragraphs into about
+    ``windows`` windows of ``seq_len + 1`` tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from zephon_store.converter import convert
@@ -47,7 +48,12 @@ def make_packed_dataset(root: str, *, seq_len: int = 32, paragraphs: int = 140) 
     os.makedirs(os.path.join(root, "raw"), exist_ok=True)
     tok_path = os.path.join(root, "tokenizer.json")
     tok.save(tok_path)
-    paras = [p for t in texts[10:] for p in t.split("\n\n") if p.strip()][:paragraphs]
+    paras, budget = [], windows * (seq_len + 1)
+    for p in (p for t in texts[10:] for p in t.split("\n\n") if p.strip()):
+        budget -= len(tok.encode(p, add_special_tokens=False).ids) + 2
+        if budget < 0:
+            break
+        paras.append(p)
     for k in range(3):
         with open(os.path.join(root, "raw", f"part-{k}.jsonl"), "w") as fh:
             for p in paras[k::3]:

@@ -247,6 +247,13 @@ def test_csv_edge_cases(tmp_path):
     assert stats.bad_encoding == 1
 
 
+def test_csv_bad_bytes_deep_in_the_stream(tmp_path, monkeypatch):
+    monkeypatch.setattr(lines_mod, "CHUNK_BYTES", 16)  # the error comes from inside pyarrow's read
+    (tmp_path / "e.csv").write_bytes(b"a,b\n" + b"1,x\n" * 50 + b"2,\xff\n3,y\n")
+    with pytest.raises(InputError, match=r"e\.csv line 52: cannot decode byte 0xff .* offset 206"):
+        read_all(tmp_path / "e.csv")
+
+
 def test_pandas_csv_round_trip(tmp_path):
     pd = pytest.importorskip("pandas")
     df = pd.DataFrame({"t": ["x\ty", 'q"uote', "nl\nx", "", "ü"], "n": ["1", "2", "3", "4", "5"]})

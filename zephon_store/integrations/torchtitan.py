@@ -51,7 +51,7 @@ except ImportError:  # TorchTitan 0.3.0 (and earlier 0.x with the Configurable A
 from ..order import OrderOptions  # noqa: E402
 from ..packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
 from ..reader import Dataset, open_dataset  # noqa: E402
-from ..stream import SEQ_KEY, RankStream, Topology  # noqa: E402
+from ..stream import SEQ_KEY, RankStream  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
 from .titan_batches import flat_batch, rows_batch  # noqa: E402
 
