@@ -70,6 +70,9 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     raw, local = os.path.join(work, "raw"), os.path.join(work, "ds")
+    # A fresh node-local cache, so the S3 step shows real fetches (the cache is keyed by
+    # content hash and would otherwise serve a previous demo's identical bytes).
+    os.environ["ZEPHON_CACHE_DIR"] = os.path.join(work, "cache")
 
     step("1. corpus: the Python standard library as JSONL.zst")
     from make_corpus import write_corpus

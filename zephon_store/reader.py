@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +81,12 @@ class Dataset:
         self._footers: dict[int, pq.FileMetaData] = {}
         self._footer_lock = threading.Lock()
         self._decoded = _LRU(self._decode_cache_bytes)
+        # Row groups being decoded right now -> the Future of their table. The loader's
+        # prefetch threads ask for the same row group at once (a sequential token batch is a
+        # quarter of one); without this each of them decoded it (3.6x the work, measured by
+        # tools/bench/bench_loader.py), with it the others wait for the one decode.
+        self._inflight: dict[int, Future] = {}
+        self._inflight_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = -1
 
@@ -165,11 +171,36 @@ class Dataset:
                            f"shard {m.shard_name(shard)} row group {m.rg_local_index(rg)}")
 
     def read_row_group(self, rg: int) -> pa.Table:
-        """Decode global row group ``rg`` (verified against its xxh3 before decoding)."""
+        """Decode global row group ``rg`` (verified against its xxh3 before decoding).
+
+        Concurrent calls for the same row group decode it once; the others wait for it.
+        """
         rg = int(rg)
         t = self._decoded.get(rg)
         if t is not None:
             return t
+        with self._inflight_lock:
+            t = self._decoded.get(rg)  # a decode may have finished since the check above
+            if t is not None:
+                return t
+            fut = self._inflight.get(rg)
+            owner = fut is None
+            if owner:
+                fut = self._inflight[rg] = Future()
+        if not owner:
+            return fut.result()
+        try:
+            t = self._decode_row_group(rg)
+            fut.set_result(t)
+            return t
+        except BaseException as exc:
+            fut.set_exception(exc)
+            raise
+        finally:
+            with self._inflight_lock:
+                del self._inflight[rg]
+
+    def _decode_row_group(self, rg: int) -> pa.Table:
         m = self.manifest
         shard = int(m.rg_shard[rg])
         md = self.footer(shard)
