@@ -46,12 +46,16 @@ def prep(args) -> int:
         json.dump({"bos_token": BOS, "eos_token": EOS, "add_bos_token": False,
                    "add_eos_token": False}, fh)
     os.makedirs(args.corpus, exist_ok=True)
+    n, size = 0, 0
     with open(os.path.join(args.corpus, "stdlib.jsonl"), "w") as fh:
         for f, text in zip(files, texts):
+            if size >= args.max_bytes:
+                break
             fh.write(json.dumps({"path": os.path.relpath(f, sysconfig.get_paths()["stdlib"]),
                                  "text": text}) + "\n")
-    print(f"tokenizer ({tok.get_vocab_size()} tokens) in {args.assets}; {len(files)} documents "
-          f"in {args.corpus}")
+            n, size = n + 1, size + len(text)
+    print(f"tokenizer ({tok.get_vocab_size()} tokens) in {args.assets}; {n} documents "
+          f"({size / 1e6:.1f} MB) in {args.corpus}")
     return 0
 
 
@@ -131,6 +135,8 @@ def main(argv=None) -> int:
     a.add_argument("--corpus", required=True)
     a.add_argument("--vocab-size", type=int, default=2000)
     a.add_argument("--train-files", type=int, default=400)
+    # ~8 MB of source is ~3M tokens: 300+ steps of the debug run, converted in seconds.
+    a.add_argument("--max-bytes", type=int, default=8_000_000)
     c = sub.add_parser("compare")
     c.add_argument("--ref-audit", required=True)
     c.add_argument("--run-audit", required=True)

@@ -18,39 +18,28 @@ keyed by a hash of the inputs and options) and finishes with identical output.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from . import __version__, arrowutil
 from .errors import InputError
-from .hashing import xxh3_hex
 from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
-from .ingest.options import SKIP_KINDS
+from .ingest.schema import conform_batch
 from .layout import Cutter, ShardPlan
-from .manifest import (
-    INDEX_DIR,
-    MANIFEST_NAME,
-    PROVENANCE_TABLE_SCHEMA,
-    ROW_GROUP_TABLE_SCHEMA,
-    SHARD_TABLE_SCHEMA,
-    Manifest,
-    canonical_json,
-    shard_path,
-    table_to_ipc,
-)
+from .manifest import shard_path
+from .publish import publish_manifest
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
+from .staging import Pool, atomic_write_json, job_dir, job_key
 from .storage import Storage
 
-STAGING_DIRNAME = ".zephon-staging"
+_atomic_write_json = atomic_write_json  # TODO(lead): packing.py imports the old name
 
 
 @dataclass
@@ -108,8 +97,6 @@ def convert(
     ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
     inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).
     """
-    import time
-
     t0 = time.perf_counter()
     options = options or WriteOptions()
     input_options = input_options or InputOptions()
@@ -124,13 +111,13 @@ def convert(
 
     files = expand_inputs(list(inputs), storage_options=in_so, options=input_options)
     out = Storage(output, storage_options=storage_options)
-    job = _job_key(files, options, input_options, parse_fn, extra_manifest)
-    staging = _staging_dir(output, out, job, staging_dir)
+    job = job_key(files, options, input_options, parse_fn, extra_manifest)
+    staging = job_dir(output, out, job, staging_dir)
     os.makedirs(os.path.join(staging, "parsed"), exist_ok=True)
     os.makedirs(os.path.join(staging, "done"), exist_ok=True)
     os.makedirs(os.path.join(staging, "tmp"), exist_ok=True)
 
-    with _Pool(workers) as pool:
+    with Pool(workers) as pool:
         metas, inputs_reused = _parse_all(files, staging, input_options, in_so, parse_fn, pool,
                                           progress)
         if not any(m["rows"] for m in metas):
@@ -145,7 +132,7 @@ def convert(
         infos, shards_reused = _write_all(plans, metas, staging, schema, options, output,
                                           storage_options, pool, progress)
 
-    result = _publish_manifest(out, files, metas, plans, infos, schema, options, input_options,
+    result = publish_manifest(out, files, metas, plans, infos, schema, options, input_options,
                                extra_manifest)
     shutil.rmtree(staging, ignore_errors=True)
     return ConvertResult(
@@ -156,93 +143,6 @@ def convert(
         inputs_reused=inputs_reused, skipped=result.doc["skipped"],
         skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3))
-
-
-# -- staging -------------------------------------------------------------------------------
-def _stamp(url: str) -> int | None:
-    """Modification time (ns) of a local input, so an edited input is never taken for done."""
-    path = url.removeprefix("file://")
-    if "://" in path:
-        return None  # object stores: the size (part of the key) and a rerun's listing
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-def _job_key(files, options, input_options, parse_fn, extra) -> str:
-    desc = {
-        "inputs": [[f.url, f.size, f.kind, f.compression, _stamp(f.url)] for f in files],
-        "write": options.to_dict(),
-        "input": asdict(input_options) if is_dataclass(input_options) else repr(input_options),
-        "parse": f"{parse_fn.__module__}.{getattr(parse_fn, '__qualname__', repr(parse_fn))}",
-        "extra": extra,
-        "zephon": __version__,
-    }
-    return xxh3_hex(canonical_json(desc))[:16]
-
-
-def _staging_dir(output: str, out: Storage, job: str, staging_dir: str | None) -> str:
-    if staging_dir:
-        return os.path.join(staging_dir, job)
-    if out.local:
-        return os.path.join(out.root_url, STAGING_DIRNAME, job)
-    from .cache import default_cache_dir
-
-    return os.path.join(default_cache_dir(), "staging", job)
-
-
-def _atomic_write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _die_with_parent() -> None:
-    """Pool worker initializer: exit when the converter dies, even by SIGKILL.
-
-    Otherwise a killed conversion leaves idle workers behind forever. Linux only (prctl
-    PR_SET_PDEATHSIG); elsewhere the workers exit when their task queue closes.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except OSError:
-            return
-        if os.getppid() == 1:  # the parent already died before prctl took effect
-            os._exit(1)
-
-
-class _Pool:
-    """A process pool, or the current process when ``workers == 1``."""
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._ex = None
-
-    def __enter__(self) -> _Pool:
-        if self.workers > 1:
-            # spawn, not fork: forking a process that already runs pyarrow/fsspec threads can
-            # deadlock.
-            self._ex = ProcessPoolExecutor(self.workers, initializer=_die_with_parent,
-                                           mp_context=multiprocessing.get_context("spawn"))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._ex is not None:
-            self._ex.shutdown(cancel_futures=True)
-
-    def map(self, fn, items: list) -> Iterator:
-        if self._ex is None:
-            return map(fn, items)
-        return self._ex.map(fn, items)
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
@@ -263,8 +163,6 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
             reused += 1
         else:
             tasks.append((i, f, staging, input_options, so, parse_fn))
-    import time
-
     t0, rows = time.perf_counter(), 0
     with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
         for meta in pool.map(_parse_one, tasks):
@@ -295,7 +193,7 @@ def _parse_one(task) -> dict:
                 schema = unify_schemas([(f.url, schema), (f.url, batch.schema)])
                 writer.close()
                 writer = _rewrite_with_schema(tmp, schema)
-                batch = conform(pa.Table.from_batches([batch]), schema).to_batches()[0]
+                batch = conform_batch(pa.Table.from_batches([batch]), schema).to_batches()[0]
             writer.write_batch(batch)
             sizes.append(table_row_nbytes(batch))
             rows += batch.num_rows
@@ -314,7 +212,7 @@ def _parse_one(task) -> dict:
         "schema_b64": _schema_b64(schema) if schema is not None else None,
         "stats": _stats_dict(stats),
     }
-    _atomic_write_json(f"{base}.json", meta)
+    atomic_write_json(f"{base}.json", meta)
     return meta
 
 
@@ -322,7 +220,7 @@ def _rewrite_with_schema(path: str, schema: pa.Schema):
     old = pa.ipc.open_file(pa.memory_map(path)).read_all()
     os.replace(path, path + ".old")
     w = pa.ipc.new_file(path, schema)
-    for b in conform(old, schema).to_batches():
+    for b in conform_batch(old, schema).to_batches():
         w.write_batch(b)
     os.remove(path + ".old")
     return w
@@ -346,20 +244,6 @@ def _schema_of(meta: dict) -> pa.Schema:
     import base64
 
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(meta["schema_b64"])))
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Give ``table`` exactly ``schema``: reorder, cast, and add missing columns as nulls."""
-    if table.schema.equals(schema):
-        return table
-    cols = []
-    for fld in schema:
-        if fld.name in table.column_names:
-            col = table.column(fld.name)
-            cols.append(col if col.type.equals(fld.type) else col.cast(fld.type))
-        else:
-            cols.append(pa.nulls(table.num_rows, type=fld.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def staged_base(staging: str, meta: dict) -> str:
@@ -432,7 +316,7 @@ def _write_one(task):
     for i, local, n in pieces:
         if i not in readers:
             readers[i] = pa.ipc.open_file(pa.memory_map(bases[i] + ".arrow")).read_all()
-        parts.append(conform(readers[i].slice(local, n), schema))
+        parts.append(conform_batch(readers[i].slice(local, n), schema))
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     tmp = os.path.join(staging, "tmp", f"{plan.index:06d}.parquet")
     info = write_shard(table, plan.row_group_rows, tmp, options)
@@ -442,125 +326,7 @@ def _write_one(task):
         out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)
-    _atomic_write_json(os.path.join(staging, "done", f"{plan.index:06d}.json"), info.to_dict())
+    atomic_write_json(os.path.join(staging, "done", f"{plan.index:06d}.json"), info.to_dict())
     return plan.index, info
 
 
-# -- manifest ------------------------------------------------------------------------------
-def _common_root(urls: list[str]) -> str:
-    dirs = [u.rsplit("/", 1)[0] if "/" in u else "" for u in urls]
-    root = os.path.commonpath(dirs) if all(d.startswith("/") for d in dirs) else _prefix(dirs)
-    return root
-
-
-def _prefix(dirs: list[str]) -> str:
-    p = os.path.commonprefix(dirs)
-    return p if all(d == p or d.startswith(p.rstrip("/") + "/") for d in dirs) else p.rsplit("/", 1)[0]
-
-
-def _relative(url: str, root: str) -> str:
-    if root and url.startswith(root.rstrip("/") + "/"):
-        return url[len(root.rstrip("/")) + 1:]
-    return url
-
-
-def _publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
-                      extra) -> Manifest:
-    sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
-    rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
-    row_start, rg_index = 0, 0
-    for k, (plan, info) in enumerate(zip(plans, infos)):
-        assert info is not None and info.rows == plan.rows
-        sh_cols["name"].append(info.name)
-        sh_cols["bytes"].append(info.bytes)
-        sh_cols["rows"].append(info.rows)
-        sh_cols["row_start"].append(row_start)
-        sh_cols["first_row_group"].append(rg_index)
-        sh_cols["num_row_groups"].append(len(info.row_groups))
-        sh_cols["footer_offset"].append(info.footer_offset)
-        sh_cols["footer_xxh3"].append(bytes.fromhex(info.footer_xxh3))
-        for rg in info.row_groups:
-            rg_cols["shard"].append(k)
-            rg_cols["rows"].append(rg.rows)
-            rg_cols["row_start"].append(row_start)
-            rg_cols["offset"].append(rg.offset)
-            rg_cols["length"].append(rg.length)
-            rg_cols["xxh3"].append(bytes.fromhex(rg.xxh3))
-            row_start += rg.rows
-            rg_index += 1
-    root = _common_root([f.url for f in files])
-    prov = _provenance(files, metas, plans, root)
-    tables = {
-        "shards": _side_table(sh_cols, SHARD_TABLE_SCHEMA),
-        "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
-        "provenance": prov,
-    }
-    refs = {}
-    for kind, table in tables.items():
-        data = table_to_ipc(table)
-        h = xxh3_hex(data)
-        rel = f"{INDEX_DIR}/{h}.arrow"
-        if not (out.exists(rel) and out.size(rel) == len(data)):
-            out.write_atomic(rel, data)
-        refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
-    skipped = {kind: 0 for kind in SKIP_KINDS}
-    skipped["empty_inputs"] = 0
-    for m in metas:
-        stats = m.get("stats") or {}
-        for kind in SKIP_KINDS:
-            skipped[kind] += int(stats.get(kind, 0))
-        skipped["empty_inputs"] += int(m["rows"] == 0)
-    doc = Manifest.build_doc(
-        schema=schema, writer=options.to_dict(),
-        totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
-                "total_bytes": int(sum(sh_cols["bytes"]))},
-        table_refs=refs,
-        inputs={"count": len(files), "bytes": int(sum(f.size for f in files))},
-        skipped=skipped,
-        # How inputs were read is recorded but not hashed: the shard bytes it produced are,
-        # and a new (defaulted) reader option must not change the id of identical data.
-        created_by={"library": f"zephon_store {__version__}", "pyarrow": pa.__version__,
-                    "input_root": root,
-                    "input_options": asdict(input_options) if is_dataclass(input_options) else {}},
-        extra=extra,
-    )
-    m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
-    m.check()
-    # Written last: its presence means every shard and table it names is complete.
-    out.write_atomic(MANIFEST_NAME, m.to_json())
-    return m
-
-
-def _provenance(files, metas, plans, root) -> pa.Table:
-    cols = {k: [] for k in PROVENANCE_TABLE_SCHEMA.names}
-    shard_starts = np.array([p.row_start for p in plans], dtype=np.int64)
-    g = 0
-    for f, m in zip(files, metas):
-        rows = m["rows"]
-        local = 0
-        if rows == 0:
-            cols["input"].append(_relative(f.url, root))
-            cols["input_bytes"].append(f.size)
-            cols["input_row_start"].append(0)
-            cols["num_rows"].append(0)
-            cols["shard"].append(-1)
-            cols["row_start"].append(g)
-        while local < rows:
-            s = int(np.searchsorted(shard_starts, g, side="right") - 1)
-            shard_end = plans[s].row_start + plans[s].rows
-            n = min(rows - local, shard_end - g)
-            cols["input"].append(_relative(f.url, root))
-            cols["input_bytes"].append(f.size)
-            cols["input_row_start"].append(local)
-            cols["num_rows"].append(n)
-            cols["shard"].append(s)
-            cols["row_start"].append(g)
-            local += n
-            g += n
-    return _side_table(cols, PROVENANCE_TABLE_SCHEMA)
-
-
-def _side_table(cols: dict, schema: pa.Schema) -> pa.Table:
-    build = {pa.int64(): arrowutil.i64, pa.string(): arrowutil.strings,
-             pa.binary(16): arrowutil.binary16}
-    return pa.Table.from_arrays([build[f.type](cols[f.name]) for f in schema], schema=schema)

@@ -166,14 +166,18 @@ def _type_at(schema: pa.Schema, steps: list[str]) -> pa.DataType | None:
     return t
 
 
-def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform_batch(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch | pa.Table:
     """Cast ``batch`` to ``schema`` (from :func:`unify_schemas`): reorder, cast, add null columns.
+
+    Works on record batches and tables alike (and returns the same kind).
 
     >>> b = pa.record_batch({"y": ["a"], "x": pa.array([1], pa.int32())})
     >>> schema = pa.schema([("x", pa.int64()), ("y", pa.string()), ("z", pa.bool_())])
     >>> conform_batch(b, schema).to_pylist()
     [{'x': 1, 'y': 'a', 'z': None}]
     """
+    if batch.schema.equals(schema):
+        return batch
     extra = set(batch.schema.names) - set(schema.names)
     if extra:
         raise ValueError(f"batch has columns {sorted(extra)} that the schema lacks")
@@ -187,4 +191,5 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         else:
             column = batch.column(i)
             columns.append(column if column.type == field.type else column.cast(field.type))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    make = pa.Table if isinstance(batch, pa.Table) else pa.RecordBatch
+    return make.from_arrays(columns, schema=schema)

@@ -1,0 +1,146 @@
+"""Publish a conversion: side tables, then ``manifest.json`` last.
+
+The manifest's presence means every shard and table it names is complete; it is written
+with one atomic operation after everything it references (formats/SPEC.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, is_dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from . import __version__, arrowutil
+from .hashing import xxh3_hex
+from .ingest.options import SKIP_KINDS
+from .manifest import (
+    INDEX_DIR,
+    MANIFEST_NAME,
+    PROVENANCE_TABLE_SCHEMA,
+    ROW_GROUP_TABLE_SCHEMA,
+    SHARD_TABLE_SCHEMA,
+    Manifest,
+    table_to_ipc,
+)
+from .storage import Storage
+
+
+def _common_root(urls: list[str]) -> str:
+    dirs = [u.rsplit("/", 1)[0] if "/" in u else "" for u in urls]
+    root = os.path.commonpath(dirs) if all(d.startswith("/") for d in dirs) else _prefix(dirs)
+    return root
+
+
+def _prefix(dirs: list[str]) -> str:
+    p = os.path.commonprefix(dirs)
+    return p if all(d == p or d.startswith(p.rstrip("/") + "/") for d in dirs) else p.rsplit("/", 1)[0]
+
+
+def _relative(url: str, root: str) -> str:
+    if root and url.startswith(root.rstrip("/") + "/"):
+        return url[len(root.rstrip("/")) + 1:]
+    return url
+
+
+def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
+                      extra) -> Manifest:
+    sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
+    rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
+    row_start, rg_index = 0, 0
+    for k, (plan, info) in enumerate(zip(plans, infos)):
+        assert info is not None and info.rows == plan.rows
+        sh_cols["name"].append(info.name)
+        sh_cols["bytes"].append(info.bytes)
+        sh_cols["rows"].append(info.rows)
+        sh_cols["row_start"].append(row_start)
+        sh_cols["first_row_group"].append(rg_index)
+        sh_cols["num_row_groups"].append(len(info.row_groups))
+        sh_cols["footer_offset"].append(info.footer_offset)
+        sh_cols["footer_xxh3"].append(bytes.fromhex(info.footer_xxh3))
+        for rg in info.row_groups:
+            rg_cols["shard"].append(k)
+            rg_cols["rows"].append(rg.rows)
+            rg_cols["row_start"].append(row_start)
+            rg_cols["offset"].append(rg.offset)
+            rg_cols["length"].append(rg.length)
+            rg_cols["xxh3"].append(bytes.fromhex(rg.xxh3))
+            row_start += rg.rows
+            rg_index += 1
+    root = _common_root([f.url for f in files])
+    prov = _provenance(files, metas, plans, root)
+    tables = {
+        "shards": _side_table(sh_cols, SHARD_TABLE_SCHEMA),
+        "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
+        "provenance": prov,
+    }
+    refs = {}
+    for kind, table in tables.items():
+        data = table_to_ipc(table)
+        h = xxh3_hex(data)
+        rel = f"{INDEX_DIR}/{h}.arrow"
+        if not (out.exists(rel) and out.size(rel) == len(data)):
+            out.write_atomic(rel, data)
+        refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
+    skipped = {kind: 0 for kind in SKIP_KINDS}
+    skipped["empty_inputs"] = 0
+    for m in metas:
+        stats = m.get("stats") or {}
+        for kind in SKIP_KINDS:
+            skipped[kind] += int(stats.get(kind, 0))
+        skipped["empty_inputs"] += int(m["rows"] == 0)
+    doc = Manifest.build_doc(
+        schema=schema, writer=options.to_dict(),
+        totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
+                "total_bytes": int(sum(sh_cols["bytes"]))},
+        table_refs=refs,
+        inputs={"count": len(files), "bytes": int(sum(f.size for f in files))},
+        skipped=skipped,
+        # How inputs were read is recorded but not hashed: the shard bytes it produced are,
+        # and a new (defaulted) reader option must not change the id of identical data.
+        created_by={"library": f"zephon_store {__version__}", "pyarrow": pa.__version__,
+                    "input_root": root,
+                    "input_options": asdict(input_options) if is_dataclass(input_options) else {}},
+        extra=extra,
+    )
+    m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
+    m.check()
+    # Written last: its presence means every shard and table it names is complete.
+    out.write_atomic(MANIFEST_NAME, m.to_json())
+    return m
+
+
+def _provenance(files, metas, plans, root) -> pa.Table:
+    cols = {k: [] for k in PROVENANCE_TABLE_SCHEMA.names}
+    shard_starts = np.array([p.row_start for p in plans], dtype=np.int64)
+    g = 0
+    for f, m in zip(files, metas):
+        rows = m["rows"]
+        local = 0
+        if rows == 0:
+            cols["input"].append(_relative(f.url, root))
+            cols["input_bytes"].append(f.size)
+            cols["input_row_start"].append(0)
+            cols["num_rows"].append(0)
+            cols["shard"].append(-1)
+            cols["row_start"].append(g)
+        while local < rows:
+            s = int(np.searchsorted(shard_starts, g, side="right") - 1)
+            shard_end = plans[s].row_start + plans[s].rows
+            n = min(rows - local, shard_end - g)
+            cols["input"].append(_relative(f.url, root))
+            cols["input_bytes"].append(f.size)
+            cols["input_row_start"].append(local)
+            cols["num_rows"].append(n)
+            cols["shard"].append(s)
+            cols["row_start"].append(g)
+            local += n
+            g += n
+    return _side_table(cols, PROVENANCE_TABLE_SCHEMA)
+
+
+def _side_table(cols: dict, schema: pa.Schema) -> pa.Table:
+    build = {pa.int64(): arrowutil.i64, pa.string(): arrowutil.strings,
+             pa.binary(16): arrowutil.binary16}
+    return pa.Table.from_arrays([build[f.type](cols[f.name]) for f in schema], schema=schema)
