@@ -46,14 +46,19 @@ def prep(args) -> int:
         json.dump({"bos_token": BOS, "eos_token": EOS, "add_bos_token": False,
                    "add_eos_token": False}, fh)
     os.makedirs(args.corpus, exist_ok=True)
-    n, size = 0, 0
-    with open(os.path.join(args.corpus, "stdlib.jsonl"), "w") as fh:
-        for f, text in zip(files, texts):
-            if size >= args.max_bytes:
-                break
-            fh.write(json.dumps({"path": os.path.relpath(f, sysconfig.get_paths()["stdlib"]),
-                                 "text": text}) + "\n")
-            n, size = n + 1, size + len(text)
+    docs, size = [], 0
+    for f, text in zip(files, texts):
+        if size >= args.max_bytes:
+            break
+        docs.append({"path": os.path.relpath(f, sysconfig.get_paths()["stdlib"]), "text": text})
+        size += len(text)
+    # Several inputs, so the conversion tokenizes in parallel (one input per worker task).
+    per = -(-len(docs) // args.inputs)
+    for k in range(0, len(docs), per):
+        with open(os.path.join(args.corpus, f"stdlib-{k // per:03d}.jsonl"), "w") as fh:
+            for d in docs[k:k + per]:
+                fh.write(json.dumps(d) + "\n")
+    n = len(docs)
     print(f"tokenizer ({tok.get_vocab_size()} tokens) in {args.assets}; {n} documents "
           f"({size / 1e6:.1f} MB) in {args.corpus}")
     return 0
@@ -137,6 +142,7 @@ def main(argv=None) -> int:
     a.add_argument("--train-files", type=int, default=400)
     # ~8 MB of source is ~3M tokens: 300+ steps of the debug run, converted in seconds.
     a.add_argument("--max-bytes", type=int, default=8_000_000)
+    a.add_argument("--inputs", type=int, default=8, help="JSONL files to write")
     c = sub.add_parser("compare")
     c.add_argument("--ref-audit", required=True)
     c.add_argument("--run-audit", required=True)

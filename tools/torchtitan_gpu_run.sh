@@ -52,7 +52,9 @@ if [ $((GLOBAL_BATCH % (LOCAL_BATCH_B * DP_B))) -ne 0 ]; then
 fi
 
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-rm -rf "$WORK"; mkdir -p "$WORK"
+mkdir -p "$WORK"
+# Only what this script writes: WORKDIR may hold other files.
+(cd "$WORK" && rm -rf assets corpus ds ref run ref-audit run-audit ref.log run.log convert.json)
 echo "== 1. tokenizer and corpus"
 "$PY" "$HERE/torchtitan_gpu_check.py" prep --assets "$WORK/assets" --corpus "$WORK/corpus"
 

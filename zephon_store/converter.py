@@ -39,7 +39,6 @@ from .shardwriter import ShardInfo, WriteOptions, write_shard
 from .staging import Pool, atomic_write_json, job_dir, job_key
 from .storage import Storage
 
-_atomic_write_json = atomic_write_json  # TODO(lead): packing.py imports the old name
 
 
 @dataclass

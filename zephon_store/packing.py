@@ -392,10 +392,17 @@ def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
+def _schema_b64(schema: pa.Schema) -> str:
+    # The converter's staged-meta encoding of a schema.
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
 def _pack_file(task) -> dict:
     """Stage the windows ``[lo, hi)`` (those starting in input ``i``) as ``packed/<i>``."""
-    from .converter import _atomic_write_json, _schema_b64
     from .rowsize import table_row_nbytes
+    from .staging import atomic_write_json
 
     i, lo, hi, window, doc_starts, paths, file_starts, staging, meta = task
     schema = window_schema(window - 1, doc_starts)
@@ -416,7 +423,7 @@ def _pack_file(task) -> dict:
     np.save(f"{base}.sizes.npy", np.concatenate(sizes))
     out = dict(meta, rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
                schema_b64=_schema_b64(schema), first_window=lo)
-    _atomic_write_json(f"{base}.json", out)  # written last: the file's done marker
+    atomic_write_json(f"{base}.json", out)  # written last: the file's done marker
     return out
 
 
@@ -434,7 +441,8 @@ class PackWindows:
         self.extra = extra
 
     def __call__(self, files, metas, staging, pool):
-        from .converter import _atomic_write_json, staged_base
+        from .converter import staged_base
+        from .staging import atomic_write_json
 
         folder = os.path.join(staging, "packed")
         os.makedirs(folder, exist_ok=True)
@@ -480,7 +488,7 @@ class PackWindows:
             "dropped_tail_tokens": total - n_windows * w,
         }
         self.extra["packing"].update(totals)
-        _atomic_write_json(done_path, {"metas": out, "totals": totals})
+        atomic_write_json(done_path, {"metas": out, "totals": totals})
         return out, schema
 
 

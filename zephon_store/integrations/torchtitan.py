@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import require
+from ..errors import MissingExtraError, require
 
 require("torch", "torch")
 require("torchtitan", "torchtitan")
@@ -43,10 +43,17 @@ try:  # TorchTitan main (Grain era): components/data/loader.py owns BaseDataLoad
     from torchtitan.components.data.loader import BaseDataLoader
 
     TORCHTITAN_API = "data"
-except ImportError:  # TorchTitan 0.3.0 (and earlier 0.x with the Configurable API)
-    from torchtitan.components.dataloader import BaseDataLoader
+except ImportError as _main_error:
+    try:  # TorchTitan 0.3.0 (the last torchdata-based release)
+        from torchtitan.components.dataloader import BaseDataLoader
 
-    TORCHTITAN_API = "0.3"
+        TORCHTITAN_API = "0.3"
+    except ImportError as exc:
+        raise MissingExtraError(
+            "cannot import TorchTitan's BaseDataLoader from torchtitan.components.data.loader "
+            f"({_main_error}) nor torchtitan.components.dataloader ({exc}); supported: "
+            "torchtitan 0.3.0 and main; install with: pip install 'zephon_store[torchtitan]'"
+        ) from exc
 
 from ..order import OrderOptions  # noqa: E402
 from ..packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
@@ -227,6 +234,9 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[dict, Any]]:
+        # A new iterator resumes at the cursor; the previous one (and its prefetch) ends.
+        if self._iter is not None:
+            self._iter.close()
         self._iter = self._batches()
         return self._iter
 
