@@ -40,7 +40,6 @@ from .staging import Pool, atomic_write_json, job_dir, job_key
 from .storage import Storage
 
 
-
 @dataclass
 class ConvertResult:
     """What :func:`convert` did; ``to_dict()`` is the CLI's ``--json`` summary."""

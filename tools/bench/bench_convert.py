@@ -70,7 +70,6 @@ def make_inputs(work: str, copies: int) -> tuple[str, str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import zstandard
-
     from make_corpus import stdlib_sources
 
     docs = stdlib_sources()

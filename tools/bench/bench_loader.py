@@ -85,11 +85,10 @@ def case_raw_rows(corpus: dict, kind: str, batch: int):
 
 
 def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from zephon_store.stream import decode_table
-
-    import pyarrow as pa
 
     paths = corpora.shard_paths(corpus)
     t0 = time.perf_counter()
