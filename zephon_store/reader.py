@@ -243,7 +243,7 @@ class Dataset:
         inverse = inverse.reshape(-1)
         tables = self.read_row_groups(rgs)
         if len(tables) == 1:
-            return tables[0].take(i64(loc.row_in_group))
+            return _rows(tables[0], loc.row_in_group)
         # Take from each row group, then put the rows in the requested order. A take on the
         # concatenated row groups would be one call, but Arrow's take on a many-chunk column
         # of a nested or variable-width type (token windows, text) first concatenates every
@@ -252,7 +252,7 @@ class Dataset:
         by_group = np.argsort(inverse, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(tables)))])
         rows = loc.row_in_group[by_group]
-        grouped = pa.concat_tables([t.take(i64(rows[bounds[k]:bounds[k + 1]]))
+        grouped = pa.concat_tables([_rows(t, rows[bounds[k]:bounds[k + 1]])
                                     for k, t in enumerate(tables)])
         if (by_group[1:] > by_group[:-1]).all():
             return grouped  # already in the requested order (sequential reads)
@@ -264,6 +264,22 @@ class Dataset:
         """One record as a dict: ``ds[17]``."""
         return self.take(as_seqs([seq], self.num_samples)).to_pylist()[0]
 
+    @property
+    def decode_cache_bytes(self) -> int:
+        """Byte budget of the in-memory cache of decoded row groups."""
+        return self._decode_cache_bytes
+
+    def reserve_decode_cache(self, nbytes: int) -> None:
+        """Grow the decoded row-group cache to at least ``nbytes`` (never shrinks it).
+
+        A reader whose order keeps more row groups in use than the cache holds decodes each
+        of them many times (LRU evicts exactly the ones needed next); the loader sizes it to
+        its order's working set. Pickled copies (DataLoader workers) keep the size.
+        """
+        if nbytes > self._decode_cache_bytes:
+            self._decode_cache_bytes = int(nbytes)
+            self._decoded.budget = int(nbytes)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
@@ -274,6 +290,14 @@ class Dataset:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)``; a zero-copy slice when ``rows`` is one increasing run."""
+    n = rows.size
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n == 1 or bool((np.diff(rows) == 1).all())):
+        return table.slice(int(rows[0]), n)
+    return table.take(i64(rows))
 
 
 def open_dataset(url: str, *, storage_options: dict | None = None, cache=None,

@@ -92,6 +92,26 @@ class RankStream:
         _, first = np.unique(rg, return_index=True)
         return rg[np.sort(first)]
 
+    def working_set_row_groups(self) -> int:
+        """Row groups this rank reads from at the same time, in steady state.
+
+        Each one must stay decoded until its last sample is read, or it is decoded again.
+        Sequential: this step's row groups and the next's. Shuffled: every lane the rank
+        reads is shuffled inside a window of ``window_blocks`` blocks' worth of samples,
+        which straddles one more block, and meets the next window in one more; a rank reads
+        ``lanes / world_size`` lanes when that divides, otherwise (plain slicing) all of them.
+        """
+        m = self.dataset.manifest
+        t = self.topology
+        mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
+        step = int(np.ceil(t.local_batch / mean_rows)) + 1
+        if not self.order.options.shuffle:
+            return int(min(m.num_row_groups, 2 * step))
+        lanes = self.order.effective_lanes
+        if t.world_size > 1 and lanes % t.world_size == 0:
+            lanes //= t.world_size
+        return int(min(m.num_row_groups, lanes * (self.order.options.window_blocks + 2) + step))
+
     def table(self, cursor: int) -> tuple[np.ndarray, pa.Table]:
         ids = self.ids(cursor)
         table = self.dataset.take(ids)
@@ -126,6 +146,9 @@ def decode_table(table: pa.Table) -> dict:
 
 def decode_column(col: pa.ChunkedArray):
     t = col.type
+    if not (_is_numeric(t) or pa.types.is_boolean(t) or pa.types.is_fixed_size_list(t)):
+        # Python objects either way; chunk by chunk skips the copy combine_chunks makes.
+        return col.to_pylist()
     if col.num_chunks != 1:
         col = col.combine_chunks() if col.num_chunks else pa.array([], type=t)
     else:

@@ -47,8 +47,13 @@ LITDATA_CHUNK_BYTES = "64MB"
 DEFAULT_MB = 300
 QUICK_MB = 60
 
-sys.path.insert(0, ROOT)
+# ZEPHON_BENCH_PKG: a directory holding another zephon_store (an older checkout), to
+# measure before/after a change with the same harness and corpora.
+PKG_ROOT = os.path.abspath(os.environ.get("ZEPHON_BENCH_PKG") or ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, ROOT)
+if PKG_ROOT != ROOT:
+    sys.path.insert(0, PKG_ROOT)
 # litdata asks PyPI for a newer version on every optimize()/StreamingDataset(); the
 # benchmark machine may be offline and the request must not land inside a timing.
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")

@@ -27,11 +27,14 @@ import torch
 from ..order import OrderOptions
 from ..prefetch import DEFAULT_PREFETCH_BYTES
 from ..reader import Dataset, open_dataset
-from ..stream import Topology
+from ..stream import RankStream, Topology
 from .dataset import ZephonIterableDataset
 from .state import LoaderState, check_state
 
 log = logging.getLogger("zephon_store")
+# Upper bound of the automatic decode-cache sizing (per process): 4x the reader's default.
+# Larger working sets are the caller's call (memory is per rank and per worker process).
+MAX_AUTO_DECODE_CACHE_BYTES = 1 << 30
 
 
 def detect_topology() -> tuple[int, int]:
@@ -112,6 +115,29 @@ class ZephonLoader:
         if epochs is not None:
             self._max_cursor = int(epochs * n)
         self._max_steps = max_steps
+        self._size_decode_cache()
+
+    def _size_decode_cache(self) -> None:
+        # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
+        # at once; with fewer decoded row groups cached, LRU evicts the ones needed next and
+        # every row group is decoded again and again (14x per epoch for a 300 MB token
+        # corpus at W=1 with the 256 MiB default; tools/bench/bench_loader.py).
+        stream = RankStream(self.dataset, self.order, self.topology)
+        rgs = stream.working_set_row_groups()
+        m = self.dataset.manifest
+        rg_bytes = (m.doc.get("writer") or {}).get("row_group_bytes")
+        # Row groups are cut at row_group_bytes of values before compression, plus at most
+        # one row; without that option, assume zstd's typical 4x on the stored bytes.
+        per_rg = 1.25 * rg_bytes if rg_bytes else 4.0 * float(np.mean(m.rg_length))
+        need = int(rgs * per_rg)
+        self.dataset.reserve_decode_cache(min(need, MAX_AUTO_DECODE_CACHE_BYTES))
+        if need > MAX_AUTO_DECODE_CACHE_BYTES:
+            log.warning(
+                "zephon: this rank's order reads from %d row groups at once (~%.1f GB decoded), "
+                "more than the %.1f GB decode cache; row groups will be decoded more than once "
+                "per epoch. Pass a Dataset opened with open_dataset(url, decode_cache_bytes=...) "
+                "to hold them, or use more ranks (each reads lanes/world_size lanes).",
+                rgs, need / 1e9, self.dataset.decode_cache_bytes / 1e9)
 
     # -- state ---------------------------------------------------------------------------
     @property
