@@ -100,7 +100,6 @@ def test_stream_equals_local_and_second_epoch_fetches_nothing(corpus, remote, tm
     assert fetched >= ds.manifest.total_bytes * 0.9  # it really streamed the shards
     # epoch 2 (a fresh permutation) from the same node cache: no request at all
     ds2 = _open(url, bucket.storage_options, tmp_path)
-    ds2.manifest  # manifest and side tables are read once on open
     before = ds2.storage.stats.requests
     _stream(ds2, steps, start_state=state)
     assert ds2.storage.stats.requests == before
