@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
 _PLAN_EVERY = 32        # steps between publishing the cache's future plan
 _PLAN_STEPS = 256       # steps of future row groups in that plan
+# Steps planned ahead at most. Steps whose row groups were all planned already add no bytes,
+# so without a horizon an endless stream over a dataset smaller than the budget (or any
+# dataset once every row group was seen) planned forever and the first batch never came.
+_MAX_AHEAD_STEPS = _PLAN_STEPS
+# Local datasets: row groups decoded ahead into the reader's decode cache, by the pool's
+# threads, so a second core decodes while the batch threads wait on the current one (a
+# sequential batch of token windows is a quarter of a row group, so the batch threads alone
+# never decode two row groups at once).
+DECODE_AHEAD_ROW_GROUPS = 4
 
 
 class Prefetcher:
@@ -33,11 +42,17 @@ class Prefetcher:
         self.step_row_groups = step_row_groups
         self.budget = budget_bytes
         self.num_batches = num_batches
-        self.enabled = dataset.cache is not None and budget_bytes > 0
+        # Remote (a disk cache): fetch bytes into the cache, up to budget_bytes. Local: decode
+        # up to DECODE_AHEAD_ROW_GROUPS row groups ahead (their bytes are in place already).
+        self.fetch = dataset.cache is not None
+        if not self.fetch:
+            self.budget = DECODE_AHEAD_ROW_GROUPS if budget_bytes > 0 else 0
+        self.enabled = self.budget > 0
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-prefetch") \
             if self.enabled else None
         self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes planned for it
         self._seen: set[int] = set()
+        self._decoding: dict[int, Future] = {}
         self._next = 0
         self._lock = threading.Lock()
         self.started = 0
@@ -48,12 +63,15 @@ class Prefetcher:
         with self._lock:
             for step in [s for s in self._ahead if s <= i]:
                 del self._ahead[step]
+            for rg in [r for r, f in self._decoding.items() if f.done()]:
+                del self._decoding[rg]
             self._next = max(self._next, i + 1)
-            while sum(self._ahead.values()) < self.budget and (
-                    self.num_batches is None or self._next < self.num_batches):
+            while (sum(self._ahead.values()) < self.budget
+                   and self._next <= i + _MAX_AHEAD_STEPS
+                   and (self.num_batches is None or self._next < self.num_batches)):
                 self._ahead[self._next] = self._plan_step(self._next)
                 self._next += 1
-            if i % _PLAN_EVERY == 0:
+            if self.fetch and i % _PLAN_EVERY == 0:
                 self._publish_plan(i + 1)
 
     def _plan_step(self, step: int) -> int:
@@ -61,6 +79,16 @@ class Prefetcher:
         total = 0
         for rg in self.step_row_groups(step):
             rg = int(rg)
+            if not self.fetch:
+                # Decoded row groups leave the decode cache again, so "planned once" is not
+                # "available": ask the reader, and count only the decodes started here.
+                fut = self._decoding.get(rg)
+                if (fut is not None and not fut.done()) or self.dataset.has_decoded(rg):
+                    continue
+                self._decoding[rg] = self._pool.submit(self.dataset.read_row_group, rg)
+                total += 1
+                self.started += 1
+                continue
             if rg in self._seen:
                 continue
             self._seen.add(rg)

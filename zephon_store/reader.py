@@ -42,6 +42,10 @@ class _LRU:
                 self._d.move_to_end(key)
             return t
 
+    def __contains__(self, key: int) -> bool:
+        with self._lock:
+            return key in self._d
+
     def put(self, key: int, table: pa.Table) -> None:
         if self.budget <= 0:
             return
@@ -199,6 +203,11 @@ class Dataset:
         finally:
             with self._inflight_lock:
                 del self._inflight[rg]
+
+    def has_decoded(self, rg: int) -> bool:
+        """True if row group ``rg`` is in the decode cache or being decoded right now."""
+        rg = int(rg)
+        return rg in self._decoded or rg in self._inflight
 
     def _decode_row_group(self, rg: int) -> pa.Table:
         m = self.manifest
