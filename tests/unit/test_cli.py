@@ -1,0 +1,105 @@
+"""The CLI: info, get, plan, cache, usage errors and exit codes (main() called directly)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import convert, open_dataset
+from zephon_store.cli.main import main
+from zephon_store.order import Order, OrderOptions
+from zephon_store.shardwriter import WriteOptions
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    write_jsonl_corpus(d / "src", files=2, records=300, seed=2)
+    convert([str(d / "src")], str(d / "ds"),
+            options=WriteOptions(target_shard_bytes=20 << 10, row_group_rows=25))
+    return str(d / "ds")
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+def test_info_json(ds_path, capsys):
+    assert main(["info", ds_path, "--json"]) == 0
+    info = _json(capsys)
+    ds = open_dataset(ds_path)
+    assert info["dataset_id"] == ds.dataset_id and info["num_samples"] == 600
+    assert info["num_shards"] == ds.num_shards and info["num_row_groups"] == 24
+    assert [f["name"] for f in info["schema"]] == ["id", "text", "score", "tags"]
+    assert main(["info", ds_path]) == 0
+    assert ds.dataset_id in capsys.readouterr().out
+
+
+def test_get_json_lines_in_request_order(ds_path, capsys):
+    assert main(["get", ds_path, "599", "0", "42", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [599, 0, 42]
+
+
+def test_get_out_of_range_is_a_usage_error_naming_the_range(ds_path, capsys):
+    assert main(["get", ds_path, "600"]) == 2
+    assert "0..599" in capsys.readouterr().err
+
+
+def test_plan_json_is_the_pure_function(ds_path, capsys):
+    assert main(["plan", ds_path, "--world-size", "3", "--global-batch", "12", "--steps", "2:5",
+                 "--seed", "4", "--json"]) == 0
+    out = _json(capsys)
+    assert {"dataset_id", "world_size", "global_batch", "steps", "read_amplification"} <= set(out)
+    order = Order(open_dataset(ds_path).manifest.rg_rows, OrderOptions(seed=4))
+    for st in out["steps"]:
+        assert st["cursor"] == st["step"] * 12
+        got = sorted(i for ids in st["ranks"] for i in ids)
+        want = sorted(order.sample_at(np.arange(st["cursor"], st["cursor"] + 12)).tolist())
+        assert got == want and all(len(ids) == 4 for ids in st["ranks"])
+    assert out["read_amplification"] >= 1.0
+    assert main(["plan", ds_path, "--world-size", "3", "--global-batch", "12", "--cursor", "36",
+                 "--steps", "0:1", "--seed", "4", "--json"]) == 0
+    assert _json(capsys)["steps"][0]["cursor"] == 36
+
+
+def test_plan_rejects_indivisible_batch(ds_path, capsys):
+    assert main(["plan", ds_path, "--world-size", "5", "--global-batch", "12"]) == 2
+    assert "world_size must divide global_batch" in capsys.readouterr().err
+
+
+def test_cache_info_and_clear(tmp_path, capsys):
+    from zephon_store.cache import ChunkCache
+    from zephon_store.hashing import xxh3_hex
+
+    cache = ChunkCache(str(tmp_path / "c"))
+    cache.put(xxh3_hex(b"abc"), b"abc")
+    assert main(["cache", "info", "--dir", str(tmp_path / "c"), "--json"]) == 0
+    info = _json(capsys)
+    assert info["entries"] == 1 and info["bytes"] == 3
+    assert main(["cache", "clear", "--dir", str(tmp_path / "c"), "--json"]) == 0
+    assert _json(capsys)["cleared_bytes"] == 3
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", "x.jsonl", "--output", "o", "--target-shard-size", "lots"],
+    ["convert", "x.jsonl"],
+    ["verify"],
+    ["frobnicate"],
+    ["convert", "x.jsonl", "--output", "o", "--row-group-size", "0rows"],
+])
+def test_usage_errors_exit_2(argv, capsys):
+    assert main(argv) == 2
+
+
+def test_missing_dataset_is_an_error_exit_1(tmp_path, capsys):
+    assert main(["info", str(tmp_path / "nothing")]) == 1
+    assert "not found" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert "zephon_store" in capsys.readouterr().out
