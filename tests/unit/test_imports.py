@@ -1,0 +1,46 @@
+"""``import zephon_store`` needs neither torch nor s3fs; missing extras are named."""
+
+import subprocess
+import sys
+
+import pytest
+
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 's3fs', 'torchtitan', 'tokenizers'):
+            raise ImportError(f'blocked: {name}')
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True, text=True)
+
+
+def test_core_works_without_optional_dependencies(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n{"x": 2}\n')
+    r = _run(f"""
+import zephon_store as z
+from zephon_store import verify, cli
+res = z.convert([{str(tmp_path / 'a.jsonl')!r}], {str(tmp_path / 'ds')!r})
+ds = z.open_dataset({str(tmp_path / 'ds')!r})
+assert ds.take([1]).to_pylist() == [{{"x": 2}}]
+from zephon_store.verify import verify
+assert verify({str(tmp_path / 'ds')!r}).ok
+assert not any(m.split('.')[0] in ('torch', 's3fs') for m in sys.modules)
+print("ok")
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("code,extra", [
+    ("import zephon_store.torch", "torch"),
+    ("from zephon_store.storage import Storage; Storage('s3://b/x').fs", "s3"),
+])
+def test_missing_extra_is_named(code, extra):
+    r = _run(code)
+    assert r.returncode != 0
+    assert f"zephon_store[{extra}]" in r.stderr and "MissingExtraError" in r.stderr
