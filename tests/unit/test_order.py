@@ -274,11 +274,13 @@ def test_lane_touches_about_its_share_of_blocks() -> None:
 
 
 def test_one_million_positions_over_ten_thousand_blocks() -> None:
-    # Sizing run (timing is not asserted): 1M samples, 10k blocks, default options.
-    o = Order(np.full(10_000, 100), OrderOptions(seed=11))
+    # Sizing run (timing is not asserted): 1M samples, 10k blocks, many lanes.
+    o = Order(np.full(10_000, 100), OrderOptions(seed=11, lanes=5040))
     ids = o.sample_at(np.arange(1_000_000))
     assert np.unique(ids).size == 1_000_000
     assert o.effective_lanes == 1008
+    # the default keeps a rank's working set small: 8 lanes
+    assert Order(np.full(10_000, 100), OrderOptions(seed=11)).effective_lanes == 8
 
 
 # ---------------------------------------------------------------- quality figures
