@@ -18,12 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .arrowutil import i64
+from .hashing import xxh3_hex
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
 from .rangefile import RangeFile
 from .storage import Storage
 
 DEFAULT_DECODE_CACHE_BYTES = 256 << 20
+_MAX_MAPPED_SHARDS = 256  # open memory maps kept per Dataset (one file descriptor each)
 
 
 class _LRU:
@@ -93,6 +95,9 @@ class Dataset:
         self._inflight_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = -1
+        # Local shards, memory-mapped once (content-addressed files never change in place).
+        self._mmaps: dict[int, pa.Buffer] = {}
+        self._mmaps_pid = os.getpid()
 
     def _make_cache(self, cache):
         # Local datasets are read in place; a disk cache only pays for remote bytes.
@@ -213,13 +218,48 @@ class Dataset:
         m = self.manifest
         shard = int(m.rg_shard[rg])
         md = self.footer(shard)
-        off = int(m.rg_offset[rg])
-        data = self.fetch_row_group_bytes(rg)
         local = m.rg_local_index(rg)
-        f = RangeFile(int(m.shard_bytes[shard]), {off: data}, name=self.storage.url(m.shard_path(shard)))
-        t = pq.ParquetFile(f, metadata=md).read_row_group(local)
+        mapped = self._mapped_row_group(rg, shard)
+        if mapped is not None:
+            # Local fast path: decode straight from the memory-mapped shard, whose bytes of
+            # this row group were just hashed (no copy, no Python file object in between).
+            t = pq.ParquetFile(pa.BufferReader(mapped), metadata=md).read_row_group(local)
+        else:
+            off = int(m.rg_offset[rg])
+            data = self.fetch_row_group_bytes(rg)
+            f = RangeFile(int(m.shard_bytes[shard]), {off: data},
+                          name=self.storage.url(m.shard_path(shard)))
+            t = pq.ParquetFile(f, metadata=md).read_row_group(local)
         self._decoded.put(rg, t)
         return t
+
+    def _mapped_row_group(self, rg: int, shard: int) -> pa.Buffer | None:
+        """The whole mapped shard if it is local and row group ``rg``'s bytes verify, else None.
+
+        ``None`` sends the caller down the ordinary path, which re-reads, retries and raises
+        the precise error (missing shard, short file, IntegrityError) when something is wrong.
+        """
+        if not self.storage.local:
+            return None
+        m = self.manifest
+        buf = self._mmaps.get(shard)
+        if buf is None or self._mmaps_pid != os.getpid():
+            try:
+                buf = pa.memory_map(self.storage.url(m.shard_path(shard)), "r").read_buffer()
+            except OSError:
+                return None
+            if buf.size != int(m.shard_bytes[shard]):
+                return None
+            with self._footer_lock:
+                if self._mmaps_pid != os.getpid():
+                    self._mmaps, self._mmaps_pid = {}, os.getpid()
+                if len(self._mmaps) >= _MAX_MAPPED_SHARDS:
+                    self._mmaps.pop(next(iter(self._mmaps)))
+                self._mmaps[shard] = buf
+        off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
+        if xxh3_hex(memoryview(buf)[off:off + length]) != m.rg_xxh3(rg):
+            return None
+        return buf
 
     def read_row_groups(self, rgs) -> list[pa.Table]:
         """Decode several row groups, in parallel threads (pyarrow releases the GIL)."""
