@@ -78,3 +78,20 @@ def test_pickled_dataset_reads_the_same(ds_and_records):
     ds, records = ds_and_records
     ds2 = pickle.loads(pickle.dumps(ds))
     assert ds2.take([3, 700]).to_pylist() == [records[3], records[700]]
+
+
+def test_corrupt_local_shard_raises_integrity_error(tmp_path):
+    from zephon_store import IntegrityError
+
+    write_jsonl_corpus(tmp_path / "src", files=1, records=200, seed=1)
+    convert([str(tmp_path / "src")], str(tmp_path / "ds"),
+            options=WriteOptions(target_shard_bytes=1 << 20, row_group_rows=50))
+    ds = open_dataset(str(tmp_path / "ds"))
+    m = ds.manifest
+    path = tmp_path / "ds" / m.shard_path(0)
+    data = bytearray(path.read_bytes())
+    data[int(m.rg_offset[1]) + 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert ds.take([0]).num_rows == 1  # row group 0 is intact
+    with pytest.raises(IntegrityError, match="row group 1"):
+        ds.take([60])
