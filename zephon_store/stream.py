@@ -22,7 +22,7 @@ from .assign import positions_for_rank
 from .order import Order, OrderOptions
 
 SEQ_KEY = "_seq"
-_IDS_MEMO_STEPS = 1024  # > the prefetcher's horizon (prefetch._MAX_AHEAD_STEPS)
+_IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
 
 
 @dataclass(frozen=True)
@@ -86,22 +86,40 @@ class RankStream:
 
     def ids(self, cursor: int) -> np.ndarray:
         """Sample ids (global sequence numbers) of this rank's share of the step."""
-        # The prefetcher asks for a step's row groups before the batch is made, so each step's
-        # ids are wanted twice; computing a shuffled order for a small batch is mostly
-        # per-call numpy overhead (~0.2 ms, about as much as decoding its share of data), so
-        # the first caller leaves them here and the second takes them. dict ops are atomic.
-        ids = self._ids_memo.pop(cursor, None)
+        ids = self._ids_memo.pop(cursor, None)  # the batch takes them: one owner per array
         if ids is not None:
             return ids
-        ids = self.order.sample_at(self.positions(cursor))
-        if len(self._ids_memo) >= _IDS_MEMO_STEPS:
-            self._ids_memo.clear()   # steps nobody came back for (no prefetcher)
-        self._ids_memo[cursor] = ids
-        return ids
+        if not self._ids_memo:
+            # The first step after a start or resume: just this one, as the block would
+            # cost a shuffled resume ~5-50 ms before its first batch.
+            return self.order.sample_at(self.positions(cursor))
+        return self._ids_ahead(cursor)[cursor]
+
+    def _ids_ahead(self, cursor: int) -> dict[int, np.ndarray]:
+        """Ids of the steps from ``cursor`` on, many steps per ``sample_at`` call, memoised.
+
+        A shuffled ``sample_at`` for one small batch is mostly per-call numpy overhead
+        (~0.2 ms for 32 positions, as much as decoding the batch's data), and the prefetcher
+        asks for every step before its batch does. Dict operations are atomic, so threads
+        share the memo without a lock; a race only computes a step twice.
+        """
+        t = self.topology
+        steps = max(1, _IDS_BLOCK_POSITIONS // t.local_batch)
+        cursors = [cursor + j * t.global_batch for j in range(steps)]
+        ids = self.order.sample_at(np.concatenate([self.positions(c) for c in cursors]))
+        b = t.local_batch
+        block = {c: ids[j * b:(j + 1) * b].copy() for j, c in enumerate(cursors)}
+        if len(self._ids_memo) > 4 * steps:
+            self._ids_memo.clear()  # steps nobody came for (e.g. another worker's)
+        self._ids_memo.update(block)
+        return block
 
     def row_groups(self, cursor: int) -> np.ndarray:
         """Row groups the step starting at ``cursor`` reads, in order of first use."""
-        rg = self.dataset.locate(self.ids(cursor)).row_group
+        ids = self._ids_memo.get(cursor)
+        if ids is None:
+            ids = self._ids_ahead(cursor)[cursor]
+        rg = self.dataset.locate(ids).row_group
         _, first = np.unique(rg, return_index=True)
         return rg[np.sort(first)]
 

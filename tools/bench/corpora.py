@@ -17,6 +17,8 @@ Each corpus directory holds::
 
     input/      the raw inputs (JSONL, or one Parquet file)
     zephon/     zephon_store.convert(input, zephon) with default WriteOptions
+    zephon-raw/ the same with WriteOptions(compression="none", use_dictionary=False), built on
+                first use (see ensure_raw)
     litdata/    litdata.optimize(...): raw (uncompressed) chunks of 64 MB; text samples are
                 {"path": str, "text": str}, token samples {"tokens": np.ndarray int32 (2049,)}
     meta.json   sample count, payload bytes, sizes on disk, build times (written last)
@@ -218,6 +220,24 @@ def ensure(kind: str, mb: int = DEFAULT_MB, *, log=print) -> dict:
     return {**meta, "dir": d}
 
 
+def ensure_raw(corpus: dict) -> str:
+    """A second Zephon copy written without compression or dictionaries (``zephon-raw/``).
+
+    Not a default: it measures what the decode costs, i.e. how close Zephon's reader gets
+    to LitData's raw chunks when both store the same uncompressed bytes.
+    """
+    from zephon_store import convert
+    from zephon_store.shardwriter import WriteOptions
+
+    out = os.path.join(corpus["dir"], "zephon-raw")
+    done = os.path.join(out, "manifest.json")
+    if not os.path.exists(done):
+        shutil.rmtree(out, ignore_errors=True)
+        convert([os.path.join(corpus["dir"], "input")], out, workers=2, progress=False,
+                options=WriteOptions(compression="none", use_dictionary=False))
+    return out
+
+
 def shard_paths(corpus: dict) -> list[str]:
     """The Zephon dataset's shard files in manifest (global row) order."""
     from zephon_store.manifest import load_manifest
@@ -230,7 +250,7 @@ def shard_paths(corpus: dict) -> list[str]:
 
 def warm_page_cache(corpus: dict) -> None:
     """Read every file of both datasets once so no timed run pays for cold disk reads."""
-    for sub in ("zephon", "litdata"):
+    for sub in ("zephon", "zephon-raw", "litdata"):
         for dirpath, _, files in os.walk(os.path.join(corpus["dir"], sub)):
             for name in files:
                 with open(os.path.join(dirpath, name), "rb") as f:

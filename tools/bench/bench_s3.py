@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Benchmark: streaming from S3 (a local SeaweedFS) with the node-local disk cache.
+
+Starts ``weed mini`` on 127.0.0.1 (``tools/s3_server.SeaweedServer``), creates a bucket, and
+converts the text corpus of ``corpora.py`` straight to ``s3://bench/text`` (timed). Then,
+each case in a fresh subprocess, ``--runs`` times, interleaved:
+
+- ``raw_cat_file``: s3fs ``cat_file`` of every shard object, whole, one after the other:
+  the same bytes as the dataset's shards, as fast as one s3fs client fetches them;
+- ``zephon_seq_cold`` / ``zephon_shuffled_cold``: one epoch of ``ZephonLoader`` (batch 256,
+  thread path) from S3 into an empty cache directory (``ZEPHON_CACHE_DIR``, a fresh temp dir);
+- ``zephon_seq_warm``: the same with the cache filled by a previous process.
+
+Reported: MB/s of stored (compressed) shard bytes, ``zephon_seq_cold / raw_cat_file`` (target
+>= 0.8), and from ``Storage.stats`` with shuffle on: bytes fetched / bytes consumed on one
+node (consumed = each row group's stored bytes times the fraction of its rows the epoch
+used; target <= 1.2). Finally one process runs two epochs with a cache budget that holds the
+dataset and reports the requests and bytes of each epoch (target: none in the second).
+
+The server, client and loader share this machine's CPUs: loopback S3 has no network
+limit, so these figures measure CPU cost per byte, not a network's bandwidth.
+
+    python tools/bench/bench_s3.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import corpora  # noqa: E402
+
+BUCKET = "bench"
+BATCH = 256
+CASES = ["raw_cat_file", "zephon_seq_cold", "zephon_seq_warm", "zephon_shuffled_cold"]
+
+
+# ----------------------------------------------------------------------------- children
+
+
+def _shard_objects(url: str, so: dict) -> list[str]:
+    from zephon_store.manifest import load_manifest
+    from zephon_store.storage import Storage
+
+    m = load_manifest(Storage(url, storage_options=so))
+    return [m.shard_path(i) for i in range(m.num_shards)]
+
+
+def child_raw(url: str, so: dict) -> dict:
+    from zephon_store.storage import resolve
+
+    rels = _shard_objects(url, so)
+    fs, root = resolve(url, so)
+    t0 = time.perf_counter()
+    total = sum(len(fs.cat_file(f"{root}/{rel}")) for rel in rels)
+    return {"seconds": time.perf_counter() - t0, "bytes": total, "objects": len(rels)}
+
+
+def child_zephon(url: str, so: dict, *, shuffle: bool, epochs: int = 1) -> dict:
+    import numpy as np
+
+    from zephon_store.order import OrderOptions
+    from zephon_store.torch import ZephonLoader
+
+    order = OrderOptions(seed=0) if shuffle else OrderOptions(seed=0, shuffle=False)
+    t0 = time.perf_counter()
+    loader = ZephonLoader(url, global_batch=BATCH, order=order, world_size=1, rank=0,
+                          storage_options=so, with_seq=True, epochs=float(epochs))
+    ds = loader.dataset
+    m = ds.manifest
+    per_epoch = []
+    seqs = []
+    it = iter(loader)
+    steps = len(loader)
+    per = steps // epochs
+    mark = (0, 0, time.perf_counter())
+    for i, batch in enumerate(it):
+        seqs.append(batch["_seq"].numpy())
+        if (i + 1) % per == 0:
+            st = ds.storage.stats
+            now = time.perf_counter()
+            per_epoch.append({"requests": st.requests - mark[0],
+                              "bytes_fetched": st.bytes_fetched - mark[1],
+                              "seconds": round(now - mark[2], 3)})
+            mark = (st.requests, st.bytes_fetched, now)
+    secs = time.perf_counter() - t0
+    ids = np.concatenate(seqs)
+    rg = np.searchsorted(m.rg_row_start, ids, side="right") - 1
+    used = np.bincount(rg, minlength=m.num_row_groups)
+    consumed = float((m.rg_length * np.minimum(used, m.rg_rows) / m.rg_rows).sum())
+    st = ds.storage.stats
+    return {"seconds": secs, "samples": int(ids.size), "stored_bytes": int(m.rg_length.sum()),
+            "bytes_fetched": st.bytes_fetched, "requests": st.requests, "retries": st.retries,
+            "bytes_consumed": consumed, "per_epoch": per_epoch,
+            "cache": ds.cache.stats.as_dict() if ds.cache is not None else None}
+
+
+def child_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", required=True)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--so", required=True)
+    ap.add_argument("--epochs", type=int, default=1)
+    a = ap.parse_args(argv)
+    so = json.loads(a.so)
+    import pyarrow.parquet  # noqa: F401
+    import s3fs  # noqa: F401
+    import torch  # noqa: F401
+
+    import zephon_store.torch  # noqa: F401
+
+    if a.child == "raw_cat_file":
+        res = child_raw(a.url, so)
+    else:
+        res = child_zephon(a.url, so, shuffle="shuffled" in a.child, epochs=a.epochs)
+    print(json.dumps(res), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def _spawn(case: str, url: str, so: dict, cache_dir: str, *, epochs: int = 1) -> dict:
+    env = dict(os.environ, PYTHONPATH=corpora.PKG_ROOT, ZEPHON_CACHE_DIR=cache_dir)
+    env.pop("ZEPHON_CACHE_BUDGET", None)   # default 10 GiB: holds the dataset
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", case,
+                          "--url", url, "--so", json.dumps(so), "--epochs", str(epochs)],
+                         capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{case} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _summary(results: list[dict], mb_of) -> dict:
+    secs = [r["seconds"] for r in results]
+    med = statistics.median(secs)
+    return {"median_s": round(med, 3), "min_s": round(min(secs), 3), "max_s": round(max(secs), 3),
+            "stored_MB_per_s": round(mb_of(results[0]) / med, 1)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--child" in argv:
+        child_main(argv)
+        os._exit(0)   # see bench_loader: teardown aborts are not part of the measurement
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=corpora.DEFAULT_MB)
+    ap.add_argument("--quick", action="store_true", help=f"--mb {corpora.QUICK_MB}")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    mb = corpora.QUICK_MB if a.quick else a.mb
+
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    sys.path.insert(0, os.path.join(corpora.ROOT, "tools"))
+    import s3fs
+    from s3_server import SeaweedServer
+
+    from zephon_store import convert
+
+    corpus = corpora.ensure("text", mb, log=log)
+    work = tempfile.mkdtemp(prefix="zephon-bench-s3-")
+    try:
+        with SeaweedServer() as server:
+            so = server.storage_options(read_timeout=60, connect_timeout=5)
+            fs = s3fs.S3FileSystem(**so, skip_instance_cache=True)
+            with contextlib.suppress(FileExistsError):
+                fs.mkdir(BUCKET)
+            url = f"s3://{BUCKET}/text"
+            t0 = time.perf_counter()
+            res = convert([os.path.join(corpus["dir"], "input")], url, storage_options=so,
+                          workers=2, progress=False,
+                          staging_dir=os.path.join(work, "staging"))
+            t_convert = time.perf_counter() - t0
+            log(f"converted to {url}: {res.num_shards} shards, {res.total_bytes / 1e6:.1f} MB "
+                f"in {t_convert:.1f} s")
+            raw: dict[str, list[dict]] = {c: [] for c in CASES}
+            for r in range(a.runs):
+                warm_dir = os.path.join(work, f"warm-{r}")
+                _spawn("zephon_seq_cold", url, so, warm_dir)   # fills the warm cache; not timed
+                for case in CASES:
+                    cache = warm_dir if case == "zephon_seq_warm" else os.path.join(
+                        work, f"{case}-{r}")
+                    raw[case].append(_spawn(case, url, so, cache))
+                    log(f"  run {r} {case}: {raw[case][-1]['seconds']:.2f} s")
+            two = _spawn("zephon_shuffled_cold", url, so, os.path.join(work, "two-epochs"),
+                         epochs=2)
+            server_info = {"weed": server.weed}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    stored = raw["raw_cat_file"][0]["bytes"]
+    cases = {"raw_cat_file": _summary(raw["raw_cat_file"], lambda r: r["bytes"] / 1e6)}
+    for case in CASES[1:]:
+        cases[case] = _summary(raw[case], lambda r: r["stored_bytes"] / 1e6)
+        last = raw[case][-1]
+        cases[case].update({"bytes_fetched": last["bytes_fetched"], "requests": last["requests"],
+                            "fetched_over_consumed": round(
+                                last["bytes_fetched"] / last["bytes_consumed"], 3)})
+    ratio = round(cases["zephon_seq_cold"]["stored_MB_per_s"]
+                  / cases["raw_cat_file"]["stored_MB_per_s"], 3)
+    amp = cases["zephon_shuffled_cold"]["fetched_over_consumed"]
+    second = two["per_epoch"][1] if len(two["per_epoch"]) > 1 else None
+    out = {"mb": mb, "runs": a.runs, "server": server_info,
+           "dataset": {"url": url, "shards": res.num_shards, "row_groups": res.num_row_groups,
+                       "stored_bytes": stored, "convert_to_s3_s": round(t_convert, 1),
+                       "convert_input_MB_per_s": round(corpus["input_bytes"] / 1e6 / t_convert,
+                                                       1)},
+           "cases": cases,
+           "ratios": {"zephon_seq_cold/raw_cat_file": ratio,
+                      "zephon_seq_warm/zephon_seq_cold": round(
+                          cases["zephon_seq_warm"]["stored_MB_per_s"]
+                          / cases["zephon_seq_cold"]["stored_MB_per_s"], 3)},
+           "two_epochs_shuffled": {"per_epoch": two["per_epoch"], "cache": two["cache"]},
+           "targets": {
+               "zephon_seq_cold >= 0.8x raw cat_file": "met" if ratio >= 0.8
+               else f"missed ({ratio})",
+               "fetched/consumed (shuffled, one node) <= 1.2": "met" if amp <= 1.2
+               else f"missed ({amp})",
+               "second epoch fetches nothing": "not measured" if second is None else (
+                   "met" if second["bytes_fetched"] == 0
+                   else f"missed ({second['bytes_fetched']} bytes)")}}
+    print(json.dumps(out, indent=None if a.json else 1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Shared helpers of the peer benchmark: paths, batch sizes, payload counting, imports."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+BENCH = os.path.join(ROOT, ".bench", "peers")
+SYSTEMS = ("pyarrow", "zephon", "mosaic", "litdata", "hf")
+LABELS = {"pyarrow": "raw pyarrow", "zephon": "Zephon", "mosaic": "MosaicML Streaming",
+          "litdata": "LitData", "hf": "HF datasets"}
+# Samples per batch: 256 documents of text, 32 windows of 2049 tokens (~256 KiB), as in
+# tools/bench/bench_loader.py.
+BATCH = {"text": 256, "tokens": 32}
+SEED = 0
+
+for p in (ROOT, os.path.join(ROOT, "tools"), HERE):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+# Offline and quiet: no timed section may wait on a version check or a hub request.
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def import_streaming():
+    """``import streaming`` (MosaicML) without torchvision.
+
+    ``streaming/__init__.py`` imports ``streaming.vision``, which imports torchvision; the
+    PyPI torchvision wheel is a CUDA build that cannot load against CPU torch (see
+    setup_env.sh). Nothing here uses the vision datasets, so an empty module stands in.
+    """
+    if "streaming.vision" not in sys.modules:
+        sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+    import streaming
+
+    return streaming
+
+
+def count(batch, kind: str) -> int:
+    """Samples in a batch dict (column -> list / array / tensor)."""
+    col = batch["text"] if kind == "text" else batch["tokens"]
+    return len(col)
+
+
+def vm_kb(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (VmHWM: peak RSS, VmRSS: current)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
+
+    try:
+        return v(dist)
+    except PackageNotFoundError:
+        return "not installed"

@@ -1,0 +1,80 @@
+"""Zephon: ``zephon_store.convert``, ``open_dataset`` and ``ZephonLoader``, default options."""
+
+from __future__ import annotations
+
+from common import BATCH, SEED
+
+
+def convert(kind: str, inp: str, out: str, workers: int = 1) -> None:
+    from zephon_store import convert as zconvert
+
+    zconvert([inp], out, workers=workers, progress=False)
+
+
+def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0, collate=True, **kw):
+    from zephon_store.order import OrderOptions
+    from zephon_store.torch import ZephonLoader
+
+    extra = {} if collate else {"collate": None}
+    return ZephonLoader(path, global_batch=BATCH[kind], world_size=1, rank=0,
+                        order=OrderOptions(seed=SEED, shuffle=shuffle), num_workers=workers,
+                        epochs=1.0, **extra, **kw)
+
+
+def read(kind: str, path: str, *, shuffle: bool) -> int:
+    """The loader's own batches as numpy/lists (``collate=None``), thread path."""
+    n = 0
+    for b in _loader(path, kind, shuffle=shuffle, collate=False):
+        n += len(b[kind])
+    return n
+
+
+def random_access(kind: str, path: str):
+    from zephon_store import open_dataset
+
+    ds = open_dataset(path)
+    return lambda i: ds[i]
+
+
+def random_access_take(kind: str, path: str):
+    """``take([i])`` decoded the way the loader does (tokens: a numpy view, not a list)."""
+    from zephon_store import open_dataset
+    from zephon_store.stream import decode_table
+
+    ds = open_dataset(path)
+    return lambda i: decode_table(ds.take([i]))
+
+
+def resume_state(kind: str, path: str, cursor: int, *, shuffle: bool = True) -> dict:
+    return {"cursor": cursor}   # a Zephon checkpoint is the cursor (plus fixed identity keys)
+
+
+def resume(kind: str, path: str, state: dict, *, shuffle: bool = True):
+    from zephon_store import open_dataset
+    from zephon_store.order import OrderOptions
+    from zephon_store.torch import ZephonLoader
+
+    def open_():
+        ds = open_dataset(path)
+        return ZephonLoader(ds, global_batch=BATCH[kind], world_size=1, rank=0,
+                            order=OrderOptions(seed=SEED, shuffle=shuffle))
+
+    def first(loader):
+        loader.load_state_dict(dict(loader.state_dict(), cursor=state["cursor"]))
+        it = iter(loader)
+        b = next(it)
+        it.close()
+        return b
+    return open_, first
+
+
+def dataloader(kind: str, path: str, workers: int):
+    return _loader(path, kind, shuffle=False, workers=workers)
+
+
+def s3_read(kind: str, url: str, so: dict, cache_dir: str) -> int:
+    n = 0
+    for b in _loader(url, kind, shuffle=False, collate=False, storage_options=so,
+                     cache=cache_dir):
+        n += len(b[kind])
+    return n
