@@ -68,13 +68,13 @@ class OrderOptions:
     """Options of the order; they go into checkpoints and are compared on resume.
 
     ``lanes`` is the requested lane count P; the effective count is capped by the data (see
-    :attr:`Order.effective_lanes`). The default 8 keeps a rank's working set small at every
-    world size (W = 1 reads 8 lanes side by side: 8 * window_blocks blocks) and still gives
-    whole lanes to W in {2, 4, 8}; jobs that stream over many nodes raise it to a multiple
-    of their node count (see docs/order.md, "Choosing lanes").
+    :attr:`Order.effective_lanes`). The default 1 keeps a rank's working set at about
+    ``window_blocks`` row groups at every world size (best resume latency and memory); jobs
+    that stream over many nodes set it to a common multiple of the world sizes they will run
+    at, so each rank (and node) reads whole lanes (see docs/order.md, "Choosing lanes").
 
     >>> OrderOptions(seed=7, window_blocks=4).to_dict()
-    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 8, 'algorithm': 1}
+    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 1, 'algorithm': 1}
     >>> OrderOptions(window_blocks=0)
     Traceback (most recent call last):
     ...
@@ -84,7 +84,7 @@ class OrderOptions:
     seed: int = 0
     shuffle: bool = True
     window_blocks: int = 8
-    lanes: int = 8
+    lanes: int = 1
     algorithm: int = ORDER_ALGORITHM
 
     def __post_init__(self) -> None:

@@ -162,3 +162,18 @@ def test_permanent_outage_fails_within_the_deadline(corpus, remote, tmp_path):
         elapsed = time.monotonic() - t0
         assert "attempt" in str(e.value) and url.split("/")[2] in str(e.value)
         assert elapsed < policy.deadline + 5  # the deadline bounds the failure
+
+
+@pytest.mark.timeout(120)
+def test_endless_remote_loader_over_a_small_dataset_keeps_yielding(remote, tmp_path):
+    """Regression: the prefetcher once planned forever when the whole dataset fit its byte
+    budget, so an endless remote loader never returned its first batch."""
+    url, bucket, _ = remote
+    ds = _open(url, bucket.storage_options, tmp_path)
+    assert ds.manifest.total_bytes < 64 << 20  # smaller than the default prefetch budget
+    loader = ZephonLoader(ds, global_batch=B, order=ORDER, world_size=1, rank=0, with_seq=True)
+    it = iter(loader)
+    n = ds.num_samples
+    seen = [next(it)["_seq"] for _ in range(2 * n // B + 3)]  # more than two epochs
+    ids = torch.cat(seen).tolist()
+    assert sorted(ids[:n]) == list(range(n)) and sorted(ids[n:2 * n]) == list(range(n))

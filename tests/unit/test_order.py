@@ -279,8 +279,8 @@ def test_one_million_positions_over_ten_thousand_blocks() -> None:
     ids = o.sample_at(np.arange(1_000_000))
     assert np.unique(ids).size == 1_000_000
     assert o.effective_lanes == 1008
-    # the default keeps a rank's working set small: 8 lanes
-    assert Order(np.full(10_000, 100), OrderOptions(seed=11)).effective_lanes == 8
+    # the default keeps a rank's working set small: one lane
+    assert Order(np.full(10_000, 100), OrderOptions(seed=11)).effective_lanes == 1
 
 
 # ---------------------------------------------------------------- quality figures
