@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
 
-.PHONY: env demo test lint bench clean
+.PHONY: env demo test lint bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,17 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zephon_store tests tools
 
+# litdata requires torchvision, which would pull another (CUDA) torch: install it without
+# dependencies, then the ones it needs.
 bench: $(STAMP)
+	$(PY) -m pip install -q --no-deps litdata
+	$(PY) -m pip install -q lightning-utilities obstore tifffile filelock
 	$(PY) tools/bench/run_all.py
+
+# Peers (MosaicML Streaming, LitData, HF datasets) live in their own venv, .venv-bench.
+bench-peers:
+	bash tools/bench/peers/setup_env.sh
+	.venv-bench/bin/python tools/bench/peers/run.py
 
 clean:
 	rm -rf $(VENV) .demo .bench
