@@ -46,10 +46,11 @@ DEMO = os.path.join(ROOT, "tools", "elastic_demo.py")
 B = 12
 N = 2000
 SEED = 7
-# window_blocks=2 over 40 blocks gives 20 lanes: W=2 and W=4 read whole lanes, W=1 and W=3
-# plain slices, so both assignment modes cross a restart.
+# lanes=5040 with window_blocks=2 over 40 blocks gives 20 lanes: W=2 and W=4 read whole
+# lanes, W=1 and W=3 plain slices, so both assignment modes cross a restart.
 WINDOW_BLOCKS = 2
-OPTIONS = OrderOptions(seed=SEED, window_blocks=WINDOW_BLOCKS)
+LANES = 5040
+OPTIONS = OrderOptions(seed=SEED, window_blocks=WINDOW_BLOCKS, lanes=LANES)
 LAUNCH_TIMEOUT = 150
 
 
@@ -122,7 +123,7 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
         dataset_url, tmp_path) -> None:
     logs, ck1, ck2 = str(tmp_path / "logs"), str(tmp_path / "ck1"), str(tmp_path / "ck2")
     common = [dataset_url, "--global-batch", str(B), "--seed", str(SEED), "--window-blocks",
-              str(WINDOW_BLOCKS), "--log-dir", logs]
+              str(WINDOW_BLOCKS), "--lanes", str(LANES), "--log-dir", logs]
     run_phase(2, *common, "--steps", "40", "--save", ck1, "--tag", "p1")
     run_phase(3, *common, "--steps", "140", "--num-workers", "2", "--load", ck1,
               "--save", ck2, "--tag", "p2")
