@@ -7,6 +7,7 @@ with one atomic operation after everything it references (formats/SPEC.md).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, is_dataclass
 
 import numpy as np
@@ -106,6 +107,7 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
     )
     m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
     m.check()
+    _remove_stale_temps(out)
     # Written last: its presence means every shard and table it names is complete.
     out.write_atomic(MANIFEST_NAME, m.to_json())
     return m
@@ -144,3 +146,29 @@ def _side_table(cols: dict, schema: pa.Schema) -> pa.Table:
     build = {pa.int64(): arrowutil.i64, pa.string(): arrowutil.strings,
              pa.binary(16): arrowutil.binary16}
     return pa.Table.from_arrays([build[f.type](cols[f.name]) for f in schema], schema=schema)
+
+
+_TEMP_RE = re.compile(r"^\.([0-9a-f]{32}\.(parquet|arrow)|manifest\.json)\..+\.tmp$")
+
+
+def _remove_stale_temps(out: Storage) -> None:
+    """Delete temp files a killed earlier run left beside shards and side tables.
+
+    They are named ``.<hash>.<ext>.<random>.tmp`` or ``.manifest.json.<random>.tmp``
+    (storage's temp-beside-target pattern)
+    and only exist on local outputs; object stores get single PUTs and never see them.
+    """
+    if not out.local:
+        return
+    for sub in ("", "shards", "index"):
+        d = os.path.join(out.root_url, sub)
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if _TEMP_RE.match(name):
+                try:
+                    os.remove(os.path.join(d, name))
+                except FileNotFoundError:
+                    pass
