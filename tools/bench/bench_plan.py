@@ -13,7 +13,7 @@ node count:
 - ``cache_footprint_MB``: the node-local cache needed for that amplification.
 
 Two manifests: the text corpus of ``corpora.py`` as converted, and the same row groups tiled
-to ``--scale-rgs`` row groups (default 16,000, ~16 GB of text), because the effective lane
+to ``--scale-rgs`` row groups (default 16,000: ~17 GB of text, 3.7 GB stored), because the effective lane
 count is capped at ``num_row_groups // window_blocks`` and then rounded down to a divisor of
 the requested count: with lanes=5040 a few hundred row groups give 30 lanes, which no W > 1
 here divides, while 16,000 give 1680 lanes, which W = 8 and 48 divide (64 does not).

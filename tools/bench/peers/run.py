@@ -146,6 +146,7 @@ def run_convert(kind, meta, fmt, work, runs, systems, timeout) -> dict:
             out = os.path.join(work, "tmp", f"{case}-{r}")
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(os.path.dirname(out), exist_ok=True)
+            warm(meta["input"])
             res = spawn(system, "convert", kind, out, timeout, inp=meta["input"],
                         workers=workers)
             if "error" not in res:
@@ -179,8 +180,14 @@ def format_bytes(system: str, path: str) -> int:
                for f in files if not (system == "mosaic" and f.endswith(".mds")))
 
 
-def warm(fmt: dict) -> None:
-    for path in fmt.values():
+def warm(*paths: str) -> None:
+    """Read every file under ``paths`` once, so the next child finds them in the page cache.
+
+    Done right before every child, not once: this VM runs DAMON with a ``pageout`` scheme,
+    which evicts page-cache pages a few seconds after their last access, so a single warm-up
+    at the start left later measurements reading from disk.
+    """
+    for path in paths:
         for d, _, files in os.walk(path):
             for name in files:
                 with open(os.path.join(d, name), "rb") as f:
@@ -219,6 +226,8 @@ def run_metric(metric, kind, meta, fmt, runs, systems, timeout, states=None, s3=
                     raw[case].append({"error": "no checkpoint could be made"})
                     continue
                 extra = {"state": path, "seq": int(metric == "resume_seq")}
+            if metric != "s3_seq":
+                warm(fmt[system])
             res = (_spawn_s3(case, kind, meta, s3, work, r, timeout) if metric == "s3_seq"
                    else _spawn_case(case, metric if metric != "resume_seq" else "resume",
                                     kind, meta, fmt, timeout, extra))
@@ -285,7 +294,6 @@ def bench_corpus(kind, mb, runs, systems, metrics, timeout, server) -> dict:
         res = spawn("mosaic", "prepare", kind, fmt["mosaic"], timeout)
         if "error" in res:
             log(f"  {kind}: mosaic prepare failed: {res['error']}")
-    warm({s: fmt[s] for s in systems})
     states = None
     if {"resume", "resume_seq"} & set(metrics):
         states = make_states(kind, meta, fmt, work, systems, timeout)
