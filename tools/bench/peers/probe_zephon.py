@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""The experiments behind the "why" notes of docs/benchmarks_peers.md, on the run's corpora.
+
+Each probe isolates one cause and prints what it measured (run after ``run.py`` built the
+corpora; ``--mb`` picks them)::
+
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py decode-cache   # seq read vs cache size
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py resume         # first batch vs prefetch
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py getitem        # where ds[i] spends time
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
+
+Timings are single measurements in one process (medians where repeated): they explain
+the benchmark's numbers, they are not the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import corpus as corpus_mod  # noqa: E402
+from common import BATCH, HERE, ROOT, vm_kb  # noqa: E402
+
+
+def _path(kind: str, mb: int, system: str = "zephon") -> str:
+    return os.path.join(corpus_mod.corpus_dir(kind, mb), "formats", system)
+
+
+def _loader(ds, kind, *, shuffle, **kw):
+    from zephon_store.order import OrderOptions
+    from zephon_store.torch import ZephonLoader
+
+    return ZephonLoader(ds, global_batch=BATCH[kind], world_size=1, rank=0,
+                        order=OrderOptions(seed=0, shuffle=shuffle), **kw)
+
+
+def decode_cache_child(kind: str, mb: int, cache_mb: int) -> None:
+    from zephon_store import open_dataset
+
+    ds = open_dataset(_path(kind, mb), decode_cache_bytes=cache_mb << 20)
+    t0 = time.perf_counter()
+    n = sum(len(b[kind]) for b in _loader(ds, kind, shuffle=False, collate=None, epochs=1.0))
+    print(f"{kind}: sequential pass, decode cache {cache_mb} MiB "
+          f"(grown by the loader to {ds.decode_cache_bytes >> 20} MiB): {n} samples in "
+          f"{time.perf_counter() - t0:.3f} s, peak RSS {vm_kb('VmHWM') >> 10} MB", flush=True)
+
+
+def probe_decode_cache(kind: str, mb: int) -> None:
+    """A fresh process per run, alternating the default (256 MiB) and an 8 MiB cache."""
+    for _ in range(3):
+        for cache_mb in (256, 8):
+            subprocess.run([sys.executable, __file__, "decode-cache-child", "--kind", kind,
+                            "--mb", str(mb), "--cache-mb", str(cache_mb)],
+                           env=dict(os.environ, PYTHONPATH=ROOT), check=True)
+
+
+def probe_resume(kind: str, mb: int) -> None:
+    import numpy as np
+    from zephon_store import open_dataset
+    from zephon_store.order import Order, OrderOptions
+
+    for shuffle in (False, True):
+        ds = open_dataset(_path(kind, mb))
+        cur = ds.num_samples // 2 // BATCH[kind] * BATCH[kind]
+        order = Order(ds.manifest.rg_rows, OrderOptions(seed=0, shuffle=shuffle))
+        ids = order.sample_at(np.arange(cur, cur + BATCH[kind]))
+        t0 = time.perf_counter()
+        ds.take(ids)
+        bare = (time.perf_counter() - t0) * 1e3
+        print(f"{kind} {'shuffled' if shuffle else 'sequential'}: the first batch after the "
+              f"cursor reads {len(np.unique(ds.locate(ids).row_group))} of "
+              f"{ds.manifest.num_row_groups} row groups; a bare take() of it: {bare:.1f} ms")
+        for prefetch, pbytes in ((1, 0), (4, 0), (1, 64 << 20), (4, 64 << 20)):
+            times = []
+            for _ in range(4):
+                ld = _loader(open_dataset(_path(kind, mb)), kind, shuffle=shuffle,
+                             prefetch=prefetch, prefetch_bytes=pbytes)
+                t0 = time.perf_counter()
+                ld.load_state_dict(dict(ld.state_dict(), cursor=cur))
+                it = iter(ld)
+                next(it)
+                times.append((time.perf_counter() - t0) * 1e3)
+                it.close()
+            print(f"  prefetch={prefetch} prefetch_bytes={pbytes >> 20} MiB: load_state_dict + "
+                  f"first batch, median of 3 after one warm-up: "
+                  f"{statistics.median(times[1:]):.1f} ms", flush=True)
+
+
+def probe_getitem(kind: str, mb: int) -> None:
+    import numpy as np
+    from zephon_store import open_dataset
+
+    ds = open_dataset(_path(kind, mb))
+    rg_rows = int(ds.manifest.rg_rows[0])
+    idx = np.random.default_rng(1).integers(0, 20 * rg_rows, 1000).tolist()  # 20 cached rgs
+    for i in idx:
+        ds[i]
+
+    def bench(label, f):
+        ts = []
+        for i in idx:
+            t0 = time.perf_counter_ns()
+            f(i)
+            ts.append(time.perf_counter_ns() - t0)
+        print(f"  {label:52s} p50 {sorted(ts)[len(ts) // 2] / 1e3:7.1f} µs")
+
+    def direct(i):
+        loc = ds.locate([i])
+        t = ds.read_row_group(int(loc.row_group[0]))
+        return t.slice(int(loc.row_in_group[0]), 1).to_pylist()[0]
+
+    t0 = ds.read_row_group(0)
+    print(f"{kind}: single-sample reads from row groups already in the decode cache")
+    bench("ds[i]  (take([i]) then to_pylist)", lambda i: ds[i])
+    bench("ds.take([i])", lambda i: ds.take([i]))
+    bench("ds.locate([i])", lambda i: ds.locate([i]))
+    bench("locate + cached row group + slice + to_pylist", direct)
+    bench("slice(1).to_pylist() alone", lambda i: t0.slice(i % rg_rows, 1).to_pylist()[0])
+
+
+def probe_s3(kind: str, mb: int) -> None:
+    import run
+    import sys_zephon
+    from s3_server import SeaweedServer
+    from zephon_store import cache as cache_mod
+    from zephon_store import storage as storage_mod
+
+    stats: dict = collections.defaultdict(lambda: [0, 0.0])
+    lock = threading.Lock()
+
+    def wrap(cls, name):
+        orig = getattr(cls, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                with lock:
+                    stats[name][0] += 1
+                    stats[name][1] += time.perf_counter() - t0
+        setattr(cls, name, timed)
+
+    wrap(storage_mod.Storage, "read_range")
+    wrap(cache_mod.ChunkCache, "put")
+    with SeaweedServer() as srv:
+        run.upload(srv, kind, {"zephon": _path(kind, mb)}, ["zephon"])
+        so = run.server_options(srv)
+        url = f"s3://peers/{kind}/zephon"
+        cache = os.path.join(corpus_mod.corpus_dir(kind, mb), "work", "probe-cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        t0 = time.perf_counter()
+        sys_zephon.s3_read(kind, url, so, cache)
+        wall = time.perf_counter() - t0
+        print(f"{kind}: ZephonLoader sequential pass over S3 in {wall:.2f} s")
+        for name, (calls, secs) in stats.items():
+            print(f"  {name:12s} {calls:5d} calls, {secs:.2f} s in total, "
+                  f"{secs / calls * 1e3:.1f} ms each ({secs / wall:.2f} in flight on average)")
+        import s3fs
+        from zephon_store import open_dataset
+
+        m = open_dataset(_path(kind, mb)).manifest
+        fs = s3fs.S3FileSystem(key=so["key"], secret=so["secret"],
+                               endpoint_url=so["endpoint_url"], skip_instance_cache=True)
+        paths = [url.removeprefix("s3://") + "/" + m.shard_path(s) for s in range(m.num_shards)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        ranges = [(p, o) for p in paths for o in range(0, fs.size(p), 8 << 20)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            got = sum(len(b) for b in pool.map(
+                lambda a: fs.cat_file(a[0], start=a[1], end=a[1] + (8 << 20)), ranges))
+        print(f"  the same shards as {len(ranges)} GETs of 8 MiB, 4 threads: {got / 1e6:.0f} MB "
+              f"in {time.perf_counter() - t0:.2f} s")
+        shutil.rmtree(cache, ignore_errors=True)
+        for pbytes in (256 << 20,):
+            ld = _loader(url, kind, shuffle=False, collate=None, epochs=1.0,
+                         storage_options=so, cache=cache, prefetch_bytes=pbytes)
+            t0 = time.perf_counter()
+            sum(1 for _ in ld)
+            print(f"  ZephonLoader with prefetch_bytes={pbytes >> 20} MiB: "
+                  f"{time.perf_counter() - t0:.2f} s")
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3",
+                                      "decode-cache-child"])
+    ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
+    ap.add_argument("--mb", type=int, default=300)
+    ap.add_argument("--cache-mb", type=int, default=256)
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    sys.path.insert(0, HERE)
+    import pyarrow as pa
+    import zephon_store.torch  # noqa: F401
+
+    pa.array([1]).to_numpy()   # pyarrow's first to_numpy() imports pandas: not work
+    if a.probe == "decode-cache-child":
+        decode_cache_child(a.kind, a.mb, a.cache_mb)
+        os._exit(0)
+    for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
+        {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
+         "s3": probe_s3}[a.probe](kind, a.mb)
+    os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
+
+
+if __name__ == "__main__":
+    main()
