@@ -65,6 +65,7 @@ def probe_decode_cache(kind: str, mb: int) -> None:
 
 def probe_resume(kind: str, mb: int) -> None:
     import numpy as np
+
     from zephon_store import open_dataset
     from zephon_store.order import Order, OrderOptions
 
@@ -97,6 +98,7 @@ def probe_resume(kind: str, mb: int) -> None:
 
 def probe_getitem(kind: str, mb: int) -> None:
     import numpy as np
+
     from zephon_store import open_dataset
 
     ds = open_dataset(_path(kind, mb))
@@ -131,6 +133,7 @@ def probe_s3(kind: str, mb: int) -> None:
     import run
     import sys_zephon
     from s3_server import SeaweedServer
+
     from zephon_store import cache as cache_mod
     from zephon_store import storage as storage_mod
 
@@ -166,6 +169,7 @@ def probe_s3(kind: str, mb: int) -> None:
             print(f"  {name:12s} {calls:5d} calls, {secs:.2f} s in total, "
                   f"{secs / calls * 1e3:.1f} ms each ({secs / wall:.2f} in flight on average)")
         import s3fs
+
         from zephon_store import open_dataset
 
         m = open_dataset(_path(kind, mb)).manifest
@@ -203,6 +207,7 @@ def main() -> None:
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     sys.path.insert(0, HERE)
     import pyarrow as pa
+
     import zephon_store.torch  # noqa: F401
 
     pa.array([1]).to_numpy()   # pyarrow's first to_numpy() imports pandas: not work

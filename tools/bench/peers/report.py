@@ -104,7 +104,7 @@ def throughput_table(kind: str, block: dict) -> list[str]:
     cases = [c for c in ["pyarrow", "zephon", "zephon_w2", "mosaic", "litdata", "hf"]
              if any(c in res.get(m, {}) for m in res)]
     for c in cases:
-        g = lambda m: res.get(m, {}).get(c)  # noqa: E731
+        g = lambda m, c=c: res.get(m, {}).get(c)  # noqa: E731
         conv = _cell(g("convert"), "MB_per_s", ratio=True)
         d = f"{disk[c] / 1e6:.0f}" if c in disk else "–"
         rows.append(f"| {CASE_LABELS[c]} | {conv} | {d} | "
@@ -123,7 +123,7 @@ def latency_table(kind: str, block: dict) -> list[str]:
             "ms | peak RSS MB: seq / shuffled / w=0 |",
             "|---|---|---|---|---|---|---|"]
     for c in ["pyarrow", "zephon", "zephon_take", "mosaic", "litdata", "hf"]:
-        g = lambda m: res.get(m, {}).get(c)  # noqa: E731
+        g = lambda m, c=c: res.get(m, {}).get(c)  # noqa: E731
         if c == "zephon_take":
             g = lambda m: res.get(m, {}).get("zephon_take") if m == "random" else None  # noqa: E731
         if not any(g(m) for m in res):

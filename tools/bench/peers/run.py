@@ -107,7 +107,7 @@ def summarize(metric: str, runs: list[dict], meta: dict) -> dict:
 def ratios(block: dict) -> None:
     """Add ``vs_pyarrow`` to every system's summary of one metric, in place."""
     base = block.get("pyarrow", {})
-    for name, s in block.items():
+    for _name, s in block.items():
         if "error" in s:
             continue
         for key in ("samples_per_s", "p50_us", "warm_first_ms"):
