@@ -7,8 +7,8 @@
   into parts of at most 16 KiB, so a sample is a document-sized record (~9 KB on average;
   the largest doc files are 7-13 MB changelogs and manuals). The documents are put in a
   seeded random order, so any prefix (``--quick``) mixes code and prose, and the sequence
-  is repeated (``copyN/`` path prefix) until the JSONL reaches the target size. Records ``{"path": str, "text": str}``,
-  written as JSONL parts of ~16 MB. Deterministic for a given machine (its Python and
+  is repeated (``copyN/`` path prefix) until the JSONL reaches the target size. Records
+  ``{"path": str, "text": str}``, written as JSONL parts of ~16 MB. Deterministic for a given machine (its Python and
   installed docs); ``meta.json`` records what went in.
 - ``tokens``: windows of 2049 int32 token ids from ``tools/bench/corpora.token_windows``
   (seeded Zipf-Mandelbrot over a 50,257-id vocabulary), as one zstd Parquet file with a

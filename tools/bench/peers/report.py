@@ -166,8 +166,8 @@ def targets(results: dict) -> list[str]:
         s, s2 = get(kind, "convert", "zephon"), get(kind, "convert", "zephon_w2")
         if "vs_pyarrow" not in s:
             return "–"
-        extra = f", {s2['vs_pyarrow']:.2f}x with 2 workers" if "vs_pyarrow" in s2 else ""
-        return verdict(s["vs_pyarrow"] >= 0.8, f"{s['vs_pyarrow']:.2f}x{extra}")
+        extra = f", {s2['vs_pyarrow']:.3f}x with 2 workers" if "vs_pyarrow" in s2 else ""
+        return verdict(s["vs_pyarrow"] >= 0.8, f"{s['vs_pyarrow']:.3f}x{extra}")
 
     def faster(kind, metric, zcase="zephon"):
         z, lit = get(kind, metric, zcase), get(kind, metric, "litdata")
@@ -190,7 +190,8 @@ def targets(results: dict) -> list[str]:
         v = s["p50_us"]["median"]
         return verdict(v < 100, f"{v:.0f} µs")
 
-    rows.append(f"| conversion >= 0.8x raw pyarrow (1 worker) | {conv('text')} | {conv('tokens')} |")
+    rows.append(f"| conversion >= 0.8x raw pyarrow (1 worker) | {conv('text')} | "
+                f"{conv('tokens')} |")
     for metric, label in (("read_seq", "sequential read"), ("read_shuffled", "shuffled read"),
                           ("loader_w0", "DataLoader, num_workers=0"),
                           ("loader_w2", "DataLoader, num_workers=2")):

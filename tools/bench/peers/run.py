@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if "pyarrow" not in systems:
         ap.error("pyarrow is the baseline of every ratio; keep it in --systems")
     t0 = time.perf_counter()
+    # The environment (commit included) as the run starts: others may commit meanwhile.
+    env = report.environment(argv if argv is not None else sys.argv[1:], mb, a.runs, 0.0)
     server = None
     if "s3_seq" in metrics:
         from s3_server import SeaweedServer
@@ -387,9 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    results = {"meta": report.environment(argv if argv is not None else sys.argv[1:], mb,
-                                          a.runs, time.perf_counter() - t0),
-               **summarize_all(raw)}
+    env["wall_s"] = round(time.perf_counter() - t0, 1)
+    results = {"meta": env, **summarize_all(raw)}
     os.makedirs(os.path.dirname(a.results), exist_ok=True)
     with open(a.results + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
