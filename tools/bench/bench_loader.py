@@ -112,13 +112,7 @@ def case_litdata(corpus: dict, kind: str, batch: int, *, shuffle: bool, workers:
     t0 = time.perf_counter()
     ds = StreamingDataset(os.path.join(corpus["dir"], "litdata"), shuffle=shuffle, seed=0)
     dl = StreamingDataLoader(ds, batch_size=batch, num_workers=workers)
-    first = None
-    n = 0
-    for b in dl:
-        n += _count(b, kind)
-        if first is None:
-            first = time.perf_counter() - t0
-    return n, time.perf_counter() - t0, first
+    return _drain(dl, kind, t0)
 
 
 def case_zephon(corpus: dict, kind: str, batch: int, *, shuffle: bool, workers: int,
@@ -131,9 +125,14 @@ def case_zephon(corpus: dict, kind: str, batch: int, *, shuffle: bool, workers: 
     loader = ZephonLoader(os.path.join(corpus["dir"], sub), global_batch=batch,
                           order=order, world_size=1, rank=0, num_workers=workers, prefetch=4,
                           epochs=1.0)
+    return _drain(loader, kind, t0)
+
+
+def _drain(batches, kind: str, t0: float):
+    """(samples, seconds, seconds to the first batch) of iterating ``batches`` from ``t0``."""
     first = None
     n = 0
-    for b in loader:
+    for b in batches:
         n += _count(b, kind)
         if first is None:
             first = time.perf_counter() - t0
