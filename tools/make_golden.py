@@ -4,8 +4,10 @@
 Each dataset is converted from small inputs defined here, and ``expected.json`` records
 its dataset_id, sample count and every record, plus the pyarrow version that wrote it.
 Tests read every golden version forever; rerun this only when bumping the format version.
+Older versions' folders are never touched (their datasets were made by this file's
+``DATASETS`` of that time; the text and nested inputs have not changed since v1).
 
-    python tools/make_golden.py            # writes formats/golden/v1/
+    python tools/make_golden.py            # writes formats/golden/v<FORMAT_VERSION>/
 """
 
 from __future__ import annotations
@@ -54,10 +56,31 @@ def _nested_inputs(d: str) -> list[str]:
     return [path]
 
 
+def _tokens_inputs(d: str) -> list[str]:
+    # v2: fixed-size lists of numbers are stored as fixed_size_binary (formats/SPEC.md 3.1);
+    # null rows, negative ids and an unsigned and a float column pin the byte layout.
+    t = pa.table({
+        "id": pa.array(range(30), pa.int64()),
+        "tokens": pa.array([[(i * 9 + j) * (-1) ** j for j in range(9)] for i in range(30)],
+                           pa.list_(pa.int32(), 9)),
+        "pos": pa.array([[i, 65535 - i] for i in range(30)], pa.list_(pa.uint16(), 2)),
+        "emb": pa.array([[i / 4, -i / 8, 0.5] if i % 5 else None for i in range(30)],
+                        pa.list_(pa.float32(), 3)),
+    }, schema=pa.schema([("id", pa.int64()),
+                         pa.field("tokens", pa.list_(pa.int32(), 9), nullable=False),
+                         ("pos", pa.list_(pa.uint16(), 2)),
+                         ("emb", pa.list_(pa.float32(), 3))]))
+    path = os.path.join(d, "tokens.parquet")
+    pq.write_table(t, path)
+    return [path]
+
+
 DATASETS = {
     "text": (_text_inputs, WriteOptions(target_shard_bytes=800, row_group_rows=6),
              InputOptions()),
     "nested": (_nested_inputs, WriteOptions(target_shard_bytes=400, row_group_bytes=150),
+               InputOptions()),
+    "tokens": (_tokens_inputs, WriteOptions(target_shard_bytes=1000, row_group_rows=8),
                InputOptions()),
 }
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
+from .encoding import ElementNullError
 from .errors import InputError
 from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from .ingest.schema import conform_batch
@@ -317,7 +318,10 @@ def _write_one(task):
         parts.append(conform_batch(readers[i].slice(local, n), schema))
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     tmp = os.path.join(staging, "tmp", f"{plan.index:06d}.parquet")
-    info = write_shard(table, plan.row_group_rows, tmp, options)
+    try:
+        info = write_shard(table, plan.row_group_rows, tmp, options)
+    except ElementNullError as exc:
+        raise _input_error(exc, pieces, bases) from exc
     out = Storage(output, storage_options=so)
     rel = shard_path(info.name)
     if not (out.exists(rel) and out.size(rel) == info.bytes):
@@ -328,3 +332,16 @@ def _write_one(task):
     return plan.index, info
 
 
+def _input_error(exc: ElementNullError, pieces, bases) -> InputError:
+    """Name the input file and record behind a shard row the shard writer rejected."""
+    starts = np.cumsum([0] + [n for _, _, n in pieces])
+    k = int(np.searchsorted(starts, exc.row, side="right")) - 1
+    i, local, _ = pieces[k]
+    row = exc.row - int(starts[k])
+    try:
+        with open(bases[i] + ".json") as fh:
+            url = json.load(fh)["url"]
+    except (OSError, ValueError, KeyError):
+        url = bases[i]
+    return InputError(f"{url} record {local + row} (0-based, after skipped records): column "
+                      f"{exc.column!r}: {exc.detail}", path=url, row=local + row)

@@ -6,6 +6,10 @@ their own hash, so the JSON stays a few KiB at a million shards and the tables c
 memory-mapped. ``dataset_id`` is ``"xxh3:" + xxh3-128`` of the canonical JSON of the
 manifest without ``dataset_id`` and ``created_by``; since the JSON carries every side
 table's hash, the id covers every byte the manifest describes. See ``formats/SPEC.md``.
+
+Format v2 adds ``storage``: the columns whose shard layout differs from the logical
+``schema`` (fixed-size lists of numbers stored as fixed-size binary, :mod:`encoding`).
+Version 1 manifests have no such key and are read as they always were.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrowutil import column_np
+from .encoding import storage_encodings, storage_schema, to_logical
 from .errors import ManifestError, UnsafePathError
 from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 
 FORMAT_NAME = "zephon"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings.
+READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SHARD_DIR = "shards"
 INDEX_DIR = "index"
@@ -143,6 +150,8 @@ class Manifest:
         self._tables = dict(tables)
         self._loader = loader
         self.schema = schema_from_json(doc["schema"])
+        # Column -> storage encoding; empty for v1 and for datasets without encoded columns.
+        self.storage = dict(doc.get("storage") or {})
         sh = tables["shards"]
         rg = tables["row_groups"]
         self._shard_names = sh.column("name")
@@ -205,16 +214,44 @@ class Manifest:
     def shard_path(self, shard: int) -> str:
         return shard_path(self.shard_name(shard))
 
+    @functools.cached_property
+    def storage_schema(self) -> pa.Schema:
+        """The Arrow schema the shards hold (``schema`` with the storage encodings applied).
+
+        Raises :class:`ManifestError` if ``storage`` does not fit ``schema``.
+        """
+        try:
+            return storage_schema(self.schema, self.storage)
+        except ValueError as exc:
+            raise ManifestError(f"{self.url}: storage: {exc}") from exc
+
+    def to_logical(self, table: pa.Table) -> pa.Table:
+        """A decoded shard table in the logical types of ``schema`` (no-op without encodings).
+
+        >>> ds.manifest.to_logical(pf.read_row_group(0))   # doctest: +SKIP
+        """
+        if not self.storage:
+            return table
+        return to_logical(table, self.schema, self.storage)
+
     # -- validation ----------------------------------------------------------------------
     def check(self) -> None:
         """Structural checks that need no shard bytes; raise ManifestError on the first."""
         doc = self.doc
         if doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"{self.url}: not a zephon manifest (format={doc.get('format')!r})")
-        if doc.get("format_version") != FORMAT_VERSION:
+        version = doc.get("format_version")
+        if version not in READ_VERSIONS:
             raise ManifestError(
-                f"{self.url}: format_version {doc.get('format_version')!r} is not supported by this "
-                f"zephon_store (reads {FORMAT_VERSION}); upgrade zephon_store")
+                f"{self.url}: format_version {version!r} is not supported by this zephon_store "
+                f"(reads {', '.join(map(str, READ_VERSIONS))}); upgrade zephon_store")
+        if version == 1 and "storage" in doc:
+            raise ManifestError(f"{self.url}: a format_version 1 manifest cannot have 'storage' "
+                                "(added in version 2); the manifest is corrupted, re-convert")
+        if version >= 2 and not isinstance(doc.get("storage"), dict):
+            raise ManifestError(f"{self.url}: format_version {version} manifest lacks its "
+                                "'storage' object; the manifest is corrupted, re-convert")
+        _ = self.storage_schema  # raises ManifestError if storage does not fit schema
         want = compute_dataset_id(doc)
         if doc.get("dataset_id") != want:
             raise ManifestError(
@@ -249,6 +286,8 @@ class Manifest:
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "schema": schema_to_json(schema),
+            # The shard writer derives the same encodings from the same schema and options.
+            "storage": storage_encodings(schema, writer.get("fixed_size_lists", "binary")),
             "writer": writer,
             "totals": totals,
             "tables": table_refs,

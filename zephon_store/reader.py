@@ -230,6 +230,7 @@ class Dataset:
             f = RangeFile(int(m.shard_bytes[shard]), {off: data},
                           name=self.storage.url(m.shard_path(shard)))
             t = pq.ParquetFile(f, metadata=md).read_row_group(local)
+        t = m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
         self._decoded.put(rg, t)
         return t
 

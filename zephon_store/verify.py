@@ -4,7 +4,9 @@ Checks, in order: the manifest parses and matches its JSON Schema; ``dataset_id`
 its content; each side table is present and matches its hash and schema; the tables agree
 with the totals; then, per shard (in parallel): present, right size, right xxh3, every
 row group's and the footer's xxh3, the footer parses with the row counts and schema the
-manifest records; with ``deep``, every row group decodes.
+manifest records (the storage schema: the logical ``schema`` with the manifest's
+``storage`` encodings applied); with ``deep``, every row group decodes and converts to the
+logical schema.
 """
 
 from __future__ import annotations
@@ -207,14 +209,20 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
                 out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
                                    f" manifest says {want}"))
     schema = pf.schema_arrow
-    if not schema.equals(m.schema, check_metadata=False):
+    try:
+        want = m.storage_schema
+    except ManifestError as exc:
+        out.append(Finding(name, "schema_mismatch", f"{url}: {exc}"))
+        return out
+    if not schema.equals(want, check_metadata=False):
+        what = "storage schema" if m.storage else "schema"
         out.append(Finding(name, "schema_mismatch", f"{url}: schema {schema} differs from the "
-                           f"manifest's {m.schema}"))
+                           f"manifest's {what} {want}"))
     if deep:
         for local in range(md.num_row_groups):
             try:
-                pf.read_row_group(local)
-            except (pa.ArrowException, OSError) as exc:
+                m.to_logical(pf.read_row_group(local))
+            except (ZephonError, pa.ArrowException, OSError) as exc:
                 out.append(Finding(name, "decode_error", f"{url}: row group {local} does not "
                                    f"decode: {exc}"))
     return out

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import struct
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from zephon_store import open_dataset
+from zephon_store.manifest import FORMAT_VERSION
 from zephon_store.verify import verify
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "formats" / "golden"
@@ -36,9 +39,47 @@ def test_golden_reads_and_verifies(version, name):
     assert verify(str(GOLDEN / version / name), deep=True).ok
 
 
-@pytest.mark.parametrize("version,name", [c for c in CASES if c[0] == "v1"])
+def test_there_are_golden_datasets_of_the_current_version():
+    assert (f"v{FORMAT_VERSION}", "tokens") in CASES
+
+
+def _manifest(version, name):
+    return json.loads((GOLDEN / version / name / "manifest.json").read_text())
+
+
+def test_v2_golden_stores_fixed_size_lists_as_little_endian_binary():
+    """The exact byte layout of formats/SPEC.md 3.1, read with plain pyarrow."""
+    root = GOLDEN / "v2" / "tokens"
+    assert _manifest("v2", "tokens")["storage"] == {
+        "tokens": "fixed_size_binary_le", "pos": "fixed_size_binary_le",
+        "emb": "fixed_size_binary_le"}
+    ds = open_dataset(str(root))
+    m = ds.manifest
+    first = pq.ParquetFile(root / m.shard_path(0))
+    assert first.schema_arrow.field("tokens").type == pa.binary(36)
+    assert not first.schema_arrow.field("tokens").nullable
+    raw = first.read_row_group(0)
+    want = ds.take([1]).to_pylist()[0]
+    assert raw.column("tokens")[1].as_py() == struct.pack("<9i", *want["tokens"])
+    assert raw.column("pos")[1].as_py() == struct.pack("<2H", *want["pos"])
+    assert raw.column("emb")[1].as_py() == struct.pack("<3f", *want["emb"])
+    assert raw.column("emb")[0].as_py() is None  # a null row stays a null row
+
+
+def test_v1_goldens_have_no_storage_encodings():
+    for name in ("text", "nested"):
+        doc = _manifest("v1", name)
+        assert doc["format_version"] == 1 and "storage" not in doc
+        assert open_dataset(str(GOLDEN / "v1" / name)).manifest.storage == {}
+
+
+@pytest.mark.parametrize("version,name", CASES)
 def test_current_writer_reproduces_golden_bytes(version, name, tmp_path):
-    """Writing the golden inputs again gives the same dataset_id: bytes did not drift.
+    """Writing the golden inputs again gives the same bytes: nothing drifted.
+
+    For the current version the whole dataset_id matches; for older versions (whose
+    manifests this writer no longer produces) every shard file does, when the dataset
+    holds nothing a later version stores differently.
 
     Parquet bytes include the writer's version string, so this holds for the pyarrow that
     wrote the goldens; other versions are checked by the read test above.
@@ -59,4 +100,11 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path):
     src.mkdir()
     res = convert(make_inputs(str(src)), str(tmp_path / "out"), options=wopts,
                   input_options=iopts)
-    assert res.dataset_id == exp["datasets"][name]["dataset_id"]
+    if version == f"v{FORMAT_VERSION}":
+        assert res.dataset_id == exp["datasets"][name]["dataset_id"]
+    else:
+        old = open_dataset(str(GOLDEN / version / name)).manifest
+        new = open_dataset(str(tmp_path / "out")).manifest
+        assert not new.storage, "a later version stores this dataset differently"
+        assert ([new.shard_name(i) for i in range(new.num_shards)]
+                == [old.shard_name(i) for i in range(old.num_shards)])

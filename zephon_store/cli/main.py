@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compression", default="zstd",
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"])
     c.add_argument("--compression-level", type=int, default=3)
+    c.add_argument("--fixed-size-lists", choices=["binary", "list"], default="binary",
+                   help="store fixed-size lists of numbers as fixed-size binary (fast to decode, "
+                        "default) or as Parquet lists (can hold null elements)")
     c.add_argument("--workers", type=int, default=1, help="conversion processes (default 1)")
     c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
                    help="input format (default: from each file name)")
@@ -129,7 +132,8 @@ def cmd_convert(args) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     wopts = WriteOptions(target_shard_bytes=args.target_shard_size, row_group_bytes=rg_bytes,
                          row_group_rows=rg_rows, compression=args.compression,
-                         compression_level=args.compression_level)
+                         compression_level=args.compression_level,
+                         fixed_size_lists=args.fixed_size_lists)
     iopts = InputOptions(format=args.format, text_mode=args.text_mode, on_error=args.on_error,
                          text_column=args.text_column)
     kwargs = {}

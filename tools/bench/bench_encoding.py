@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: decoding token windows stored as fixed_size_list (format v1) vs fixed-size binary (v2).
+
+Writes the same windows (``corpora.token_windows``: Zipf-distributed int32 ids,
+``tokens: fixed_size_list<int32>[2049]``) as one shard per (layout, compression) with
+:func:`zephon_store.shardwriter.write_shard` and the default ~1 MiB row groups
+(``WriteOptions(fixed_size_lists="list" | "binary")``), then, in this one process, times a
+full decode of every row group to the logical ``fixed_size_list<int32>`` column:
+``ParquetFile.read_row_group`` from the memory-mapped file plus, for the binary layout,
+:func:`zephon_store.encoding.to_logical` (the only reader change). Cases run interleaved
+round-robin, ``--runs`` times each; the table reports the best and the median.
+
+    python tools/bench/bench_encoding.py --mb 300 --runs 5 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from corpora import WINDOW, token_windows  # noqa: E402
+
+from zephon_store.encoding import storage_encodings, to_logical  # noqa: E402
+from zephon_store.layout import Cutter  # noqa: E402
+from zephon_store.rowsize import table_row_nbytes  # noqa: E402
+from zephon_store.shardwriter import WriteOptions, write_shard  # noqa: E402
+
+LAYOUTS = ("list", "binary")
+
+
+def windows_table(mb: int) -> pa.Table:
+    n = max(1, round(mb * 1_000_000 / (WINDOW * 4)))
+    flat = np.concatenate([w.reshape(-1) for w in token_windows(n)])
+    col = pa.FixedSizeListArray.from_arrays(pa.array(flat), WINDOW)
+    return pa.table({"tokens": col})
+
+
+def row_groups(table: pa.Table, options: WriteOptions) -> list[int]:
+    """The row-group sizes the converter would cut (one shard holding all of them)."""
+    cutter = Cutter(row_group_rows=options.row_group_rows,
+                    row_group_bytes=options.row_group_bytes, target_shard_bytes=1 << 62)
+    cutter.feed(table_row_nbytes(table))
+    return [n for plan in cutter.finish() for n in plan.row_group_rows]
+
+
+def decode_all(path: str, logical: pa.Schema, encodings: dict) -> int:
+    pf = pq.ParquetFile(pa.memory_map(path, "r"))
+    rows = 0
+    for i in range(pf.num_row_groups):
+        t = to_logical(pf.read_row_group(i), logical, encodings)
+        rows += t.num_rows
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=int, default=300, help="payload MB of int32 windows")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--compressions", default="none,zstd,lz4")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    table = windows_table(args.mb)
+    logical = table.schema
+    cases, out = [], {"mb": args.mb, "windows": table.num_rows, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for comp in args.compressions.split(","):
+            for layout in LAYOUTS:
+                opts = WriteOptions(compression=comp, fixed_size_lists=layout)
+                sizes = row_groups(table, opts)
+                path = os.path.join(tmp, f"{layout}-{comp}.parquet")
+                t0 = time.perf_counter()
+                info = write_shard(table, sizes, path, opts)
+                write_s = time.perf_counter() - t0
+                name = f"{layout}/{comp}"
+                cases.append((name, path, storage_encodings(logical, layout)))
+                out["cases"][name] = {"file_bytes": info.bytes, "row_groups": len(sizes),
+                                      "write_s": round(write_s, 3), "decode_s": []}
+        for _name, path, enc in cases:   # warm the page cache
+            decode_all(path, logical, enc)
+        for _ in range(args.runs):
+            for name, path, enc in cases:
+                t0 = time.perf_counter()
+                assert decode_all(path, logical, enc) == table.num_rows
+                out["cases"][name]["decode_s"].append(round(time.perf_counter() - t0, 4))
+    with open("/proc/loadavg") as f:
+        out["loadavg_at_end"] = f.read().split()[:3]
+    for c in out["cases"].values():
+        c["best_s"], c["median_s"] = min(c["decode_s"]), statistics.median(c["decode_s"])
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['windows']} windows of {WINDOW} int32 ({args.mb} MB), best/median of "
+          f"{args.runs}")
+    print(f"{'compression':12} {'list (v1)':>18} {'binary (v2)':>18} {'speedup':>8} "
+          f"{'MB list/binary':>16}")
+    for comp in args.compressions.split(","):
+        a, b = out["cases"][f"list/{comp}"], out["cases"][f"binary/{comp}"]
+        print(f"{comp:12} {a['best_s']:8.3f}/{a['median_s']:.3f} s {b['best_s']:8.3f}/"
+              f"{b['median_s']:.3f} s {a['median_s'] / b['median_s']:7.2f}x "
+              f"{a['file_bytes'] / 1e6:7.1f}/{b['file_bytes'] / 1e6:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
