@@ -8,6 +8,7 @@ remote byte ranges can go through a node-local disk cache keyed by content hash.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .arrowutil import i64
+from .arrowutil import i64, np_view
 from .hashing import xxh3_hex
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
@@ -171,7 +172,31 @@ class Dataset:
             xxh3, lambda: self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what))
 
     def fetch_row_group_bytes(self, rg: int) -> bytes:
-        """The verified bytes of global row group ``rg`` (through the disk cache if any)."""
+        """The verified bytes of global row group ``rg`` (through the disk cache if any).
+
+        A row group the prefetcher planned into a coalesced range comes from that range (run
+        here if no prefetch thread has started it yet), never from a second request.
+        """
+        fetcher = self.__dict__.get("_range_fetcher")
+        if fetcher is not None and fetcher[0] == os.getpid():
+            data = fetcher[1].take(rg)
+            if data is not None:
+                return data
+        return self._fetch_row_group_alone(rg)
+
+    def range_fetcher(self, options=None):
+        """This process's :class:`~zephon_store.coalesce.RangeFetcher` (made on first use;
+        ``options``, a :class:`~zephon_store.coalesce.CoalesceOptions`, apply when it is made)."""
+        from .coalesce import RangeFetcher
+
+        with self._footer_lock:
+            cur = self.__dict__.get("_range_fetcher")
+            if cur is None or cur[0] != os.getpid():
+                cur = self.__dict__["_range_fetcher"] = (os.getpid(), RangeFetcher(self, options))
+            return cur[1]
+
+    def _fetch_row_group_alone(self, rg: int) -> bytes:
+        """Row group ``rg`` by its own ranged GET (through the disk cache if any)."""
         m = self.manifest
         rg = int(rg)
         shard = int(m.rg_shard[rg])
@@ -179,10 +204,12 @@ class Dataset:
         return self._fetch(shard, off, off + length, m.rg_xxh3(rg),
                            f"shard {m.shard_name(shard)} row group {m.rg_local_index(rg)}")
 
-    def read_row_group(self, rg: int) -> pa.Table:
+    def read_row_group(self, rg: int, *, keep: bool = True) -> pa.Table:
         """Decode global row group ``rg`` (verified against its xxh3 before decoding).
 
         Concurrent calls for the same row group decode it once; the others wait for it.
+        ``keep=False`` does not add a fresh decode to the decode cache (the loader's
+        pipeline holds what it reads itself and drops it after its last use).
         """
         rg = int(rg)
         t = self._decoded.get(rg)
@@ -200,6 +227,8 @@ class Dataset:
             return fut.result()
         try:
             t = self._decode_row_group(rg)
+            if keep:
+                self._decoded.put(rg, t)
             fut.set_result(t)
             return t
         except BaseException as exc:
@@ -230,9 +259,7 @@ class Dataset:
             f = RangeFile(int(m.shard_bytes[shard]), {off: data},
                           name=self.storage.url(m.shard_path(shard)))
             t = pq.ParquetFile(f, metadata=md).read_row_group(local)
-        t = m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
-        self._decoded.put(rg, t)
-        return t
+        return m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
 
     def _mapped_row_group(self, rg: int, shard: int) -> pa.Buffer | None:
         """The whole mapped shard if it is local and row group ``rg``'s bytes verify, else None.
@@ -290,29 +317,31 @@ class Dataset:
         if loc.seq.size == 0:
             return self.schema.empty_table()
         rgs, inverse = np.unique(loc.row_group, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        tables = self.read_row_groups(rgs)
-        if len(tables) == 1:
-            return _rows(tables[0], loc.row_in_group)
-        # Take from each row group, then put the rows in the requested order. A take on the
-        # concatenated row groups would be one call, but Arrow's take on a many-chunk column
-        # of a nested or variable-width type (token windows, text) first concatenates every
-        # chunk: it copied all the row groups a batch touches (~28 MB for a 256 KB shuffled
-        # batch of token windows) where this copies only the rows asked for.
-        by_group = np.argsort(inverse, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(tables)))])
-        rows = loc.row_in_group[by_group]
-        grouped = pa.concat_tables([_rows(t, rows[bounds[k]:bounds[k + 1]])
-                                    for k, t in enumerate(tables)])
-        if (by_group[1:] > by_group[:-1]).all():
-            return grouped  # already in the requested order (sequential reads)
-        where = np.empty_like(by_group)
-        where[by_group] = np.arange(by_group.size)
-        return grouped.take(i64(where))
+        return gather_rows(self.read_row_groups(rgs), inverse.reshape(-1), loc.row_in_group)
 
     def __getitem__(self, seq: int) -> dict:
-        """One record as a dict: ``ds[17]``."""
-        return self.take(as_seqs([seq], self.num_samples)).to_pylist()[0]
+        """One record as a dict: ``ds[17]``.
+
+        Values are Python objects, except fixed-size lists of numbers (token windows),
+        which come as a 1-D numpy array viewing the decoded row group (read-only), as in
+        the loader's batches. The row group is decoded once and kept in the decode cache.
+
+        >>> ds[17]["text"]               # doctest: +SKIP
+        >>> ds[17]["tokens"].shape       # doctest: +SKIP
+        (2049,)
+        """
+        try:
+            s = operator.index(seq)
+        except TypeError:
+            s = None
+        if s is None or not 0 <= s < self.num_samples:
+            as_seqs([seq], self.num_samples)  # raises the precise error
+            raise TypeError(f"a sequence number must be an int, got {seq!r}")
+        m = self.manifest
+        # One scalar search: locate() builds arrays for many ids, ~10 us of overhead here.
+        rg = int(m.rg_row_start.searchsorted(s, "right")) - 1
+        row = self.read_row_group(rg).slice(s - int(m.rg_row_start[rg]), 1)
+        return {name: _first_value(col) for name, col in zip(row.column_names, row.columns)}
 
     @property
     def decode_cache_bytes(self) -> int:
@@ -340,6 +369,45 @@ class Dataset:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
+    """Row ``rows[j]`` of ``tables[inverse[j]]`` for every j, in that order, as one table.
+
+    >>> t = pa.table({"x": [0, 1, 2]}); u = pa.table({"x": [10, 11]})
+    >>> gather_rows([t, u], np.array([1, 0, 0]), np.array([1, 2, 0])).column("x").to_pylist()
+    [11, 2, 0]
+    """
+    if len(tables) == 1:
+        return _rows(tables[0], rows)
+    # Take from each row group, then put the rows in the requested order. A take on the
+    # concatenated row groups would be one call, but Arrow's take on a many-chunk column
+    # of a nested or variable-width type (token windows, text) first concatenates every
+    # chunk: it copied all the row groups a batch touches (~28 MB for a 256 KB shuffled
+    # batch of token windows) where this copies only the rows asked for.
+    by_group = np.argsort(inverse, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(tables)))])
+    grouped_rows = rows[by_group]
+    grouped = pa.concat_tables([_rows(t, grouped_rows[bounds[k]:bounds[k + 1]])
+                                for k, t in enumerate(tables)])
+    if (by_group[1:] > by_group[:-1]).all():
+        return grouped  # already in the requested order (sequential reads)
+    where = np.empty_like(by_group)
+    where[by_group] = np.arange(by_group.size)
+    return grouped.take(i64(where))
+
+
+def _first_value(col: pa.ChunkedArray):
+    """The first value of ``col`` as a Python object; fixed-size numeric lists as numpy."""
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    t = arr.type
+    if (pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type)
+                                            or pa.types.is_floating(t.value_type))
+            and arr.null_count == 0):
+        values = arr.values.slice(arr.offset * t.list_size, t.list_size)
+        if values.null_count == 0:
+            return np_view(values)
+    return arr[0].as_py()
 
 
 def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:

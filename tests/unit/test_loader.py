@@ -7,7 +7,8 @@ import torch
 from stateful_helper import Segment, assert_matches_reference, run_segments, small_dataset
 
 from zephon_store.order import Order, OrderOptions
-from zephon_store.reader import Dataset, open_dataset
+from zephon_store.reader import open_dataset
+from zephon_store.stream import RankStream
 from zephon_store.torch import ZephonLoader
 
 B = 12
@@ -131,13 +132,14 @@ def test_resume_near_the_end_reads_only_what_it_consumes(ds, order, monkeypatch)
     cursor = (total_steps - 1) * B
     assert cursor > 0.98 * 2 * N - B
     calls: list[int] = []
-    real_take = Dataset.take
+    real_ids = RankStream.ids
 
-    def counting_take(self, seqs):
-        calls.append(len(seqs))
-        return real_take(self, seqs)
+    def counting_ids(self, cursor, **kw):
+        ids = real_ids(self, cursor, **kw)
+        calls.append(len(ids))
+        return ids
 
-    monkeypatch.setattr(Dataset, "take", counting_take)
+    monkeypatch.setattr(RankStream, "ids", counting_ids)
     src = loader(ds, world_size=1, rank=0)
     src.cursor = cursor
     state = src.state_dict()
@@ -148,7 +150,7 @@ def test_resume_near_the_end_reads_only_what_it_consumes(ds, order, monkeypatch)
             lo = loader(ds, world_size=world, rank=rank, prefetch=1, max_steps=2)
             lo.load_state_dict(state)
             parts.append(seqs(lo))
-        assert len(calls) == 2 * world  # one read per consumed batch per rank, none earlier
+        assert len(calls) == 2 * world  # one step planned per consumed batch per rank, no more
         assert all(n == B // world for n in calls)
         for k in range(2):
             union = sorted(i for p in parts for i in p[k])

@@ -95,3 +95,32 @@ def test_corrupt_local_shard_raises_integrity_error(tmp_path):
     assert ds.take([0]).num_rows == 1  # row group 0 is intact
     with pytest.raises(IntegrityError, match="row group 1"):
         ds.take([60])
+
+
+def test_getitem_is_take_of_one(ds_and_records):
+    ds, records = ds_and_records
+    for s in (0, 36, 37, 500, ds.num_samples - 1):
+        assert ds[s] == records[s]
+        assert ds[np.int64(s)] == records[s]
+    for bad in (-1, ds.num_samples):
+        with pytest.raises(SeqOutOfRangeError, match="out of range"):
+            ds[bad]
+    with pytest.raises(TypeError):
+        ds[1.5]
+
+
+def test_getitem_gives_fixed_size_numeric_lists_as_numpy(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    windows = np.arange(40 * 5, dtype=np.int32).reshape(40, 5)
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array(windows.reshape(-1)), 5)
+    pq.write_table(pa.table({"tokens": tokens, "k": pa.array(range(40))}), tmp_path / "w.parquet")
+    convert([str(tmp_path / "w.parquet")], str(tmp_path / "ds"),
+            options=WriteOptions(row_group_rows=7))
+    ds = open_dataset(str(tmp_path / "ds"))
+    for s in (0, 6, 7, 39):
+        rec = ds[s]
+        assert isinstance(rec["tokens"], np.ndarray) and rec["tokens"].dtype == np.int32
+        assert rec["tokens"].tolist() == windows[s].tolist()
+        assert rec["k"] == s and isinstance(rec["k"], int)

@@ -14,6 +14,7 @@ import torch.utils.data
 
 from ..assign import batches_for_worker
 from ..order import OrderOptions
+from ..pipeline import BatchPipeline
 from ..prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
 from ..stream import RankStream, Topology
 
@@ -28,13 +29,15 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
     def __init__(self, dataset, *, order: OrderOptions, topology: Topology, start_cursor: int = 0,
                  num_batches: int | None = None, columns: list[str] | None = None,
                  with_seq: bool = False, transform: Callable[[dict], dict] | None = None,
-                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
+                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 decode_ahead_bytes: int | None = None) -> None:
         super().__init__()
         self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq)
         self.start_cursor = start_cursor
         self.num_batches = num_batches
         self.transform = transform
         self.prefetch_bytes = prefetch_bytes
+        self.decode_ahead_bytes = decode_ahead_bytes
 
     def step_row_groups(self, i: int):
         """Row groups local batch ``i`` reads (for the prefetcher)."""
@@ -51,6 +54,12 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         return Prefetcher(self.stream.dataset, rgs, budget_bytes=self.prefetch_bytes,
                           num_batches=total)
 
+    def pipeline(self, worker: int = 0, workers: int = 0) -> BatchPipeline:
+        """The batches of ``worker`` of ``workers`` (0: all of them), decoded ahead, in order."""
+        return BatchPipeline(self.stream, self.start_cursor,
+                             batches_for_worker(worker, workers, 0, self.num_batches),
+                             transform=self.transform, ahead_bytes=self.decode_ahead_bytes)
+
     def batch_at(self, i: int) -> dict:
         cursor = self.start_cursor + i * self.stream.topology.global_batch
         batch = self.stream.batch(cursor)
@@ -65,5 +74,4 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
             # a parent thread may have held. A copy goes through __getstate__/__setstate__
             # and gets fresh ones; the manifest is shared, not reloaded.
             self.stream.dataset = copy.copy(self.stream.dataset)
-        for i in batches_for_worker(worker, workers, 0, self.num_batches):
-            yield i, self.batch_at(i)
+        yield from self.pipeline(worker, workers if info is not None else 0)

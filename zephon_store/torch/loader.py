@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ..order import OrderOptions
+from ..pipeline import MAX_AUTO_AHEAD_BYTES, decoded_row_group_bytes
 from ..prefetch import DEFAULT_PREFETCH_BYTES
 from ..reader import Dataset, open_dataset
 from ..stream import RankStream, Topology
@@ -32,9 +33,6 @@ from .dataset import ZephonIterableDataset
 from .state import LoaderState, check_state
 
 log = logging.getLogger("zephon_store")
-# Upper bound of the automatic decode-cache sizing (per process): 4x the reader's default.
-# Larger working sets are the caller's call (memory is per rank and per worker process).
-MAX_AUTO_DECODE_CACHE_BYTES = 1 << 30
 
 
 def detect_topology() -> tuple[int, int]:
@@ -83,7 +81,8 @@ class ZephonLoader:
                  max_steps: int | None = None, epochs: float | None = None,
                  storage_options: dict | None = None, cache=None,
                  multiprocessing_context: str | None = None, pin_memory: bool = False,
-                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
+                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 decode_ahead_bytes: int | None = None) -> None:
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -109,35 +108,29 @@ class ZephonLoader:
         self.mp_context = multiprocessing_context
         self.pin_memory = pin_memory
         self.prefetch_bytes = prefetch_bytes
+        self.decode_ahead_bytes = decode_ahead_bytes
         self.cursor = 0
         n = self.dataset.num_samples
         self._max_cursor = None
         if epochs is not None:
             self._max_cursor = int(epochs * n)
         self._max_steps = max_steps
-        self._size_decode_cache()
+        self._check_working_set()
 
-    def _size_decode_cache(self) -> None:
+    def _check_working_set(self) -> None:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
-        # at once; with fewer decoded row groups cached, LRU evicts the ones needed next and
-        # every row group is decoded again and again (14x per epoch for a 300 MB token
-        # corpus at W=1 with the 256 MiB default; tools/bench/bench_loader.py).
+        # at once; the pipeline holds two such sets decoded. Beyond its automatic cap, row
+        # groups are decoded more than once per epoch: say so, with the numbers.
         stream = RankStream(self.dataset, self.order, self.topology)
         rgs = stream.working_set_row_groups()
-        m = self.dataset.manifest
-        rg_bytes = (m.doc.get("writer") or {}).get("row_group_bytes")
-        # Row groups are cut at row_group_bytes of values before compression, plus at most
-        # one row; without that option, assume zstd's typical 4x on the stored bytes.
-        per_rg = 1.25 * rg_bytes if rg_bytes else 4.0 * float(np.mean(m.rg_length))
-        need = int(rgs * per_rg)
-        self.dataset.reserve_decode_cache(min(need, MAX_AUTO_DECODE_CACHE_BYTES))
-        if need > MAX_AUTO_DECODE_CACHE_BYTES:
+        need = 2 * rgs * decoded_row_group_bytes(self.dataset.manifest)
+        if self.decode_ahead_bytes is None and need > MAX_AUTO_AHEAD_BYTES:
             log.warning(
-                "zephon: this rank's order reads from %d row groups at once (~%.1f GB decoded), "
-                "more than the %.1f GB decode cache; row groups will be decoded more than once "
-                "per epoch. Pass a Dataset opened with open_dataset(url, decode_cache_bytes=...) "
-                "to hold them, or use more ranks (each reads lanes/world_size lanes).",
-                rgs, need / 1e9, self.dataset.decode_cache_bytes / 1e9)
+                "zephon: this rank's order reads from %d row groups at once (~%.1f GB decoded "
+                "for two working sets), more than the %.1f GB decoded automatically; row groups "
+                "will be decoded more than once per epoch. Pass decode_ahead_bytes=... to hold "
+                "them, or use more ranks (each reads lanes/world_size lanes).",
+                rgs, need / 1e9, MAX_AUTO_AHEAD_BYTES / 1e9)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -179,7 +172,8 @@ class ZephonLoader:
         return ZephonIterableDataset(
             self.dataset, order=self.order, topology=self.topology, start_cursor=start,
             num_batches=self._num_batches(start), columns=self.columns, with_seq=self.with_seq,
-            transform=self.transform, prefetch_bytes=self.prefetch_bytes)
+            transform=self.transform, prefetch_bytes=self.prefetch_bytes,
+            decode_ahead_bytes=self.decode_ahead_bytes)
 
     def __iter__(self) -> Iterator:
         start = self.cursor
@@ -193,36 +187,50 @@ class ZephonLoader:
             yield self.collate(batch) if self.collate is not None else batch
 
     def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
-        total = source.num_batches
-        pre = source.prefetcher()
-        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="zephon-batch") as pool:
-            pending: deque = deque()
-            nxt = 0
+        # One background thread runs the pipeline (which decodes in its own pool) up to
+        # `prefetch` batches ahead of the training loop; remote datasets also fetch bytes
+        # ahead into the disk cache (the prefetcher).
+        pre = source.prefetcher() if self.dataset.cache is not None else None
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
 
-            def fill(limit: int = self.prefetch):
-                nonlocal nxt
-                while len(pending) < limit and (total is None or nxt < total):
-                    pending.append((nxt, pool.submit(source.batch_at, nxt)))
-                    nxt += 1
-
-            # The first batch is made alone, so that a start or a resume waits for its own
-            # row groups only, not for those of the batches and prefetches behind it (a
-            # shuffled text batch reads ~65 row groups; four batches at once, ~260).
-            fill(1)
+        def produce() -> None:
             try:
-                while pending:
-                    i, fut = pending.popleft()
-                    if i:
-                        pre.consumed(i)
-                    batch = fut.result()
-                    if not i:
-                        pre.consumed(i)
-                    fill()
-                    yield i, batch
-            finally:
+                for item in source.pipeline():
+                    while not stop.is_set():
+                        try:
+                            ready.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            except BaseException as exc:  # handed to the consumer, raised there
+                ready.put(_Failed(exc))
+                return
+            ready.put(_DONE)
+
+        producer = threading.Thread(target=produce, name="zephon-batches", daemon=True)
+        producer.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, _Failed):
+                    raise item.exc
+                if pre is not None:
+                    pre.consumed(item[0])
+                yield item
+        finally:
+            stop.set()
+            while producer.is_alive():
+                try:
+                    ready.get(timeout=0.05)   # unblock a producer waiting on a full queue
+                except queue.Empty:
+                    pass
+            if pre is not None:
                 pre.close()
-                for _, fut in pending:
-                    fut.cancel()
 
     def _processes(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
         from torch.utils.data import DataLoader
@@ -241,3 +249,13 @@ class ZephonLoader:
 
 def _identity(x):
     return x
+
+
+_DONE = object()
+
+
+class _Failed:
+    """An exception raised by the producer thread, to be raised in the consumer's."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc

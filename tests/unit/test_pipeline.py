@@ -1,0 +1,117 @@
+"""The loader's pipeline: planned decode-ahead gives the stream's batches, decoding once."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import convert, open_dataset
+from zephon_store.order import OrderOptions
+from zephon_store.pipeline import BatchPipeline, plan_rows
+from zephon_store.shardwriter import WriteOptions
+from zephon_store.stream import RankStream, Topology
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipeline")
+    write_jsonl_corpus(d / "src", files=3, records=300, seed=11)
+    convert([str(d / "src")], str(d / "ds"),
+            options=WriteOptions(target_shard_bytes=20 << 10, row_group_rows=23))
+    return open_dataset(str(d / "ds"))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world,rank,workers,worker", [(1, 0, 0, 0), (3, 2, 2, 1)])
+def test_pipeline_batches_equal_the_streams(ds, shuffle, world, rank, workers, worker):
+    order = OrderOptions(seed=3, shuffle=shuffle, window_blocks=3)
+    stream = RankStream(ds, order, Topology(12 * world, world, rank), with_seq=True)
+    ref = RankStream(ds, order, Topology(12 * world, world, rank), with_seq=True)
+    steps = ds.num_samples // (12 * world)
+    indices = range(worker, steps, max(1, workers))
+    got = list(BatchPipeline(stream, 36, indices))
+    assert [i for i, _ in got] == list(indices)
+    for i, batch in got:
+        want = ref.batch(36 + i * 12 * world)
+        assert batch["_seq"].tolist() == want["_seq"].tolist()
+        assert batch["text"] == want["text"]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_row_group_is_decoded_once_per_epoch(ds, shuffle, monkeypatch):
+    ds = open_dataset(ds.url)   # an empty decode cache
+    calls: list[int] = []
+    real = type(ds)._decode_row_group
+
+    def counting(self, rg):
+        calls.append(rg)
+        return real(self, rg)
+
+    monkeypatch.setattr(type(ds), "_decode_row_group", counting)
+    stream = RankStream(ds, OrderOptions(seed=9, shuffle=shuffle, window_blocks=4), Topology(10))
+    pipe = BatchPipeline(stream, 0, range(ds.num_samples // 10))
+    n = sum(len(b["text"]) for _, b in pipe)
+    assert n == ds.num_samples // 10 * 10
+    assert sorted(calls) == sorted(set(calls))          # none twice
+    assert len(calls) == pipe.decodes == ds.manifest.num_row_groups
+
+
+def test_a_small_budget_bounds_what_is_held(ds):
+    stream = RankStream(ds, OrderOptions(seed=1, shuffle=False), Topology(5))
+    pipe = BatchPipeline(stream, 0, range(ds.num_samples // 5), ahead_bytes=1)
+    for _ in pipe:
+        pass
+    # One step of 5 rows spans at most 2 row groups of 23; with no budget nothing else is held.
+    assert pipe.max_held <= 2
+
+
+def test_an_endless_pipeline_stops_when_closed(ds):
+    before = threading.active_count()
+    stream = RankStream(ds, OrderOptions(seed=1), Topology(8))
+    it = iter(BatchPipeline(stream, 0, itertools.count()))
+    seen = [next(it)[0] for _ in range(3 * ds.num_samples // 8)]   # three epochs
+    assert seen == list(range(len(seen)))
+    it.close()
+    for t in threading.enumerate():
+        if t.name.startswith("zephon-decode"):
+            t.join(timeout=5)
+    assert threading.active_count() <= before
+
+
+def test_a_decode_error_reaches_the_caller(ds, monkeypatch):
+    ds = open_dataset(ds.url)
+
+    def broken(self, rg):
+        raise OSError(f"row group {rg} unreadable")
+
+    monkeypatch.setattr(type(ds), "_decode_row_group", broken)
+    stream = RankStream(ds, OrderOptions(seed=1), Topology(8))
+    with pytest.raises(OSError, match="unreadable"):
+        list(BatchPipeline(stream, 0, range(3)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_plan_rows_points_at_the_located_rows(ds, data):
+    n = ds.num_samples
+    if data.draw(st.booleans()):
+        lo = data.draw(st.integers(0, n - 1))
+        ids = np.arange(lo, data.draw(st.integers(lo + 1, min(n, lo + 80))), dtype=np.int64)
+    else:
+        ids = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=60)),
+                       dtype=np.int64)
+    rgs, runs, inverse, rows = plan_rows(ds.manifest, ids)
+    loc = ds.locate(ids)
+    if runs is not None:
+        got = [(rg, b + k) for rg, (b, cnt) in zip(rgs, runs) for k in range(cnt)]
+    else:
+        got = [(rgs[g], int(r)) for g, r in zip(inverse, rows)]
+        firsts = [rgs[g] for g in inverse]
+        assert rgs == list(dict.fromkeys(firsts))   # listed in order of first use
+    assert got == list(zip(loc.row_group.tolist(), loc.row_in_group.tolist()))
