@@ -20,6 +20,7 @@ handed out: a start or a resume waits only for its own row groups.
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,8 +51,9 @@ class _Slot:
 
 @dataclass
 class _Decoded:
-    arrays: pa.Table                # the columns decoded per batch (numbers, token windows)
-    lists: dict[str, list]          # the others, already Python objects, whole row group
+    table: pa.Table                 # the selected columns
+    arrays: pa.Table                # those decoded per batch (numbers, token windows)
+    lists: dict[str, list] | None   # the others, already Python objects, whole row group
 
 
 @dataclass
@@ -140,7 +142,8 @@ class BatchPipeline:
 
     def __init__(self, stream, start_cursor: int, indices: Iterable[int], *,
                  transform: Callable[[dict], dict] | None = None,
-                 ahead_bytes: int | None = None, decode_threads: int | None = None) -> None:
+                 ahead_bytes: int | None = None, decode_threads: int | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.stream = stream
         self.dataset = stream.dataset
         self.start_cursor = int(start_cursor)
@@ -149,21 +152,48 @@ class BatchPipeline:
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
+        self.stop = stop or threading.Event()
+        self._futures: deque[Future] = deque(maxlen=4096)
+        self._futures_lock = threading.Lock()
         self.decodes = 0          # row-group decodes started (for tests and benchmarks)
         self.max_held = 0         # most decoded row groups held at once (same)
         self.closed = False
 
-    def _decode(self, rg: int) -> _Decoded:
+    def cancel(self) -> None:
+        """Stop from another thread: no further steps, queued decodes dropped at once.
+
+        Decodes already running finish (pyarrow cannot be interrupted); nothing waits for
+        them. Without this a closed loader kept decoding its whole decode-ahead in the
+        background, which slowed whatever the process did next.
+        """
+        self.stop.set()
+        with self._futures_lock:
+            for fut in self._futures:
+                fut.cancel()
+
+    def _decode(self, rg: int, convert: bool = True) -> _Decoded:
         table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
+        if not convert:
+            return _Decoded(table, table, None)
         # Columns that become Python objects (text) are converted here, once per row group,
         # in the decode threads: per batch, in the one thread that assembles batches, it
-        # was half of a sequential text pass's time.
+        # was half of a sequential text pass's time. Not for the first step of a run: a
+        # shuffled first batch reads ~10 row groups for a few rows of each, and converting
+        # all of them tripled the time to the first batch after a resume.
         names = [f.name for f in table.schema if not array_type(f.type)]
         lists = {name: table.column(name).to_pylist() for name in names}
-        arrays = table.drop_columns(names) if names else table
-        return _Decoded(arrays, lists)
+        return _Decoded(table, table.drop_columns(names) if names else table, lists)
 
     def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
+        if any(d.lists is None for d in decoded):
+            # Row groups of the first step: convert only the rows this batch takes.
+            tables = [d.table for d in decoded]
+            if step.runs is not None:
+                parts = [t.slice(b, n) for t, (b, n) in zip(tables, step.runs)]
+                table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            else:
+                table = gather_rows(tables, step.inverse, step.rows)
+            return self.stream.finish(step.ids, table)
         out = {}
         if step.runs is not None:
             if decoded[0].arrays.num_columns:
@@ -208,7 +238,9 @@ class BatchPipeline:
             for rg in rgs:
                 slot = slots.get(rg)
                 if slot is None:
-                    fut = pool.submit(self._decode, rg)
+                    fut = pool.submit(self._decode, rg, serial > 0)
+                    with self._futures_lock:
+                        self._futures.append(fut)
                     slots[rg] = _Slot(fut, serial, self._per_rg)
                     held += self._per_rg
                     self.decodes += 1
@@ -221,7 +253,7 @@ class BatchPipeline:
 
         try:
             more = plan_one()   # the first step alone (see the module docstring)
-            while planned:
+            while planned and not self.stop.is_set():
                 step = planned.popleft()
                 decoded = [slots[rg].future.result() for rg in step.row_groups]
                 batch = self._assemble(step, decoded)
@@ -233,8 +265,9 @@ class BatchPipeline:
                 # drop the row groups no planned step reads any more: planning first, so
                 # that one the next step reads again (sequential steps share row groups)
                 # is not dropped and decoded twice.
-                while more and (not planned or (held < self.ahead_bytes
-                                                and len(planned) < MAX_AHEAD_STEPS)):
+                while more and not self.stop.is_set() and (
+                        not planned or (held < self.ahead_bytes
+                                        and len(planned) < MAX_AHEAD_STEPS)):
                     more = plan_one()
                 for rg in step.row_groups:
                     slot = slots.get(rg)

@@ -8,6 +8,7 @@ any ``num_workers``. Workers hold no state: everything follows from the start cu
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Iterator
 
 import torch.utils.data
@@ -54,11 +55,16 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         return Prefetcher(self.stream.dataset, rgs, budget_bytes=self.prefetch_bytes,
                           num_batches=total)
 
-    def pipeline(self, worker: int = 0, workers: int = 0) -> BatchPipeline:
-        """The batches of ``worker`` of ``workers`` (0: all of them), decoded ahead, in order."""
+    def pipeline(self, worker: int = 0, workers: int = 0, *,
+                 stop: threading.Event | None = None) -> BatchPipeline:
+        """The batches of ``worker`` of ``workers`` (0: all of them), decoded ahead, in order.
+
+        Setting ``stop`` ends the pipeline at its next step (the loader's close).
+        """
         return BatchPipeline(self.stream, self.start_cursor,
                              batches_for_worker(worker, workers, 0, self.num_batches),
-                             transform=self.transform, ahead_bytes=self.decode_ahead_bytes)
+                             transform=self.transform, ahead_bytes=self.decode_ahead_bytes,
+                             stop=stop)
 
     def batch_at(self, i: int) -> dict:
         cursor = self.start_cursor + i * self.stream.topology.global_batch

@@ -194,21 +194,27 @@ class ZephonLoader:
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
+        def offer(item) -> bool:
+            """Put ``item`` in the queue; False once the consumer has gone."""
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        pipeline = source.pipeline(stop=stop)
+
         def produce() -> None:
             try:
-                for item in source.pipeline():
-                    while not stop.is_set():
-                        try:
-                            ready.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                for item in pipeline:
+                    if not offer(item):
                         return
             except BaseException as exc:  # handed to the consumer, raised there
-                ready.put(_Failed(exc))
+                offer(_Failed(exc))
                 return
-            ready.put(_DONE)
+            offer(_DONE)
 
         producer = threading.Thread(target=produce, name="zephon-batches", daemon=True)
         producer.start()
@@ -223,12 +229,15 @@ class ZephonLoader:
                     pre.consumed(item[0])
                 yield item
         finally:
-            stop.set()
-            while producer.is_alive():
-                try:
-                    ready.get(timeout=0.05)   # unblock a producer waiting on a full queue
-                except queue.Empty:
-                    pass
+            # Not joined: the producer sees `stop` at its next step (at most one row-group
+            # decode away) and ends the pipeline, whose decodes are cancelled. Waiting here
+            # made closing an iterator after its first batch cost ~50 ms.
+            pipeline.cancel()
+            try:
+                while True:
+                    ready.get_nowait()   # a producer blocked on a full queue wakes up
+            except queue.Empty:
+                pass
             if pre is not None:
                 pre.close()
 
