@@ -176,7 +176,9 @@ def test_resume_reuses_staged_windows(corpus, packed, tmp_path, monkeypatch):
     calls.clear()
     crash = False
     _convert(corpus, tmp_path / "ds")
-    assert calls == every[1:]  # the input staged before the crash is reused
+    # The input staged before the crash is reused; the crashed one is redone. (Inputs after
+    # it may have been staged by the converter's second thread before the crash surfaced.)
+    assert every[0] not in calls and every[1] in calls and set(calls) <= set(every[1:])
     assert tree_digest(tmp_path / "ds") == tree_digest(url)
 
 
