@@ -110,6 +110,24 @@ def _flock(path: str) -> int:
     return fd
 
 
+def _try_flock(path: str) -> int | None:
+    """An exclusive lock on ``path`` if free now (None if held), checked to still name the
+    file it locked (a holder unlinks the lock file when it lets go)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -391,42 +409,98 @@ class ChunkCache:
         Raises :class:`~zephon_store.errors.IntegrityError` when ``verify`` is on and the bytes
         do not hash to ``key``.
         """
-        path = self._entry_path(key)
+        return self.put_many([(key, data)])[0]
+
+    def put_many(self, items: Iterable[tuple[str, bytes | bytearray | memoryview]]) -> list[bool]:
+        """Publish several ``(key, data)`` entries under one cache-wide lock and one usage
+        update; per entry, like :meth:`put`: True if cached (now or before), False if it
+        exceeds the whole budget.
+
+        Raises :class:`~zephon_store.errors.IntegrityError` (before publishing any) when
+        ``verify`` is on and some bytes do not hash to their key.
+
+        >>> cache.put_many([(xxh3_hex(b), b) for b in row_group_bytes])  # doctest: +SKIP
+        [True, True, True]
+        """
+        items = list(items)
+        paths = [self._entry_path(key) for key, _ in items]
         if self.verify:
-            actual = xxh3_hex(data)
-            if actual != key:
-                raise IntegrityError(
-                    f"cache put: bytes hash to {actual}, not to the key {key}; cache keys must "
-                    f"be the xxh3 of the cached bytes", url=path, expected=key, actual=actual)
-        size = len(data)
-        if size > self.budget_bytes:
-            return False
-        if os.path.exists(path):
-            return True
+            for (key, data), path in zip(items, paths):
+                actual = xxh3_hex(data)
+                if actual != key:
+                    raise IntegrityError(
+                        f"cache put: bytes hash to {actual}, not to the key {key}; cache keys "
+                        f"must be the xxh3 of the cached bytes", url=path, expected=key,
+                        actual=actual)
+        done = [len(data) <= self.budget_bytes for _, data in items]
+        todo = [i for i, ok in enumerate(done) if ok and not os.path.exists(paths[i])]
+        if not todo:
+            return done
         self._ensure_dirs()
-        subdir = os.path.dirname(path)
-        os.makedirs(subdir, exist_ok=True)
-        # No fsync: after a crash a torn entry fails verification and is dropped on read.
-        fd, tmp = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
+        temps: dict[int, str] = {}
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            seen: set[str] = set()
+            for i in todo:
+                if paths[i] in seen:
+                    continue
+                seen.add(paths[i])
+                subdir = os.path.dirname(paths[i])
+                os.makedirs(subdir, exist_ok=True)
+                # No fsync: after a crash a torn entry fails verification and is dropped.
+                fd, temps[i] = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(items[i][1])
+            published = 0
             with self._cache_lock():
-                if os.path.exists(path):
-                    os.unlink(tmp)
-                    return True
-                os.replace(tmp, path)
-                usage = self._read_usage()
-                usage = (usage if usage is not None else sum(e.size for e in self._scan()) - size)
-                usage += size
-                if usage > self.budget_bytes:
-                    usage = self._evict_locked(int(self.budget_bytes * self.low_water))
-                self._write_usage(usage)
+                added = 0
+                for i, tmp in temps.items():
+                    if os.path.exists(paths[i]):
+                        os.unlink(tmp)
+                        continue
+                    os.replace(tmp, paths[i])
+                    added += len(items[i][1])
+                    published += 1
+                if added:
+                    usage = self._read_usage()
+                    usage = (usage if usage is not None
+                             else sum(e.size for e in self._scan()) - added)
+                    usage += added
+                    if usage > self.budget_bytes:
+                        usage = self._evict_locked(int(self.budget_bytes * self.low_water))
+                    self._write_usage(usage)
         except BaseException:
-            _unlink_quiet(tmp)
+            for tmp in temps.values():
+                _unlink_quiet(tmp)
             raise
-        self._count(puts=1)
-        return True
+        self._count(puts=published)
+        return done
+
+    @contextlib.contextmanager
+    def claim_keys(self, keys: Iterable[str]) -> Iterator[set[str]]:
+        """Take the per-key locks of ``keys`` that are free right now; yields the claimed set.
+
+        A key another process (or thread) holds is skipped, never waited for, so a caller
+        holding some keys cannot deadlock with one holding others. Callers of
+        :meth:`get_or_fetch` for a claimed key wait until the claim ends, then read the
+        entry the claimer published.
+
+        >>> with cache.claim_keys(keys) as mine:  # doctest: +SKIP
+        ...     cache.put_many((k, fetch(k)) for k in mine)
+        """
+        self._ensure_dirs()
+        held: dict[str, tuple[str, int]] = {}
+        try:
+            for key in sorted(set(keys)):
+                self._entry_path(key)  # validates
+                path = os.path.join(self._locks, key + ".lock")
+                fd = _try_flock(path)
+                if fd is not None:
+                    held[key] = (path, fd)
+            yield set(held)
+        finally:
+            for path, fd in held.values():
+                _unlink_quiet(path)
+                os.close(fd)
 
     def get_or_fetch(self, key: str, fetch_fn: Callable[[], bytes]) -> bytes:
         """The cached bytes for ``key``, else ``fetch_fn()`` published under ``key``.

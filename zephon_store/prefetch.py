@@ -5,6 +5,13 @@ next steps are fetched into the node-local disk cache by a small thread pool, up
 budget of not-yet-consumed data, and the cache is told the upcoming key sequence so its
 eviction spares what is needed soonest. Only remote datasets (with a disk cache) prefetch;
 local shards are read in place.
+
+Remote row groups are not fetched one GET each: the planned ones are collected until about
+one range's worth (``CoalesceOptions.max_bytes``, at most a quarter of the budget) is pending,
+then neighbours in a shard are merged into multi-MiB ranged GETs (:mod:`.coalesce`) that run
+``threads`` at a time. The first step's row groups (in ranges of their own, first in
+line) and the rest of the budget are planned as soon as the prefetcher exists, so the first
+batch reads them as ranges too.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+
+from .coalesce import CoalesceOptions
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
 _PLAN_EVERY = 32        # steps between publishing the cache's future plan
@@ -33,11 +42,13 @@ class Prefetcher:
     """Keeps up to ``budget_bytes`` of upcoming row groups fetched ahead of consumption.
 
     ``step_row_groups(i)`` returns the row groups local batch ``i`` reads, in order.
-    Call :meth:`consumed` with the index of each batch as it is handed out.
+    Call :meth:`consumed` with the index of each batch as it is handed out. ``coalesce``
+    (remote datasets) sets the size of the ranged GETs and the gap allowed inside one.
     """
 
     def __init__(self, dataset, step_row_groups, *, budget_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 threads: int = 4, num_batches: int | None = None) -> None:
+                 threads: int = 4, num_batches: int | None = None,
+                 coalesce: CoalesceOptions | None = None) -> None:
         self.dataset = dataset
         self.step_row_groups = step_row_groups
         self.budget = budget_bytes
@@ -56,6 +67,48 @@ class Prefetcher:
         self._next = 0
         self._lock = threading.Lock()
         self.started = 0
+        if self.fetch and self.enabled:
+            self._init_ranges(coalesce or CoalesceOptions())
+
+    # -- remote: coalesced ranges ----------------------------------------------------------
+
+    def _init_ranges(self, options: CoalesceOptions) -> None:
+        self._ranges = self.dataset.range_fetcher(options)
+        # Planned row groups not yet submitted -> the step that reads them (soonest first).
+        self._pending: dict[int, int] = {}
+        self._pending_bytes = 0
+        self._futures: list[Future] = []
+        self._max_range = options.max_bytes
+        # At least four ranges fit in the budget, so that many GETs can be in flight.
+        self._flush_bytes = max(1, min(options.max_bytes, self.budget // 4))
+        if self.num_batches is None or self.num_batches > 0:
+            # Plan the whole budget now, not at the first consumed(): readers (the loader's
+            # decode-ahead) ask for row groups before the first batch is handed out, and one
+            # that no range holds yet is fetched alone. Step 0 goes first, in ranges of its
+            # own, so the first batch waits for its own row groups only.
+            with self._lock:
+                self._ahead[0] = self._plan_step(0)
+                self._next = 1
+                self._flush(final=True)
+            self.consumed(-1)
+
+    def _flush(self, *, final: bool) -> None:
+        """Submit the pending row groups as coalesced ranges (call with ``_lock`` held).
+
+        Unless ``final``, a short last range stays pending to grow with the next steps:
+        sequential reads would otherwise split every range in a full one and a stub.
+        """
+        if not self._pending:
+            return
+        ranges = self._ranges.plan(self._pending)
+        keep: dict[int, int] = {}
+        if not final and len(ranges) > 1 and ranges[-1].nbytes < self._max_range // 2:
+            keep = {rg: self._pending[rg] for rg in ranges.pop().row_groups}
+        self._futures = [f for f in self._futures if not f.done()]
+        self._futures += self._ranges.submit(ranges, self._pool)
+        m = self.dataset.manifest
+        self._pending = keep
+        self._pending_bytes = sum(int(m.rg_length[rg]) for rg in keep)
 
     def consumed(self, i: int) -> None:
         if not self.enabled:
@@ -71,8 +124,17 @@ class Prefetcher:
                    and (self.num_batches is None or self._next < self.num_batches)):
                 self._ahead[self._next] = self._plan_step(self._next)
                 self._next += 1
-            if self.fetch and i % _PLAN_EVERY == 0:
-                self._publish_plan(i + 1)
+            if self.fetch:
+                # Wait for a range's worth unless planning reached the end of the stream or
+                # the pending row groups are about to be read. (Stopping at the horizon is no
+                # reason: over a small dataset that would submit every new step alone.)
+                end = self.num_batches is not None and self._next >= self.num_batches
+                if end or min(self._pending.values(), default=i + 3) <= i + 2:
+                    self._flush(final=True)
+                elif self._pending_bytes >= self._flush_bytes:
+                    self._flush(final=False)
+                if i % _PLAN_EVERY == 0:
+                    self._publish_plan(i + 1)
 
     def _plan_step(self, step: int) -> int:
         m = self.dataset.manifest
@@ -95,7 +157,8 @@ class Prefetcher:
             if len(self._seen) > 65536:  # forget old ones; a re-plan only costs a cache hit
                 self._seen.clear()
             total += int(m.rg_length[rg])
-            self._pool.submit(self.dataset.fetch_row_group_bytes, rg)
+            self._pending[rg] = step
+            self._pending_bytes += int(m.rg_length[rg])
             self.started += 1
         return total
 
@@ -110,5 +173,8 @@ class Prefetcher:
             self.dataset.cache.set_future(m.rg_xxh3(int(r)) for r in order)
 
     def close(self) -> None:
+        """Stop prefetching: queued work is dropped (readers then fetch what they need)."""
+        for fut in getattr(self, "_futures", ()):
+            fut.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -50,8 +50,8 @@ def remote(corpus, s3_bucket):
     return url, s3_bucket, res
 
 
-def _stream(ds, steps, *, start_state=None):
-    loader = ZephonLoader(ds, global_batch=B, order=ORDER, world_size=1, rank=0, with_seq=True,
+def _stream(ds, steps, *, start_state=None, order=ORDER):
+    loader = ZephonLoader(ds, global_batch=B, order=order, world_size=1, rank=0, with_seq=True,
                           max_steps=steps, prefetch=2)
     if start_state:
         loader.load_state_dict(start_state)
@@ -122,6 +122,7 @@ def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_pat
          "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0)}[fault]()
         got = _stream(ds, steps)[:2]
         assert got == want
+        assert ds.range_fetcher().ranges >= 1   # through coalesced ranges
         if fault not in ("latency", "down"):
             assert proxy.injected >= 1
         if fault != "latency":
@@ -177,3 +178,53 @@ def test_endless_remote_loader_over_a_small_dataset_keeps_yielding(remote, tmp_p
     seen = [next(it)["_seq"] for _ in range(2 * n // B + 3)]  # more than two epochs
     ids = torch.cat(seen).tolist()
     assert sorted(ids[:n]) == list(range(n)) and sorted(ids[n:2 * n]) == list(range(n))
+
+
+SEQ = OrderOptions(seed=5, shuffle=False)
+
+
+def _stream_seq(ds, steps):
+    return _stream(ds, steps, order=SEQ)[:2]
+
+
+def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_path):
+    """Counted at the proxy (every HTTP request): a sequential pass reads each shard as one or
+    two ranged GETs, not one per row group, and yields what the local copy yields."""
+    url, bucket, _ = remote
+    local = open_dataset(str(corpus / "local"))
+    steps = local.num_samples // B
+    want = _stream_seq(local, steps)
+    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        ds = _open(url, bucket.options_via(proxy.endpoint_url), tmp_path)
+        m = ds.manifest
+        opened = proxy.requests
+        assert _stream_seq(ds, steps) == want
+        gets = proxy.requests - opened
+    fetcher = ds.range_fetcher()
+    read = int(np.searchsorted(m.rg_row_start, steps * B - 1, side="right"))  # row groups read
+    assert fetcher.row_groups == read and fetcher.refetched == 0   # all of them in ranges
+    # footers (one per shard) + the first step's range + about one range per shard
+    assert gets <= 2 * m.num_shards + 2
+    assert m.num_row_groups >= 3 * m.num_shards and gets < m.num_row_groups / 1.5
+
+
+def test_a_flipped_byte_in_a_coalesced_range_names_shard_and_row_group(corpus, remote, tmp_path):
+    url, bucket, _ = remote
+    ds = _open(url, bucket.storage_options, tmp_path)
+    m = ds.manifest
+    shard = int(m.rg_shard[0])
+    rg = int(np.flatnonzero(m.rg_shard == shard)[2])   # inside the shard's first range
+    fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True)
+    key = f"{bucket.name}/ds/{m.shard_path(shard)}"
+    data = bytearray(fs.cat_file(key))
+    data[int(m.rg_offset[rg]) + 11] ^= 0x01
+    fs.pipe_file(key, bytes(data))
+    with pytest.raises(IntegrityError) as e:
+        _stream_seq(ds, ds.num_samples // B)
+    msg = str(e.value)
+    assert m.shard_name(shard) in msg and f"row group {m.rg_local_index(rg)}:" in msg
+    assert e.value.url.endswith(".parquet") and e.value.expected == m.rg_xxh3(rg)
+    fetcher = ds.range_fetcher()
+    assert fetcher.ranges >= 1 and fetcher.refetched >= 1   # found in a range, re-read alone
+    assert not ds.cache.contains(m.rg_xxh3(rg))
+    assert ds.cache.contains(m.rg_xxh3(rg - 1)) or ds.cache.contains(m.rg_xxh3(rg + 1))

@@ -74,6 +74,62 @@ def test_entry_larger_than_the_budget_is_not_cached(tmp_path):
     assert cache.info()["entries"] == 0
 
 
+def test_put_many_takes_the_cache_lock_once(tmp_path, monkeypatch):
+    cache = ChunkCache(tmp_path, budget_bytes=10_000)
+    cache.put(*blob(0))
+    locks = []
+    real = cache._cache_lock
+    monkeypatch.setattr(cache, "_cache_lock", lambda: (locks.append(1), real())[1])
+    items = [blob(i) for i in range(6)] + [blob(3)]  # one already cached, one repeated
+    assert cache.put_many(items) == [True] * 7
+    assert len(locks) == 1
+    assert cache.stats.puts == 1 + 5
+    assert cache._read_usage() == 600 == cache.info()["bytes"]
+    assert all(cache.get(k) == d for k, d in items)
+    assert cache.put_many([blob(0), blob(1)]) == [True, True] and len(locks) == 1  # all cached
+
+
+def test_put_many_checks_every_hash_before_publishing(tmp_path):
+    cache = ChunkCache(tmp_path)
+    good, (bad_key, _) = blob(0), blob(1)
+    with pytest.raises(IntegrityError, match="cache keys must be the xxh3"):
+        cache.put_many([good, (bad_key, b"not these bytes")])
+    assert cache.info()["entries"] == 0
+
+
+def test_put_many_keeps_the_budget_and_the_plan(tmp_path):
+    cache = ChunkCache(tmp_path, budget_bytes=500, low_water=1.0)
+    keys = [blob(i)[0] for i in range(8)]
+    cache.set_future([keys[7], keys[6], keys[5], keys[4], keys[3]])   # 0-2 unplanned
+    assert cache.put_many([blob(i) for i in range(8)] + [blob(9, size=600)]) == [True] * 8 + [
+        False]  # 600 bytes exceed the whole budget
+    assert {k for k in keys if cache.contains(k)} == set(keys[3:])
+    assert cache.info()["bytes"] == 500 == cache._read_usage()
+
+
+def test_claim_keys_skips_held_keys_and_get_or_fetch_waits_for_the_claim(tmp_path):
+    import threading
+
+    cache = ChunkCache(tmp_path)
+    (k0, d0), (k1, d1) = blob(0), blob(1)
+    fetched = []
+    with cache.claim_keys([k0, k1, k0]) as mine:
+        assert mine == {k0, k1}
+        with cache.claim_keys([k1]) as other:
+            assert other == set()          # held: skipped, not waited for
+        t = threading.Thread(target=lambda: fetched.append(
+            cache.get_or_fetch(k0, lambda: b"fetched a second time")))
+        t.start()
+        time.sleep(0.2)
+        assert not fetched                 # blocked on the claim
+        cache.put_many([(k0, d0), (k1, d1)])
+    t.join(5)
+    assert fetched == [d0]                 # served what the claimer published
+    assert os.listdir(tmp_path / "v1" / "locks") == []
+    with cache.claim_keys([k1]) as again:
+        assert again == {k1}
+
+
 def test_get_or_fetch_fetches_once(tmp_path):
     cache = ChunkCache(tmp_path)
     key, data = blob(1)
@@ -204,8 +260,13 @@ def _hammer_worker(directory: str, seed: int) -> int:
             cache.set_future([table[rng.randrange(len(table))][0] for _ in range(8)])
         if op < 0.7:
             got = cache.get_or_fetch(key, lambda data=data: data)
-        elif op < 0.9:
+        elif op < 0.8:
             cache.put(key, data)
+            got = data
+        elif op < 0.9:  # a coalesced range: claim what is free, publish it in one go
+            some = [table[rng.randrange(len(table))] for _ in range(4)]
+            with cache.claim_keys(k for k, _ in some) as mine:
+                cache.put_many((k, d) for k, d in some if k in mine)
             got = data
         else:
             got = cache.get(key)

@@ -1,0 +1,223 @@
+"""Coalesced ranged reads: the planning rules (hypothesis) and the fetcher on a local dataset
+read through a disk cache (requests counted, bytes checked against a cache-less read)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import IntegrityError, convert, open_dataset
+from zephon_store.cache import ChunkCache
+from zephon_store.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
+from zephon_store.prefetch import Prefetcher
+from zephon_store.shardwriter import WriteOptions
+
+
+@st.composite
+def layouts(draw):
+    """Row groups of a few shards: non-overlapping, increasing offsets, random gaps."""
+    spans = []
+    rg = 0
+    for shard in range(draw(st.integers(1, 4))):
+        off = draw(st.integers(0, 100))
+        for _ in range(draw(st.integers(0, 12))):
+            length = draw(st.integers(1, 300))
+            spans.append(RowGroupSpan(rg, off, length, shard))
+            rg += 1
+            off += length + draw(st.sampled_from([0, 0, 0, 1, 10, 50, 200]))
+    order = draw(st.permutations(spans))
+    repeats = draw(st.lists(st.sampled_from(spans), max_size=5)) if spans else []
+    return spans, list(order) + repeats
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts(), max_bytes=st.integers(1, 1500), max_gap=st.integers(0, 100))
+def test_plan_ranges_rules(layout, max_bytes, max_gap):
+    spans, requested = layout
+    by_rg = {s.rg: s for s in spans}
+    ranges = plan_ranges(requested, max_bytes=max_bytes, max_gap=max_gap)
+    covered = [rg for r in ranges for rg in r.row_groups]
+    assert sorted(covered) == sorted({s.rg for s in requested})  # each exactly once
+    for r in ranges:
+        members = [by_rg[rg] for rg in r.row_groups]
+        assert {s.shard for s in members} == {r.shard}                 # one shard only
+        assert r.start == members[0].offset
+        assert r.end == members[-1].offset + members[-1].length
+        assert r.nbytes <= max_bytes or len(members) == 1              # size cap
+        for a, b in zip(members, members[1:]):
+            assert 0 <= b.offset - (a.offset + a.length) <= max_gap    # gap rule, no overlap
+    # Soonest first: the ranges come in the order of their first requested row group.
+    first = {}
+    for i, s in enumerate(requested):
+        first.setdefault(s.rg, i)
+    keys = [min(first[rg] for rg in r.row_groups) for r in ranges]
+    assert keys == sorted(keys)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts(), max_gap=st.integers(0, 100))
+def test_plan_ranges_merges_every_mergeable_neighbour(layout, max_gap):
+    """With no size cap, consecutive requested row groups of a shard within the gap share a
+    range: the planner never splits where the rules allow a merge."""
+    spans, requested = layout
+    ranges = plan_ranges(requested, max_bytes=1 << 40, max_gap=max_gap)
+    where = {rg: i for i, r in enumerate(ranges) for rg in r.row_groups}
+    chosen = sorted({s for s in requested}, key=lambda s: (s.shard, s.offset))
+    for a, b in zip(chosen, chosen[1:]):
+        if a.shard == b.shard and 0 <= b.offset - (a.offset + a.length) <= max_gap:
+            assert where[a.rg] == where[b.rg]
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="max_gap must be >= 0, got -1"):
+        CoalesceOptions(max_gap=-1)
+
+
+# -- the fetcher, on a local dataset read through a disk cache ----------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coalesce")
+    write_jsonl_corpus(d / "src", files=2, records=400, seed=3)
+    convert([str(d / "src")], str(d / "ds"),
+            options=WriteOptions(target_shard_bytes=60 << 10, row_group_bytes=4 << 10))
+    return str(d / "ds")
+
+
+def _sequential_steps(m, per_step=2):
+    rgs = np.arange(m.num_row_groups)
+    return lambda i: rgs[i * per_step:(i + 1) * per_step]
+
+
+def _drain(ds, pre, steps):
+    """Read each step's row groups as a reader would, telling the prefetcher as it goes."""
+    out = []
+    for i in range(steps):
+        out += [ds.fetch_row_group_bytes(int(rg)) for rg in pre.step_row_groups(i)]
+        pre.consumed(i)
+    return out
+
+
+def test_sequential_prefetch_reads_whole_shards_in_few_requests(local_ds, tmp_path):
+    plain = open_dataset(local_ds)
+    m = plain.manifest
+    assert m.num_row_groups >= 20 and m.num_shards >= 2
+    want = [plain.fetch_row_group_bytes(rg) for rg in range(m.num_row_groups)]
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    opened = ds.storage.stats.requests  # the manifest and its side tables
+    steps = -(-m.num_row_groups // 2)
+    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    got = _drain(ds, pre, steps)
+    pre.close()
+    assert got == want
+    # The first step is planned alone (the first batch waits for its own row groups only),
+    # then one range per shard (each far below 8 MiB); no row group is fetched alone.
+    fetcher = ds.range_fetcher()
+    assert fetcher.ranges == m.num_shards + 1 and fetcher.row_groups == m.num_row_groups
+    assert ds.storage.stats.requests - opened == m.num_shards + 1
+    assert ds.cache.info()["entries"] == m.num_row_groups
+
+
+def test_small_ranges_respect_the_size_cap(local_ds, tmp_path):
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    cap = 3 * int(m.rg_length.max())
+    opened = ds.storage.stats.bytes_fetched
+    steps = -(-m.num_row_groups // 2)
+    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps,
+                     coalesce=CoalesceOptions(max_bytes=cap))
+    _drain(ds, pre, steps)
+    pre.close()
+    fetcher = ds.range_fetcher()
+    assert fetcher.row_groups == m.num_row_groups
+    assert m.num_shards < fetcher.ranges <= m.num_row_groups // 2 + m.num_shards
+    # contiguous row groups: no gap bytes, nothing read twice
+    assert ds.storage.stats.bytes_fetched - opened == int(m.rg_length.sum())
+
+
+def test_a_corrupt_row_group_in_a_range_is_refetched_alone_and_named(local_ds, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(local_ds, copy)
+    ds = open_dataset(str(copy), cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    rg = int(np.flatnonzero(m.rg_shard == 0)[3])  # inside the first shard's range
+    path = os.path.join(str(copy), m.shard_path(0))
+    data = bytearray(open(path, "rb").read())
+    data[int(m.rg_offset[rg]) + 7] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    steps = -(-m.num_row_groups // 2)
+    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    with pytest.raises(IntegrityError) as e:
+        _drain(ds, pre, steps)
+    pre.close()
+    msg = str(e.value)
+    assert m.shard_name(0) in msg and f"row group {m.rg_local_index(rg)}:" in msg
+    assert e.value.expected == m.rg_xxh3(rg)
+    fetcher = ds.range_fetcher()
+    assert fetcher.refetched >= 1
+    # the good row groups of that range were cached; the bad one never was
+    assert ds.cache.contains(m.rg_xxh3(rg - 1)) and not ds.cache.contains(m.rg_xxh3(rg))
+
+
+def test_a_second_pass_fetches_nothing_and_a_second_process_cache_is_shared(local_ds, tmp_path):
+    cache_dir = str(tmp_path / "c")
+    ds = open_dataset(local_ds, cache=ChunkCache(cache_dir))
+    opened = ds.storage.stats.requests
+    m = ds.manifest
+    steps = -(-m.num_row_groups // 2)
+    for _ in range(2):
+        pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+        _drain(ds, pre, steps)
+        pre.close()
+    assert ds.storage.stats.requests - opened == m.num_shards + 1
+    other = open_dataset(local_ds, cache=ChunkCache(cache_dir))
+    opened = other.storage.stats.requests
+    pre = Prefetcher(other, _sequential_steps(m), num_batches=steps)
+    _drain(other, pre, steps)
+    pre.close()
+    assert other.storage.stats.requests == opened
+
+
+def test_claimed_keys_are_left_to_their_holder(local_ds, tmp_path):
+    """A range skips row groups whose key lock someone else holds (another process fetching
+    them); the reader then waits for that holder through the cache, not a second GET."""
+    cache = ChunkCache(str(tmp_path / "c"))
+    ds = open_dataset(local_ds, cache=cache)
+    m = ds.manifest
+    fetcher = ds.range_fetcher(CoalesceOptions(max_gap=0))  # no reading across the hole
+    taken = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
+    with cache.claim_keys([m.rg_xxh3(taken[1])]) as held:
+        assert held == {m.rg_xxh3(taken[1])}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            futs = fetcher.submit(fetcher.plan(taken), pool)
+            [f.result() for f in futs]
+        assert fetcher.take(taken[1]) is None
+        assert fetcher.ranges == 2   # split around the claimed row group
+    assert ds.fetch_row_group_bytes(taken[1]) == open_dataset(local_ds).fetch_row_group_bytes(
+        taken[1])
+
+
+def test_an_endless_stream_over_a_small_dataset_still_reads_ranges(local_ds, tmp_path):
+    """Planning stops at the horizon, not the budget, here: that must not submit each new
+    step's row group as a range of its own."""
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    n = m.num_row_groups
+    opened = ds.storage.stats.requests
+    pre = Prefetcher(ds, lambda i: [i % n], num_batches=None)   # one row group per step, forever
+    for i in range(3 * n):
+        ds.fetch_row_group_bytes(i % n)
+        pre.consumed(i)
+    pre.close()
+    assert ds.range_fetcher().row_groups == n
+    assert ds.storage.stats.requests - opened <= 2 * m.num_shards + 1
