@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from .index import locate
 from .reader import gather_rows
-from .stream import SEQ_KEY, array_type, decode_table
+from .stream import SEQ_KEY, array_type, array_view, decode_column
 
 # Decoded bytes planned ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
@@ -51,9 +51,9 @@ class _Slot:
 
 @dataclass
 class _Decoded:
-    table: pa.Table                 # the selected columns
-    arrays: pa.Table                # those decoded per batch (numbers, token windows)
-    lists: dict[str, list] | None   # the others, already Python objects, whole row group
+    table: pa.Table                       # the selected columns
+    views: dict[str, np.ndarray] | None   # numbers and token windows without nulls, as numpy
+    lists: dict[str, list] | None         # text and other objects, as Python lists
 
 
 @dataclass
@@ -95,6 +95,30 @@ def plan_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object
     rank = np.empty_like(by_use)
     rank[by_use] = np.arange(by_use.size)
     return rgs[by_use].tolist(), None, rank[inverse.reshape(-1)], loc.row_in_group
+
+
+def _cut(tables: list[pa.Table], step: _Step) -> pa.Table:
+    """The step's rows of ``tables`` (one per row group of the step), as one table."""
+    if step.runs is None:
+        return gather_rows(tables, step.inverse, step.rows)
+    parts = [t.slice(b, n) for t, (b, n) in zip(tables, step.runs)]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
+    """The step's rows of numpy ``views`` (one per row group): a view for one run, else a copy."""
+    if step.runs is not None:
+        parts = [v[b:b + n] for v, (b, n) in zip(views, step.runs)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    if len(views) == 1:
+        return views[0][step.rows]
+    out = np.empty((step.rows.size,) + views[0].shape[1:], dtype=views[0].dtype)
+    order = np.argsort(step.inverse, kind="stable")
+    bounds = np.searchsorted(step.inverse[order], np.arange(len(views) + 1))
+    for k, view in enumerate(views):
+        at = order[bounds[k]:bounds[k + 1]]
+        out[at] = view[step.rows[at]]
+    return out
 
 
 def decoded_row_group_bytes(manifest) -> float:
@@ -174,47 +198,46 @@ class BatchPipeline:
     def _decode(self, rg: int, convert: bool = True) -> _Decoded:
         table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
         if not convert:
-            return _Decoded(table, table, None)
+            return _Decoded(table, None, None)
         # Columns that become Python objects (text) are converted here, once per row group,
         # in the decode threads: per batch, in the one thread that assembles batches, it
         # was half of a sequential text pass's time. Not for the first step of a run: a
         # shuffled first batch reads ~10 row groups for a few rows of each, and converting
-        # all of them tripled the time to the first batch after a resume.
-        names = [f.name for f in table.schema if not array_type(f.type)]
-        lists = {name: table.column(name).to_pylist() for name in names}
-        return _Decoded(table, table.drop_columns(names) if names else table, lists)
+        # all of them tripled the time to the first batch after a resume. Numbers and token
+        # windows become zero-copy numpy views, which batches are cut from with numpy.
+        views, lists = {}, {}
+        for name, col in zip(table.column_names, table.columns):
+            if array_type(col.type):
+                view = array_view(col)
+                if view is not None:
+                    views[name] = view
+            else:
+                lists[name] = col.to_pylist()
+        return _Decoded(table, views, lists)
 
     def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
         if any(d.lists is None for d in decoded):
             # Row groups of the first step: convert only the rows this batch takes.
-            tables = [d.table for d in decoded]
-            if step.runs is not None:
-                parts = [t.slice(b, n) for t, (b, n) in zip(tables, step.runs)]
-                table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            else:
-                table = gather_rows(tables, step.inverse, step.rows)
-            return self.stream.finish(step.ids, table)
+            return self.stream.finish(step.ids, _cut([d.table for d in decoded], step))
         out = {}
-        if step.runs is not None:
-            if decoded[0].arrays.num_columns:
-                parts = [d.arrays.slice(b, n) for d, (b, n) in zip(decoded, step.runs)]
-                out = decode_table(parts[0] if len(parts) == 1 else pa.concat_tables(parts))
-            for name in decoded[0].lists:
-                values = []
-                for d, (b, n) in zip(decoded, step.runs):
-                    values += d.lists[name][b:b + n]
-                out[name] = values
-        else:
-            if decoded[0].arrays.num_columns:
-                out = decode_table(gather_rows([d.arrays for d in decoded], step.inverse,
-                                               step.rows))
-            if decoded[0].lists:
-                groups, rows = step.inverse.tolist(), step.rows.tolist()
-                for name in decoded[0].lists:
+        groups = None
+        for name in decoded[0].table.column_names:
+            if name in decoded[0].lists:
+                if step.runs is not None:
+                    values = []
+                    for d, (b, n) in zip(decoded, step.runs):
+                        values += d.lists[name][b:b + n]
+                else:
+                    if groups is None:
+                        groups, rows = step.inverse.tolist(), step.rows.tolist()
                     per_rg = [d.lists[name] for d in decoded]
-                    out[name] = [per_rg[g][r] for g, r in zip(groups, rows)]
-        names = self.stream.columns or self.dataset.schema.names
-        out = {name: out[name] for name in names}
+                    values = [per_rg[g][r] for g, r in zip(groups, rows)]
+                out[name] = values
+            elif all(name in d.views for d in decoded):
+                out[name] = _cut_arrays([d.views[name] for d in decoded], step)
+            else:   # nulls in some row group: Arrow decides, as decode_table does
+                out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
+                                               step).column(0))
         if self.stream.with_seq:
             out[SEQ_KEY] = step.ids
         return out

@@ -196,25 +196,41 @@ def array_type(t: pa.DataType) -> bool:
 
 
 def decode_column(col: pa.ChunkedArray):
-    t = col.type
-    if not array_type(t):
+    """One column as :func:`decode_table` gives it: a numpy array where it can, else a list."""
+    if not array_type(col.type):
         # Python objects either way; chunk by chunk skips the copy combine_chunks makes.
         return col.to_pylist()
+    arr = array_view(col)
+    return arr if arr is not None else col.to_pylist()
+
+
+def array_view(col: pa.ChunkedArray) -> np.ndarray | None:
+    """``col`` as numpy (zero-copy for one chunk of numbers), or None if it holds nulls.
+
+    Numbers -> 1-D, fixed-size lists of numbers -> 2-D (rows x list size), booleans -> 1-D
+    (a copy); ``None`` for other types and for columns with nulls.
+    """
+    t = col.type
+    if not array_type(t):
+        return None
     if col.num_chunks != 1:
         col = col.combine_chunks() if col.num_chunks else pa.array([], type=t)
     else:
         col = col.chunk(0)
-    if pa.types.is_fixed_size_list(t) and _is_numeric(t.value_type) and col.null_count == 0:
+    if col.null_count:
+        return None
+    if pa.types.is_fixed_size_list(t):
+        if not _is_numeric(t.value_type):
+            return None
         # The child values of the rows, by slicing: flatten() copied them (~130 us for a
         # batch of 32 token windows, a third of a pass over uncompressed shards).
         values = col.values.slice(col.offset * t.list_size, len(col) * t.list_size)
-        if values.null_count == 0:
-            return np_view(values).reshape(len(col), t.list_size)
-    if _is_numeric(t) and col.null_count == 0:
+        if values.null_count:
+            return None
+        return np_view(values).reshape(len(col), t.list_size)
+    if _is_numeric(t):
         return np_view(col)
-    if pa.types.is_boolean(t) and col.null_count == 0:
-        return col.to_numpy(zero_copy_only=False)
-    return col.to_pylist()
+    return col.to_numpy(zero_copy_only=False)   # booleans
 
 
 def _is_numeric(t: pa.DataType) -> bool:

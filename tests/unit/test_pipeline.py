@@ -115,3 +115,35 @@ def test_plan_rows_points_at_the_located_rows(ds, data):
         firsts = [rgs[g] for g in inverse]
         assert rgs == list(dict.fromkeys(firsts))   # listed in order of first use
     assert got == list(zip(loc.row_group.tolist(), loc.row_in_group.tolist()))
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Token windows, a number column with nulls in some row groups only, and text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("mixed")
+    n = 230
+    windows = np.arange(n * 6, dtype=np.int32).reshape(n, 6)
+    x = [None if 40 <= i < 45 else i * 10 for i in range(n)]
+    pq.write_table(pa.table({
+        "tokens": pa.FixedSizeListArray.from_arrays(pa.array(windows.reshape(-1)), 6),
+        "x": pa.array(x, pa.int64()), "s": [f"doc {i}" for i in range(n)]}), d / "in.parquet")
+    convert([str(d / "in.parquet")], str(d / "ds"), options=WriteOptions(row_group_rows=19))
+    return str(d / "ds")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_mixed_columns_match_decode_table(mixed, shuffle):
+    order = OrderOptions(seed=5, shuffle=shuffle, window_blocks=3)
+    stream = RankStream(open_dataset(mixed), order, Topology(13), with_seq=True)
+    ref = RankStream(open_dataset(mixed), order, Topology(13), with_seq=True)
+    for i, batch in BatchPipeline(stream, 0, range(3 * 230 // 13)):   # three epochs
+        want = ref.batch(i * 13)
+        assert list(batch) == list(want)
+        assert batch["_seq"].tolist() == want["_seq"].tolist()
+        assert isinstance(batch["tokens"], np.ndarray) and batch["tokens"].shape == (13, 6)
+        assert batch["tokens"].tolist() == want["tokens"].tolist()
+        assert type(batch["x"]) is type(want["x"])   # a list where nulls are, else numpy
+        assert list(batch["x"]) == list(want["x"]) and batch["s"] == want["s"]
