@@ -69,7 +69,11 @@ class ZephonLoader:
     it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
     ``max_steps``/``epochs`` bound the stream (default endless); ``columns`` selects columns;
     ``with_seq`` adds ``_seq`` (int64 global sample ids) to every batch; ``transform`` maps a
-    decoded batch dict; ``collate`` replaces the numpy->tensor conversion.
+    decoded batch dict; ``collate`` replaces the numpy->tensor conversion; ``prefetch``
+    batches are made ahead of the loop; ``decode_ahead_bytes`` bounds the decoded row groups
+    held ahead (default: two working sets of the order, 16 MiB to 1 GiB; see
+    :mod:`zephon_store.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
+    fetched ahead into the disk cache.
     """
 
     def __init__(self, dataset: str | Dataset, *, global_batch: int, seed: int | None = None,
