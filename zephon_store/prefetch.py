@@ -4,7 +4,8 @@ The order is known in advance, so prefetching is planned, not guessed: the row g
 next steps are fetched into the node-local disk cache by a small thread pool, up to a byte
 budget of not-yet-consumed data, and the cache is told the upcoming key sequence so its
 eviction spares what is needed soonest. Only remote datasets (with a disk cache) prefetch;
-local shards are read in place.
+local shards are read in place (decoding ahead is the loader's pipeline,
+:mod:`zephon_store.pipeline`, for both).
 
 Remote row groups are not fetched one GET each: the planned ones are collected until about
 one range's worth (``CoalesceOptions.max_bytes``, at most a quarter of the budget) is pending,
@@ -31,11 +32,6 @@ _PLAN_STEPS = 256       # steps of future row groups in that plan
 # so without a horizon an endless stream over a dataset smaller than the budget (or any
 # dataset once every row group was seen) planned forever and the first batch never came.
 _MAX_AHEAD_STEPS = _PLAN_STEPS
-# Local datasets: row groups decoded ahead into the reader's decode cache, by the pool's
-# threads, so a second core decodes while the batch threads wait on the current one (a
-# sequential batch of token windows is a quarter of a row group, so the batch threads alone
-# never decode two row groups at once).
-DECODE_AHEAD_ROW_GROUPS = 4
 
 
 class Prefetcher:
@@ -53,21 +49,18 @@ class Prefetcher:
         self.step_row_groups = step_row_groups
         self.budget = budget_bytes
         self.num_batches = num_batches
-        # Remote (a disk cache): fetch bytes into the cache, up to budget_bytes. Local: decode
-        # up to DECODE_AHEAD_ROW_GROUPS row groups ahead (their bytes are in place already).
+        # Only bytes that come over a network (a disk cache) are fetched ahead; local shards
+        # are read in place, so a local prefetcher does nothing.
         self.fetch = dataset.cache is not None
-        if not self.fetch:
-            self.budget = DECODE_AHEAD_ROW_GROUPS if budget_bytes > 0 else 0
-        self.enabled = self.budget > 0
+        self.enabled = self.fetch and self.budget > 0
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-prefetch") \
             if self.enabled else None
         self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes planned for it
         self._seen: set[int] = set()
-        self._decoding: dict[int, Future] = {}
         self._next = 0
         self._lock = threading.Lock()
         self.started = 0
-        if self.fetch and self.enabled:
+        if self.enabled:
             self._init_ranges(coalesce or CoalesceOptions())
 
     # -- remote: coalesced ranges ----------------------------------------------------------
@@ -116,41 +109,28 @@ class Prefetcher:
         with self._lock:
             for step in [s for s in self._ahead if s <= i]:
                 del self._ahead[step]
-            for rg in [r for r, f in self._decoding.items() if f.done()]:
-                del self._decoding[rg]
             self._next = max(self._next, i + 1)
             while (sum(self._ahead.values()) < self.budget
                    and self._next <= i + _MAX_AHEAD_STEPS
                    and (self.num_batches is None or self._next < self.num_batches)):
                 self._ahead[self._next] = self._plan_step(self._next)
                 self._next += 1
-            if self.fetch:
-                # Wait for a range's worth unless planning reached the end of the stream or
-                # the pending row groups are about to be read. (Stopping at the horizon is no
-                # reason: over a small dataset that would submit every new step alone.)
-                end = self.num_batches is not None and self._next >= self.num_batches
-                if end or min(self._pending.values(), default=i + 3) <= i + 2:
-                    self._flush(final=True)
-                elif self._pending_bytes >= self._flush_bytes:
-                    self._flush(final=False)
-                if i % _PLAN_EVERY == 0:
-                    self._publish_plan(i + 1)
+            # Wait for a range's worth unless planning reached the end of the stream or
+            # the pending row groups are about to be read. (Stopping at the horizon is no
+            # reason: over a small dataset that would submit every new step alone.)
+            end = self.num_batches is not None and self._next >= self.num_batches
+            if end or min(self._pending.values(), default=i + 3) <= i + 2:
+                self._flush(final=True)
+            elif self._pending_bytes >= self._flush_bytes:
+                self._flush(final=False)
+            if i % _PLAN_EVERY == 0:
+                self._publish_plan(i + 1)
 
     def _plan_step(self, step: int) -> int:
         m = self.dataset.manifest
         total = 0
         for rg in self.step_row_groups(step):
             rg = int(rg)
-            if not self.fetch:
-                # Decoded row groups leave the decode cache again, so "planned once" is not
-                # "available": ask the reader, and count only the decodes started here.
-                fut = self._decoding.get(rg)
-                if (fut is not None and not fut.done()) or self.dataset.has_decoded(rg):
-                    continue
-                self._decoding[rg] = self._pool.submit(self.dataset.read_row_group, rg)
-                total += 1
-                self.started += 1
-                continue
             if rg in self._seen:
                 continue
             self._seen.add(rg)
