@@ -80,4 +80,15 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
             # a parent thread may have held. A copy goes through __getstate__/__setstate__
             # and gets fresh ones; the manifest is shared, not reloaded.
             self.stream.dataset = copy.copy(self.stream.dataset)
-        yield from self.pipeline(worker, workers if info is not None else 0)
+        pipeline = self.pipeline(worker, workers if info is not None else 0)
+        if self.stream.dataset.cache is None:
+            yield from pipeline
+            return
+        # Remote data: this worker's share is also fetched ahead, in coalesced ranges.
+        pre = self.prefetcher(stride=max(1, workers), offset=worker)
+        try:
+            for j, item in enumerate(pipeline):
+                pre.consumed(j)
+                yield item
+        finally:
+            pre.close()
