@@ -7,11 +7,13 @@ interleaved round-robin so background load hits them alike; median/min/max are r
 All data is local and in the page cache (read once before the first run).
 
 - ``raw_rows``: the naive per-sample loop: open each Zephon shard with pyarrow, read it row
-  group by row group, ``to_pylist()`` and hand out one row at a time (tokens as
+  group by row group, ``manifest.to_logical`` (format v2 stores token windows as fixed-size
+  binary), ``to_pylist()`` and hand out one row at a time (tokens as
   ``np.array(row["tokens"], int32)``);
-- ``arrow_scan``: pyarrow's columnar scan of the same shards (``iter_batches``), decode only:
-  the upper bound for any Parquet reader; ``arrow_scan_decoded`` also turns each batch into
-  what Zephon hands out (strings -> Python lists, token windows -> a 2-D numpy view);
+- ``arrow_scan``: pyarrow's columnar scan of the same shards (``iter_batches`` +
+  ``manifest.to_logical``), decode only: the upper bound for any Parquet reader;
+  ``arrow_scan_decoded`` also turns each batch into what Zephon hands out (strings -> Python
+  lists, token windows -> a 2-D numpy view);
 - ``litdata_seq`` / ``litdata_shuffle``: ``StreamingDataLoader(StreamingDataset(...),
   batch_size=B, num_workers=0)`` over the LitData copy (raw chunks), shuffle off / on;
   ``litdata_workers2``: the same with 2 worker processes (shuffle off);
@@ -70,13 +72,14 @@ def case_raw_rows(corpus: dict, kind: str, batch: int):
     import pyarrow.parquet as pq
 
     paths = corpora.shard_paths(corpus)
+    to_logical = corpora.logical(corpus)
     t0 = time.perf_counter()
     first = None
     n = 0
     for path in paths:
         pf = pq.ParquetFile(path)
         for rg in range(pf.num_row_groups):
-            for row in pf.read_row_group(rg).to_pylist():
+            for row in to_logical(pf.read_row_group(rg)).to_pylist():
                 if kind == "tokens":
                     row = {"tokens": np.array(row["tokens"], dtype=np.int32)}
                 n += 1
@@ -92,14 +95,18 @@ def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False
     from zephon_store.stream import decode_table
 
     paths = corpora.shard_paths(corpus)
+    to_logical = corpora.logical(corpus)
     t0 = time.perf_counter()
     first = None
     n = 0
     for path in paths:
         pf = pq.ParquetFile(path)
         for rb in pf.iter_batches(batch_size=batch):
+            # Format v2 stores token windows as fixed-size binary: back to the logical
+            # fixed-size list (a zero-copy view) before anything reads the values.
+            t = to_logical(pa.Table.from_batches([rb]))
             if decode:
-                decode_table(pa.Table.from_batches([rb]))
+                decode_table(t)
             n += rb.num_rows
             if first is None:
                 first = time.perf_counter() - t0

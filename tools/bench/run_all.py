@@ -77,13 +77,22 @@ def run(name: str, args: list[str], log) -> dict:
     log(f"   done in {wall} s")
     return {"command": "python " + " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT)
                                             else c for c in cmd[1:]),
-            "wall_s": wall, "result": json.loads(out.stdout.strip().splitlines()[-1])}
+            "wall_s": wall, "result": _last_json(out.stdout)}
+
+
+def _last_json(stdout: str):
+    """The JSON a benchmark printed last: its last line, or all of stdout if indented."""
+    text = stdout.strip()
+    try:
+        return json.loads(text.splitlines()[-1])
+    except json.JSONDecodeError:
+        return json.loads(text)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated: loader,plan,s3,convert,manifest")
+    ap.add_argument("--only", default="", help="comma-separated: loader,plan,s3,convert,manifest,encoding")
     ap.add_argument("--out", default=os.path.join(ROOT, ".bench", "results.json"))
     a = ap.parse_args()
     q = ["--quick"] if a.quick else []
@@ -94,6 +103,8 @@ def main() -> None:
         "convert": ["bench_convert.py", "--copies", "1" if a.quick else "3",
                     "--runs", "3"],
         "manifest": ["bench_manifest.py", "--shards", "100000" if a.quick else "1000000"],
+        "encoding": ["bench_encoding.py", "--mb", "60" if a.quick else "300",
+                     "--runs", "3" if a.quick else "5"],
     }
     only = [s for s in a.only.split(",") if s]
     if only:

