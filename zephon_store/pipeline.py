@@ -51,9 +51,8 @@ class _Slot:
 
 @dataclass
 class _Decoded:
-    table: pa.Table                       # the selected columns
-    views: dict[str, np.ndarray] | None   # numbers and token windows without nulls, as numpy
-    lists: dict[str, list] | None         # text and other objects, as Python lists
+    table: pa.Table                  # the selected columns
+    views: dict[str, np.ndarray]     # numbers and token windows without nulls, as numpy
 
 
 @dataclass
@@ -195,47 +194,27 @@ class BatchPipeline:
             for fut in self._futures:
                 fut.cancel()
 
-    def _decode(self, rg: int, convert: bool = True) -> _Decoded:
+    def _decode(self, rg: int) -> _Decoded:
         table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
-        if not convert:
-            return _Decoded(table, None, None)
-        # Columns that become Python objects (text) are converted here, once per row group,
-        # in the decode threads: per batch, in the one thread that assembles batches, it
-        # was half of a sequential text pass's time. Not for the first step of a run: a
-        # shuffled first batch reads ~10 row groups for a few rows of each, and converting
-        # all of them tripled the time to the first batch after a resume. Numbers and token
-        # windows become zero-copy numpy views, which batches are cut from with numpy.
-        views, lists = {}, {}
+        # Numbers and token windows become zero-copy numpy views here, in the decode
+        # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
+        # its rows: converting whole row groups to Python in the decode threads was faster
+        # in a warm process but made a fresh process's first pass ~1.8x slower (84k page
+        # faults instead of 6k per 286 MB pass: the strings came from the decode threads'
+        # malloc arenas, which glibc grows and trims rather than reuses).
+        views = {}
         for name, col in zip(table.column_names, table.columns):
-            if array_type(col.type):
-                view = array_view(col)
-                if view is not None:
-                    views[name] = view
-            else:
-                lists[name] = col.to_pylist()
-        return _Decoded(table, views, lists)
+            view = array_view(col) if array_type(col.type) else None
+            if view is not None:
+                views[name] = view
+        return _Decoded(table, views)
 
     def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
-        if any(d.lists is None for d in decoded):
-            # Row groups of the first step: convert only the rows this batch takes.
-            return self.stream.finish(step.ids, _cut([d.table for d in decoded], step))
         out = {}
-        groups = None
         for name in decoded[0].table.column_names:
-            if name in decoded[0].lists:
-                if step.runs is not None:
-                    values = []
-                    for d, (b, n) in zip(decoded, step.runs):
-                        values += d.lists[name][b:b + n]
-                else:
-                    if groups is None:
-                        groups, rows = step.inverse.tolist(), step.rows.tolist()
-                    per_rg = [d.lists[name] for d in decoded]
-                    values = [per_rg[g][r] for g, r in zip(groups, rows)]
-                out[name] = values
-            elif all(name in d.views for d in decoded):
+            if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
-            else:   # nulls in some row group: Arrow decides, as decode_table does
+            else:   # text and other objects, or numbers with nulls: as decode_table does
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))
         if self.stream.with_seq:
@@ -261,7 +240,7 @@ class BatchPipeline:
             for rg in rgs:
                 slot = slots.get(rg)
                 if slot is None:
-                    fut = pool.submit(self._decode, rg, serial > 0)
+                    fut = pool.submit(self._decode, rg)
                     with self._futures_lock:
                         self._futures.append(fut)
                     slots[rg] = _Slot(fut, serial, self._per_rg)
