@@ -176,11 +176,17 @@ class BatchPipeline:
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
         self.stop = stop or threading.Event()
-        self._futures: deque[Future] = deque(maxlen=4096)
+        # Decodes not finished yet, for cancel(). Finished ones leave at once: a future holds
+        # its result, so keeping them kept every decoded row group of the pass alive.
+        self._futures: set[Future] = set()
         self._futures_lock = threading.Lock()
         self.decodes = 0          # row-group decodes started (for tests and benchmarks)
         self.max_held = 0         # most decoded row groups held at once (same)
         self.closed = False
+
+    def _forget(self, fut: Future) -> None:
+        with self._futures_lock:
+            self._futures.discard(fut)
 
     def cancel(self) -> None:
         """Stop from another thread: no further steps, queued decodes dropped at once.
@@ -191,8 +197,9 @@ class BatchPipeline:
         """
         self.stop.set()
         with self._futures_lock:
-            for fut in self._futures:
-                fut.cancel()
+            pending = list(self._futures)
+        for fut in pending:     # outside the lock: a cancelled future runs _forget at once
+            fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
         table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
@@ -242,7 +249,8 @@ class BatchPipeline:
                 if slot is None:
                     fut = pool.submit(self._decode, rg)
                     with self._futures_lock:
-                        self._futures.append(fut)
+                        self._futures.add(fut)
+                    fut.add_done_callback(self._forget)
                     slots[rg] = _Slot(fut, serial, self._per_rg)
                     held += self._per_rg
                     self.decodes += 1

@@ -9,6 +9,7 @@ corpora; ``--mb`` picks them)::
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py resume         # first batch vs prefetch
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py getitem        # where ds[i] spends time
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py costs          # hash/decode/python split
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.
@@ -206,9 +207,68 @@ def probe_s3(kind: str, mb: int) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def probe_costs(kind: str, mb: int) -> None:
+    """One pass over every row group of both copies, split into its memory passes.
+
+    hash: xxh3 of the row group's bytes (the integrity check); decode: pyarrow's Parquet
+    decode into Arrow buffers (plus, for token windows, the zero-copy view back to lists);
+    python: the batch conversion a training loop gets (text to ``str``; tokens are numpy
+    views, nothing to convert). Medians of 3 passes, each after re-reading the files.
+    """
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import xxhash
+
+    from zephon_store import open_dataset
+    from zephon_store.stream import decode_table
+
+    b = BATCH[kind]
+    for system in ("zephon", "zephonraw"):
+        path = _path(kind, mb, system)
+        m = open_dataset(path).manifest
+        files = sorted(glob.glob(os.path.join(path, "shards", "*.parquet")))
+        runs: dict[str, list[float]] = collections.defaultdict(list)
+        for _ in range(3):
+            for f in files:
+                with open(f, "rb") as fh:
+                    while fh.read(8 << 20):
+                        pass
+            tables, t_hash, t_dec = [], 0.0, 0.0
+            for f in files:
+                buf = pa.memory_map(f).read_buffer()
+                pf = pq.ParquetFile(pa.BufferReader(buf))
+                for i in range(pf.num_row_groups):
+                    rg = pf.metadata.row_group(i)
+                    start = min(rg.column(c).dictionary_page_offset or rg.column(c).data_page_offset
+                                for c in range(rg.num_columns))
+                    end = max((rg.column(c).dictionary_page_offset
+                               or rg.column(c).data_page_offset) + rg.column(c).total_compressed_size
+                              for c in range(rg.num_columns))
+                    t0 = time.perf_counter()
+                    xxhash.xxh3_128_hexdigest(memoryview(buf)[start:end])
+                    t1 = time.perf_counter()
+                    tables.append(m.to_logical(pf.read_row_group(i)))
+                    t_hash += t1 - t0
+                    t_dec += time.perf_counter() - t1
+            t0 = time.perf_counter()
+            for t in tables:
+                for s in range(0, t.num_rows, b):
+                    decode_table(t.slice(s, b))
+            runs["hash"].append(t_hash)
+            runs["decode"].append(t_dec)
+            runs["python"].append(time.perf_counter() - t0)
+            del tables
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(f"{kind} {system}: hash {med['hash']:.3f} s, decode {med['decode']:.3f} s, "
+              f"python {med['python']:.3f} s, sum {sum(med.values()):.3f} s per pass "
+              f"({m.num_samples} samples, {m.num_row_groups} row groups)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3",
+    ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
                                       "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
@@ -230,7 +290,7 @@ def main() -> None:
         os._exit(0)
     for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
-         "s3": probe_s3}[a.probe](kind, a.mb)
+         "s3": probe_s3, "costs": probe_costs}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
