@@ -46,7 +46,6 @@ MAX_AHEAD_STEPS = 1024
 class _Slot:
     future: Future
     last: int          # serial number of the last planned step that reads this row group
-    nbytes: int        # estimated decoded size, for the ahead budget
 
 
 @dataclass
@@ -133,6 +132,12 @@ def decoded_row_group_bytes(manifest) -> float:
     return min(1.25 * rg_bytes, stored) if rg_bytes else stored
 
 
+def two_working_sets_bytes(stream) -> int:
+    """Decoded bytes of two working sets of ``stream``'s order (see ``default_ahead_bytes``)."""
+    per_rg = decoded_row_group_bytes(stream.dataset.manifest)
+    return int(2 * stream.working_set_row_groups() * per_rg)
+
+
 def default_ahead_bytes(stream) -> int:
     """Decode-ahead budget for ``stream``: two working sets, at least 16 MiB, at most 1 GiB.
 
@@ -140,9 +145,7 @@ def default_ahead_bytes(stream) -> int:
     one is released (a row group cut by a window boundary is then still held, not decoded
     twice).
     """
-    per_rg = decoded_row_group_bytes(stream.dataset.manifest)
-    need = int(2 * stream.working_set_row_groups() * per_rg)
-    return min(max(MIN_AHEAD_BYTES, need), MAX_AUTO_AHEAD_BYTES)
+    return min(max(MIN_AHEAD_BYTES, two_working_sets_bytes(stream)), MAX_AUTO_AHEAD_BYTES)
 
 
 def default_decode_threads(dataset) -> int:
@@ -182,7 +185,6 @@ class BatchPipeline:
         self._futures_lock = threading.Lock()
         self.decodes = 0          # row-group decodes started (for tests and benchmarks)
         self.max_held = 0         # most decoded row groups held at once (same)
-        self.closed = False
 
     def _forget(self, fut: Future) -> None:
         with self._futures_lock:
@@ -234,10 +236,9 @@ class BatchPipeline:
         planned: deque[_Step] = deque()
         it = iter(self.indices)
         serial = 0
-        held = 0   # estimated decoded bytes of the row groups in `slots`
 
         def plan_one() -> bool:
-            nonlocal serial, held
+            nonlocal serial
             i = next(it, None)
             if i is None:
                 return False
@@ -251,8 +252,7 @@ class BatchPipeline:
                     with self._futures_lock:
                         self._futures.add(fut)
                     fut.add_done_callback(self._forget)
-                    slots[rg] = _Slot(fut, serial, self._per_rg)
-                    held += self._per_rg
+                    slots[rg] = _Slot(fut, serial)
                     self.decodes += 1
                     self.max_held = max(self.max_held, len(slots))
                 else:
@@ -276,16 +276,14 @@ class BatchPipeline:
                 # that one the next step reads again (sequential steps share row groups)
                 # is not dropped and decoded twice.
                 while more and not self.stop.is_set() and (
-                        not planned or (held < self.ahead_bytes
+                        not planned or (len(slots) * self._per_rg < self.ahead_bytes
                                         and len(planned) < MAX_AHEAD_STEPS)):
                     more = plan_one()
                 for rg in step.row_groups:
                     slot = slots.get(rg)
                     if slot is not None and slot.last == step.serial:
                         del slots[rg]
-                        held -= slot.nbytes
         finally:
-            self.closed = True
             for slot in slots.values():
                 slot.future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)

@@ -18,12 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .arrowutil import i64, np_view
+from .arrowutil import i64
 from .hashing import xxh3_hex
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
 from .rangefile import RangeFile
 from .storage import Storage
+from .stream import array_view
 
 DEFAULT_DECODE_CACHE_BYTES = 256 << 20
 _MAX_MAPPED_SHARDS = 256  # open memory maps kept per Dataset (one file descriptor each)
@@ -238,11 +239,6 @@ class Dataset:
             with self._inflight_lock:
                 del self._inflight[rg]
 
-    def has_decoded(self, rg: int) -> bool:
-        """True if row group ``rg`` is in the decode cache or being decoded right now."""
-        rg = int(rg)
-        return rg in self._decoded or rg in self._inflight
-
     def _decode_row_group(self, rg: int) -> pa.Table:
         m = self.manifest
         shard = int(m.rg_shard[rg])
@@ -399,15 +395,11 @@ def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -
 
 def _first_value(col: pa.ChunkedArray):
     """The first value of ``col`` as a Python object; fixed-size numeric lists as numpy."""
-    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    t = arr.type
-    if (pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type)
-                                            or pa.types.is_floating(t.value_type))
-            and arr.null_count == 0):
-        values = arr.values.slice(arr.offset * t.list_size, t.list_size)
-        if values.null_count == 0:
-            return np_view(values)
-    return arr[0].as_py()
+    if pa.types.is_fixed_size_list(col.type):
+        view = array_view(col)   # None for non-numeric items or nulls
+        if view is not None:
+            return view[0]
+    return col[0].as_py()
 
 
 def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:

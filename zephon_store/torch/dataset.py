@@ -66,11 +66,6 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
                              transform=self.transform, ahead_bytes=self.decode_ahead_bytes,
                              stop=stop)
 
-    def batch_at(self, i: int) -> dict:
-        cursor = self.start_cursor + i * self.stream.topology.global_batch
-        batch = self.stream.batch(cursor)
-        return self.transform(batch) if self.transform is not None else batch
-
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)

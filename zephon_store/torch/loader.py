@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..order import OrderOptions
-from ..pipeline import MAX_AUTO_AHEAD_BYTES, decoded_row_group_bytes
+from ..pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..prefetch import DEFAULT_PREFETCH_BYTES
 from ..reader import Dataset, open_dataset
 from ..stream import RankStream, Topology
@@ -125,16 +125,17 @@ class ZephonLoader:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
         # at once; the pipeline holds two such sets decoded. Beyond its automatic cap, row
         # groups are decoded more than once per epoch: say so, with the numbers.
+        if self.decode_ahead_bytes is not None:
+            return
         stream = RankStream(self.dataset, self.order, self.topology)
-        rgs = stream.working_set_row_groups()
-        need = 2 * rgs * decoded_row_group_bytes(self.dataset.manifest)
-        if self.decode_ahead_bytes is None and need > MAX_AUTO_AHEAD_BYTES:
+        need = two_working_sets_bytes(stream)
+        if need > MAX_AUTO_AHEAD_BYTES:
             log.warning(
                 "zephon: this rank's order reads from %d row groups at once (~%.1f GB decoded "
                 "for two working sets), more than the %.1f GB decoded automatically; row groups "
                 "will be decoded more than once per epoch. Pass decode_ahead_bytes=... to hold "
                 "them, or use more ranks (each reads lanes/world_size lanes).",
-                rgs, need / 1e9, MAX_AUTO_AHEAD_BYTES / 1e9)
+                stream.working_set_row_groups(), need / 1e9, MAX_AUTO_AHEAD_BYTES / 1e9)
 
     # -- state ---------------------------------------------------------------------------
     @property
