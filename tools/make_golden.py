@@ -75,13 +75,28 @@ def _tokens_inputs(d: str) -> list[str]:
     return [path]
 
 
+def _docs_inputs(d: str) -> list[str]:
+    # The default use_dictionary="auto": "text" (every value distinct) is written with plain
+    # pages, "source" (3 values) with a dictionary.
+    lines = [json.dumps({"text": f"document {i}: " + " ".join(["w%d" % (i * j % 17)
+                                                               for j in range(i % 9)]),
+                         "source": ["web", "books", "code"][i % 3]}) for i in range(20)]
+    with open(os.path.join(d, "docs.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return [os.path.join(d, "docs.jsonl")]
+
+
+# The first three were written before use_dictionary="auto" became the default; they pin
+# use_dictionary=True so their bytes stay what they were. "docs" has the default.
 DATASETS = {
-    "text": (_text_inputs, WriteOptions(target_shard_bytes=800, row_group_rows=6),
+    "text": (_text_inputs, WriteOptions(target_shard_bytes=800, row_group_rows=6,
+                                        use_dictionary=True), InputOptions()),
+    "nested": (_nested_inputs, WriteOptions(target_shard_bytes=400, row_group_bytes=150,
+                                            use_dictionary=True), InputOptions()),
+    "tokens": (_tokens_inputs, WriteOptions(target_shard_bytes=1000, row_group_rows=8,
+                                            use_dictionary=True), InputOptions()),
+    "docs": (_docs_inputs, WriteOptions(target_shard_bytes=900, row_group_rows=8),
              InputOptions()),
-    "nested": (_nested_inputs, WriteOptions(target_shard_bytes=400, row_group_bytes=150),
-               InputOptions()),
-    "tokens": (_tokens_inputs, WriteOptions(target_shard_bytes=1000, row_group_rows=8),
-               InputOptions()),
 }
 
 

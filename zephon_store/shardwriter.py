@@ -31,6 +31,11 @@ class WriteOptions:
     ``fixed_size_lists``: ``"binary"`` stores fixed-size lists of numbers as fixed-size
     binary (2-4x faster to decode, see :mod:`zephon_store.encoding`); ``"list"`` keeps
     Parquet's list layout, which can hold null elements.
+    ``use_dictionary``: ``"auto"`` (the default) dictionary-encodes every column except
+    top-level string and binary columns whose values are mostly distinct in the shard
+    (documents, URLs, ids; see :func:`dictionary_columns`): there a dictionary saves no
+    bytes and costs a second copy on every read. ``True`` and ``False`` apply to every
+    column.
 
     >>> WriteOptions(target_shard_bytes=0)
     Traceback (most recent call last):
@@ -43,7 +48,7 @@ class WriteOptions:
     row_group_rows: int | None = None
     compression: str = "zstd"
     compression_level: int | None = 3
-    use_dictionary: bool = True
+    use_dictionary: bool | str = "auto"
     write_statistics: bool = True
     data_page_size: int = 1 << 20
     parquet_version: str = "2.6"
@@ -62,6 +67,9 @@ class WriteOptions:
             raise ValueError(
                 f"compression must be one of zstd, snappy, gzip, lz4, brotli, none; "
                 f"got {self.compression!r}")
+        if self.use_dictionary not in (True, False, "auto"):
+            raise ValueError(f"use_dictionary must be True, False or 'auto'; "
+                             f"got {self.use_dictionary!r}")
         if self.data_page_size <= 0:
             raise ValueError(f"data_page_size must be > 0, got {self.data_page_size}")
         if self.fixed_size_lists not in FIXED_SIZE_LIST_MODES:
@@ -110,7 +118,8 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     ``shards/<name>.parquet`` afterwards). ``table`` holds logical types; columns that
     :func:`~zephon_store.encoding.storage_encodings` names are written in their storage
     type, without dictionary encoding (each value is a whole window: a dictionary only
-    costs time, then falls back to plain). Raises
+    costs time, then falls back to plain); with ``use_dictionary="auto"`` the columns
+    :func:`dictionary_columns` leaves out are plain too. Raises
     :class:`~zephon_store.encoding.ElementNullError` for a null list element.
     """
     if sum(row_group_rows) != table.num_rows:
@@ -119,8 +128,10 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     table = to_storage(table, encodings)
     compression = None if options.compression == "none" else options.compression
     level = options.compression_level if compression in ("zstd", "gzip", "brotli") else None
-    use_dictionary: bool | list[str] = options.use_dictionary
-    if use_dictionary and encodings:
+    use_dictionary: bool | list[str] = options.use_dictionary is not False
+    if options.use_dictionary == "auto":
+        use_dictionary = dictionary_columns(table, exclude=encodings)
+    elif use_dictionary and encodings:
         use_dictionary = [p for p in _leaf_paths(table.schema) if p not in encodings]
     with pq.ParquetWriter(
         path, table.schema, compression=compression or "none", compression_level=level,
@@ -133,6 +144,42 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
             writer.write_table(table.slice(start, n), row_group_size=n)
             start += n
     return describe_shard(path)
+
+
+#: Rows of a shard that :func:`dictionary_columns` looks at (its first rows).
+DICTIONARY_SAMPLE_ROWS = 1024
+
+
+def dictionary_columns(table: pa.Table, exclude=()) -> list[str]:
+    """The leaf columns of ``table`` worth a dictionary: what ``use_dictionary="auto"`` picks.
+
+    Every leaf except those in ``exclude`` and the top-level string or binary columns
+    whose first :data:`DICTIONARY_SAMPLE_ROWS` non-null values are more than half
+    distinct. For such a column (documents, URLs, ids) a dictionary holds every value
+    once anyway: the file is no smaller, and a reader decodes the dictionary and then
+    copies every value out of it again (1.6x the decode time of plain pages for
+    text; ``tools/bench/bench_dictionary.py``). The choice is a pure function of the
+    shard's rows, so shard bytes stay deterministic.
+
+    >>> t = pa.table({"text": ["a", "b", "c", "d"], "lang": ["en", "en", "de", "en"],
+    ...               "n": [1, 1, 1, 1]})
+    >>> dictionary_columns(t)
+    ['lang', 'n']
+    """
+    import pyarrow.compute as pc
+
+    plain = set(exclude)
+    head = table.slice(0, DICTIONARY_SAMPLE_ROWS)
+    for i, field in enumerate(table.schema):
+        t = field.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)):
+            continue
+        col = head.column(i)
+        valid = len(col) - col.null_count
+        if valid and pc.count_distinct(col).as_py() * 2 > valid:
+            plain.add(field.name)
+    return [p for p in _leaf_paths(table.schema) if p not in plain]
 
 
 def _leaf_paths(schema: pa.Schema) -> list[str]:

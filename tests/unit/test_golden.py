@@ -66,6 +66,20 @@ def test_v2_golden_stores_fixed_size_lists_as_little_endian_binary():
     assert raw.column("emb")[0].as_py() is None  # a null row stays a null row
 
 
+def test_v2_docs_golden_has_plain_pages_for_distinct_text():
+    """``use_dictionary="auto"``: mostly-distinct strings plain, repeated ones a dictionary."""
+    root = GOLDEN / "v2" / "docs"
+    assert _manifest("v2", "docs")["writer"]["use_dictionary"] == "auto"
+    m = open_dataset(str(root)).manifest
+    md = pq.ParquetFile(root / m.shard_path(0)).metadata
+    for i in range(md.num_row_groups):
+        cols = {md.row_group(i).column(c).path_in_schema: md.row_group(i).column(c)
+                for c in range(md.num_columns)}
+        assert not cols["text"].has_dictionary_page
+        assert "RLE_DICTIONARY" not in cols["text"].encodings
+        assert cols["source"].has_dictionary_page
+
+
 def test_v1_goldens_have_no_storage_encodings():
     for name in ("text", "nested"):
         doc = _manifest("v1", name)
