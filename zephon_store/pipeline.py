@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .arrowutil import gather_pylist, is_flat_binary
 from .index import locate
 from .reader import gather_rows
 from .stream import SEQ_KEY, array_type, array_view, decode_column
@@ -223,6 +224,9 @@ class BatchPipeline:
         for name in decoded[0].table.column_names:
             if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
+            elif step.runs is None and is_flat_binary(decoded[0].table.schema.field(name).type):
+                out[name] = gather_pylist([d.table.column(name) for d in decoded],
+                                          step.inverse, step.rows)
             else:   # text and other objects, or numbers with nulls: as decode_table does
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))

@@ -119,7 +119,8 @@ def test_plan_rows_points_at_the_located_rows(ds, data):
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    """Token windows, a number column with nulls in some row groups only, and text."""
+    """Token windows, a number column with nulls in some row groups only, text (with nulls),
+    large text and bytes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -129,7 +130,11 @@ def mixed(tmp_path_factory):
     x = [None if 40 <= i < 45 else i * 10 for i in range(n)]
     pq.write_table(pa.table({
         "tokens": pa.FixedSizeListArray.from_arrays(pa.array(windows.reshape(-1)), 6),
-        "x": pa.array(x, pa.int64()), "s": [f"doc {i}" for i in range(n)]}), d / "in.parquet")
+        "x": pa.array(x, pa.int64()),
+        "s": [None if i % 17 == 0 else f"doc {i} ü" for i in range(n)],
+        "L": pa.array([f"large {i}" * (i % 4) for i in range(n)], pa.large_string()),
+        "b": pa.array([bytes([i % 256]) * (i % 5) for i in range(n)], pa.binary()),
+    }), d / "in.parquet")
     convert([str(d / "in.parquet")], str(d / "ds"), options=WriteOptions(row_group_rows=19))
     return str(d / "ds")
 
@@ -147,3 +152,30 @@ def test_mixed_columns_match_decode_table(mixed, shuffle):
         assert batch["tokens"].tolist() == want["tokens"].tolist()
         assert type(batch["x"]) is type(want["x"])   # a list where nulls are, else numpy
         assert list(batch["x"]) == list(want["x"]) and batch["s"] == want["s"]
+        assert batch["L"] == want["L"] and batch["b"] == want["b"]
+        assert all(type(v) is bytes for v in batch["b"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_gather_pylist_equals_take_and_to_pylist(data):
+    """The one-copy text gather against Arrow's take, for every flat binary type and nulls."""
+    import pyarrow as pa
+
+    from zephon_store.arrowutil import gather_pylist
+
+    typ = data.draw(st.sampled_from([pa.string(), pa.large_string(), pa.binary(),
+                                     pa.large_binary()]))
+    text = pa.types.is_string(typ) or pa.types.is_large_string(typ)
+    value = st.text(max_size=6) if text else st.binary(max_size=6)
+    cols = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        vals = data.draw(st.lists(st.none() | value, min_size=1, max_size=12))
+        arr = pa.array(vals, typ)
+        cut = data.draw(st.integers(0, len(vals) - 1))
+        cols.append(pa.chunked_array([arr.slice(cut)]) if cut else arr)  # offsets too
+    n = data.draw(st.integers(0, 20))
+    inverse = np.array([data.draw(st.integers(0, len(cols) - 1)) for _ in range(n)], np.int64)
+    rows = np.array([data.draw(st.integers(0, len(cols[k]) - 1)) for k in inverse], np.int64)
+    want = [cols[k][r].as_py() for k, r in zip(inverse.tolist(), rows.tolist())]
+    assert gather_pylist(cols, inverse, rows) == want
