@@ -265,8 +265,16 @@ class BatchPipeline:
             serial += 1
             return True
 
+        def plan_ahead() -> None:
+            nonlocal more
+            while more and not self.stop.is_set() and (
+                    not planned or (len(slots) * self._per_rg < self.ahead_bytes
+                                    and len(planned) < MAX_AHEAD_STEPS)):
+                more = plan_one()
+
         try:
             more = plan_one()   # the first step alone (see the module docstring)
+            first = True
             while planned and not self.stop.is_set():
                 step = planned.popleft()
                 decoded = [slots[rg].future.result() for rg in step.row_groups]
@@ -274,15 +282,19 @@ class BatchPipeline:
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)
+                # Plan (and start decoding) ahead before a batch is handed out, so decodes
+                # run while the caller works on it (the loader's thread path calls next()
+                # only when the training loop wants the next batch); after it for the
+                # first batch, which waits for nothing else. Then drop the row groups no
+                # planned step reads any more: planning first, so that one the next step
+                # reads again (sequential steps share row groups) is not dropped and
+                # decoded twice.
+                if not first:
+                    plan_ahead()
                 yield step.index, batch
-                # Plan (and start decoding) ahead only after a batch was handed out. Then
-                # drop the row groups no planned step reads any more: planning first, so
-                # that one the next step reads again (sequential steps share row groups)
-                # is not dropped and decoded twice.
-                while more and not self.stop.is_set() and (
-                        not planned or (len(slots) * self._per_rg < self.ahead_bytes
-                                        and len(planned) < MAX_AHEAD_STEPS)):
-                    more = plan_one()
+                if first:
+                    plan_ahead()
+                    first = False
                 for rg in step.row_groups:
                     slot = slots.get(rg)
                     if slot is not None and slot.last == step.serial:

@@ -22,6 +22,7 @@ from .arrowutil import i64
 from .hashing import xxh3_hex
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
+from .pages import read_fixed_chunk
 from .rangefile import RangeFile
 from .storage import Storage
 from .stream import array_view
@@ -88,6 +89,7 @@ class Dataset:
         self.cache = self._make_cache(self._cache_arg)
         self._footers: dict[int, pq.FileMetaData] = {}
         self._footer_lock = threading.Lock()
+        self._leaf_info: dict[int, tuple[pa.Schema, dict]] = {}
         self._decoded = _LRU(self._decode_cache_bytes)
         # Row groups being decoded right now -> the Future of their table. The loader's
         # prefetch threads ask for the same row group at once (a sequential token batch is a
@@ -248,14 +250,56 @@ class Dataset:
         if mapped is not None:
             # Local fast path: decode straight from the memory-mapped shard, whose bytes of
             # this row group were just hashed (no copy, no Python file object in between).
-            t = pq.ParquetFile(pa.BufferReader(mapped), metadata=md).read_row_group(local)
+            buf, base = mapped, 0
+            source = pa.BufferReader(mapped)
         else:
-            off = int(m.rg_offset[rg])
+            base = int(m.rg_offset[rg])
             data = self.fetch_row_group_bytes(rg)
-            f = RangeFile(int(m.shard_bytes[shard]), {off: data},
-                          name=self.storage.url(m.shard_path(shard)))
-            t = pq.ParquetFile(f, metadata=md).read_row_group(local)
+            buf = pa.py_buffer(data)
+            source = RangeFile(int(m.shard_bytes[shard]), {base: data},
+                               name=self.storage.url(m.shard_path(shard)))
+        # Fixed-size binary columns (token windows) straight from their pages: zero-copy
+        # from verified bytes where pages.py can read them exactly, else pyarrow decodes.
+        schema, fixed = self._leaves(shard, md)
+        meta = md.row_group(local)
+        direct = {}
+        for name, (ci, max_def, max_rep, width) in fixed.items():
+            col = read_fixed_chunk(buf, base, meta.column(ci), max_def, max_rep, width)
+            if col is not None:
+                direct[name] = col
+        if not direct:
+            t = pq.ParquetFile(source, metadata=md).read_row_group(local)
+        else:
+            rest = [f.name for f in schema if f.name not in direct]
+            other = (pq.ParquetFile(source, metadata=md).read_row_group(local, columns=rest)
+                     if rest else None)
+            t = pa.Table.from_arrays(
+                [direct[f.name] if f.name in direct else other.column(f.name) for f in schema],
+                schema=schema)
         return m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
+
+    def _leaves(self, shard: int, md: pq.FileMetaData) -> tuple[pa.Schema, dict]:
+        """``shard``'s Arrow schema and its top-level fixed-size binary leaves (cached).
+
+        The leaves map a column name to ``(leaf index, max definition level, max
+        repetition level, byte width)``, what :func:`~zephon_store.pages.read_fixed_chunk`
+        needs.
+        """
+        got = self._leaf_info.get(shard)
+        if got is not None:
+            return got
+        schema = md.schema.to_arrow_schema()
+        fixed = {}
+        names = [f.name for f in schema]
+        for ci in range(md.num_columns):
+            leaf = md.schema.column(ci)
+            if (leaf.path in names and names.count(leaf.path) == 1
+                    and pa.types.is_fixed_size_binary(schema.field(leaf.path).type)):
+                fixed[leaf.path] = (ci, leaf.max_definition_level, leaf.max_repetition_level,
+                                    schema.field(leaf.path).type.byte_width)
+        with self._footer_lock:
+            self._leaf_info[shard] = (schema, fixed)
+        return schema, fixed
 
     def _mapped_row_group(self, rg: int, shard: int) -> pa.Buffer | None:
         """The whole mapped shard if it is local and row group ``rg``'s bytes verify, else None.

@@ -1,0 +1,239 @@
+"""Fixed-size binary column chunks read straight from their Parquet pages (zero-copy).
+
+A fixed-size binary column written with PLAIN pages and no nulls (token windows in format
+v2, see :mod:`zephon_store.encoding`) holds its values back to back in each data page. So
+once the row group's bytes have passed their xxh3 check, the values of an uncompressed page
+*are* the column: this module returns them as an Arrow ``fixed_size_binary`` array over the
+very same buffer (the memory-mapped shard, or the fetched range), with no copy. A compressed
+page is decompressed once, into the buffer that becomes the array. pyarrow's reader copies
+every value out of the page into a fresh array after decompressing; on 300 MB of token
+windows that copy and the definition levels were 0.15 s of a 0.27 s uncompressed pass
+(``tools/bench/peers/probe_zephon.py costs``).
+
+Only what this module can prove it reads exactly takes this path: a top-level
+``FIXED_LEN_BYTE_ARRAY`` leaf with no repetition, no dictionary, PLAIN values, version 1
+or 2 data pages, no nulls in any page (the definition levels are decoded and checked), a
+codec pyarrow's :class:`pyarrow.Codec` decompresses, and page sizes that add up to the
+column chunk. For anything else :func:`read_fixed_chunk` returns ``None`` and the caller
+decodes with pyarrow as before; the result is the same either way (the tests compare them).
+
+The page headers are Thrift compact-protocol structs (the Parquet format's
+``PageHeader``); :class:`_Compact` reads the few fields needed and skips the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+# Parquet's page types and encodings (parquet.thrift).
+DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
+PLAIN, RLE = 0, 3
+# Parquet codec names (as pyarrow's metadata spells them) -> pyarrow.Codec names. The old
+# "LZ4" (Hadoop framing) is left out: its framing varies by writer.
+_CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli",
+           "LZ4_RAW": "lz4_raw"}
+
+
+class _Unsupported(Exception):
+    """A page this module does not read; the caller falls back to pyarrow."""
+
+
+class _Compact:
+    """A reader of Thrift compact-protocol structs over ``buf`` from ``pos``."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf, pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def _byte(self) -> int:
+        b = self.buf[self.pos]
+        self.pos += 1
+        return b
+
+    def varint(self) -> int:
+        shift = out = 0
+        while True:
+            b = self._byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+            if shift > 63:
+                raise _Unsupported("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def struct(self) -> dict:
+        """Fields of one struct: id -> int, bool, bytes, or dict (nested struct)."""
+        out: dict = {}
+        last = 0
+        while True:
+            head = self._byte()
+            if head == 0:
+                return out
+            kind, delta = head & 0x0F, head >> 4
+            last = last + delta if delta else self.zigzag()
+            out[last] = self._value(kind)
+
+    def _value(self, kind: int):
+        if kind == 1:
+            return True
+        if kind == 2:
+            return False
+        if kind == 3:
+            return self._byte()
+        if kind in (4, 5, 6):
+            return self.zigzag()
+        if kind == 7:
+            self.pos += 8
+            return None
+        if kind == 8:
+            n = self.varint()
+            self.pos += n
+            return bytes(self.buf[self.pos - n:self.pos])
+        if kind in (9, 10):
+            head = self._byte()
+            size, elem = head >> 4, head & 0x0F
+            if size == 15:
+                size = self.varint()
+            for _ in range(size):
+                if elem in (1, 2):   # booleans in a list are one byte each
+                    self.pos += 1
+                else:
+                    self._value(elem)
+            return None
+        if kind == 11:
+            size = self.varint()
+            if size:
+                types = self._byte()
+                for _ in range(size):
+                    self._value(types >> 4)
+                    self._value(types & 0x0F)
+            return None
+        if kind == 12:
+            return self.struct()
+        raise _Unsupported(f"thrift type {kind}")
+
+
+def _count_valid(levels, n: int, max_def: int) -> int:
+    """Values among ``n`` whose definition level is ``max_def`` (RLE/bit-packed hybrid)."""
+    width = max(1, int(max_def).bit_length())
+    r = _Compact(levels, 0)
+    seen = valid = 0
+    while seen < n:
+        head = r.varint()
+        if head & 1:                         # bit-packed: (head >> 1) groups of 8 values
+            count = (head >> 1) * 8
+            nbytes = (head >> 1) * width
+            raw = np.frombuffer(bytes(levels[r.pos:r.pos + nbytes]), dtype=np.uint8)
+            if raw.size != nbytes:
+                raise _Unsupported("truncated definition levels")
+            r.pos += nbytes
+            bits = np.unpackbits(raw, bitorder="little")
+            if width > 1:
+                bits = (bits.reshape(-1, width)
+                        * (1 << np.arange(width, dtype=np.uint32))).sum(axis=1)
+            take = min(count, n - seen)
+            valid += int(np.count_nonzero(bits[:take] == max_def))
+            seen += take
+        else:                                # a run of one value
+            count = head >> 1
+            vbytes = (width + 7) // 8
+            value = int.from_bytes(bytes(levels[r.pos:r.pos + vbytes]), "little")
+            r.pos += vbytes
+            take = min(count, n - seen)
+            if value == max_def:
+                valid += take
+            seen += take
+            if count == 0:
+                raise _Unsupported("empty RLE run")
+    return valid
+
+
+def read_fixed_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: int,
+                     width: int) -> pa.ChunkedArray | None:
+    """The values of one fixed-size binary column chunk, or None to let pyarrow decode it.
+
+    ``buf`` holds the shard's bytes from file offset ``base`` on (the whole mapped shard
+    with ``base=0``, or one fetched row-group range); ``column`` is pyarrow's
+    ``ColumnChunkMetaData``; ``max_def``/``max_rep`` the leaf's definition and repetition
+    levels; ``width`` the value size in bytes. Uncompressed pages come back as views of
+    ``buf``; one chunk per data page.
+
+    >>> read_fixed_chunk(buf, 0, md.row_group(0).column(0), 1, 0, 8196)  # doctest: +SKIP
+    <pyarrow.lib.ChunkedArray object at ...>
+    """
+    try:
+        return _read_fixed_chunk(buf, base, column, max_def, max_rep, width)
+    except (_Unsupported, IndexError, ValueError, pa.ArrowException):
+        return None
+
+
+def _read_fixed_chunk(buf, base, column, max_def, max_rep, width):
+    if (max_rep or max_def > 1 or column.physical_type != "FIXED_LEN_BYTE_ARRAY"
+            or column.has_dictionary_page or width <= 0):
+        return None
+    comp = column.compression
+    codec = None
+    if comp != "UNCOMPRESSED":
+        if comp not in _CODECS or not pa.Codec.is_available(_CODECS[comp]):
+            return None
+        codec = pa.Codec(_CODECS[comp])
+    start = column.data_page_offset - base
+    end = start + column.total_compressed_size
+    if start < 0 or end > buf.size:
+        return None
+    view = memoryview(buf)
+    chunks, pos, rows = [], start, 0
+    while pos < end:
+        r = _Compact(view, pos)
+        head = r.struct()
+        body = r.pos
+        kind, usize, csize = head.get(1), head.get(2), head.get(3)
+        if kind not in (DATA_PAGE, DATA_PAGE_V2) or usize is None or csize is None:
+            return None
+        if body + csize > end:
+            return None
+        page = buf.slice(body, csize)
+        if kind == DATA_PAGE:
+            dp = head.get(5) or {}
+            n = dp.get(1)
+            if n is None or dp.get(2) != PLAIN:
+                return None
+            if codec is not None:
+                page = codec.decompress(page, decompressed_size=usize)
+            elif csize != usize:
+                return None
+            skip = 0
+            if max_def:
+                if dp.get(3) != RLE:
+                    return None
+                nlev = int.from_bytes(bytes(memoryview(page)[:4]), "little")
+                skip = 4 + nlev
+                if _count_valid(memoryview(page)[4:skip], n, max_def) != n:
+                    return None                  # nulls: values are not one per slot
+            values = page.slice(skip)
+        else:
+            dp = head.get(8) or {}
+            n, nulls, enc = dp.get(1), dp.get(2), dp.get(4)
+            dlen, rlen = dp.get(5, 0), dp.get(6, 0)
+            if n is None or nulls != 0 or enc != PLAIN or rlen:
+                return None
+            if max_def and _count_valid(memoryview(page)[:dlen], n, max_def) != n:
+                return None
+            values = page.slice(dlen)
+            if codec is not None and dp.get(7, True):
+                values = codec.decompress(values, decompressed_size=usize - dlen)
+        if values.size != n * width:
+            return None
+        chunks.append(pa.Array.from_buffers(pa.binary(width), n, [None, values]))
+        rows += n
+        pos = body + csize
+    if pos != end or rows != column.num_values:
+        return None
+    return pa.chunked_array(chunks, type=pa.binary(width))
