@@ -29,8 +29,9 @@ import pyarrow as pa
 # Parquet's page types and encodings (parquet.thrift).
 DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
 PLAIN, RLE = 0, 3
-# Parquet codec names (as pyarrow's metadata spells them) -> pyarrow.Codec names. The old
-# "LZ4" (Hadoop framing) is left out: its framing varies by writer.
+# Parquet codec names (as pyarrow's metadata spells them) -> pyarrow.Codec names. "LZ4" is
+# left out: pyarrow's metadata spells both the framed (Hadoop) codec and the raw one so,
+# and decoding one as the other would not always fail.
 _CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli",
            "LZ4_RAW": "lz4_raw"}
 
@@ -120,39 +121,107 @@ class _Compact:
         raise _Unsupported(f"thrift type {kind}")
 
 
-def _count_valid(levels, n: int, max_def: int) -> int:
-    """Values among ``n`` whose definition level is ``max_def`` (RLE/bit-packed hybrid)."""
+def _valid_mask(levels, n: int, max_def: int) -> np.ndarray | None:
+    """Which of ``n`` slots hold a value (definition level == ``max_def``), from the
+    RLE/bit-packed hybrid ``levels``; ``None`` when all of them do."""
     width = max(1, int(max_def).bit_length())
     r = _Compact(levels, 0)
-    seen = valid = 0
+    runs: list[tuple[int, object]] = []     # (count, value) or (count, array of levels)
+    seen = 0
     while seen < n:
         head = r.varint()
         if head & 1:                         # bit-packed: (head >> 1) groups of 8 values
-            count = (head >> 1) * 8
             nbytes = (head >> 1) * width
             raw = np.frombuffer(bytes(levels[r.pos:r.pos + nbytes]), dtype=np.uint8)
-            if raw.size != nbytes:
+            if raw.size != nbytes or not nbytes:
                 raise _Unsupported("truncated definition levels")
             r.pos += nbytes
-            bits = np.unpackbits(raw, bitorder="little")
+            vals = np.unpackbits(raw, bitorder="little")
             if width > 1:
-                bits = (bits.reshape(-1, width)
+                vals = (vals.reshape(-1, width).astype(np.uint32)
                         * (1 << np.arange(width, dtype=np.uint32))).sum(axis=1)
-            take = min(count, n - seen)
-            valid += int(np.count_nonzero(bits[:take] == max_def))
-            seen += take
+            take = min(vals.size, n - seen)
+            runs.append((take, vals[:take]))
         else:                                # a run of one value
             count = head >> 1
+            if count == 0:
+                raise _Unsupported("empty RLE run")
             vbytes = (width + 7) // 8
             value = int.from_bytes(bytes(levels[r.pos:r.pos + vbytes]), "little")
             r.pos += vbytes
             take = min(count, n - seen)
-            if value == max_def:
-                valid += take
-            seen += take
-            if count == 0:
-                raise _Unsupported("empty RLE run")
-    return valid
+            runs.append((take, value))
+        seen += take
+    if all(isinstance(v, int) and v == max_def for _, v in runs):
+        return None
+    return np.concatenate([np.full(c, v == max_def) if isinstance(v, int) else v == max_def
+                           for c, v in runs])
+
+
+def _pages(buf: pa.Buffer, base: int, column, max_def: int):
+    """Yield ``(n, valid, values)`` per data page of a PLAIN, dictionary-free column chunk.
+
+    ``n``: slots in the page; ``valid``: :func:`_valid_mask` (None: no nulls); ``values``:
+    the page's PLAIN value bytes (decompressed; a slice of ``buf`` when uncompressed).
+    Raises :class:`_Unsupported` for anything else; the caller then uses pyarrow.
+    """
+    if column.has_dictionary_page or max_def > 1:
+        raise _Unsupported("dictionary or nested")
+    comp = column.compression
+    codec = None
+    if comp != "UNCOMPRESSED":
+        if comp not in _CODECS or not pa.Codec.is_available(_CODECS[comp]):
+            raise _Unsupported(f"codec {comp}")
+        codec = pa.Codec(_CODECS[comp])
+    start = column.data_page_offset - base
+    end = start + column.total_compressed_size
+    if start < 0 or end > buf.size:
+        raise _Unsupported("column chunk outside the buffer")
+    view = memoryview(buf)
+    pos = start
+    while pos < end:
+        r = _Compact(view, pos)
+        head = r.struct()
+        body = r.pos
+        kind, usize, csize = head.get(1), head.get(2), head.get(3)
+        if kind not in (DATA_PAGE, DATA_PAGE_V2) or usize is None or csize is None:
+            raise _Unsupported(f"page type {kind}")
+        if body + csize > end:
+            raise _Unsupported("page runs past its column chunk")
+        page = buf.slice(body, csize)
+        if kind == DATA_PAGE:
+            dp = head.get(5) or {}
+            n = dp.get(1)
+            if n is None or dp.get(2) != PLAIN:
+                raise _Unsupported("not a PLAIN page")
+            if codec is not None:
+                page = codec.decompress(page, decompressed_size=usize)
+            elif csize != usize:
+                raise _Unsupported("page sizes differ without compression")
+            valid, skip = None, 0
+            if max_def:
+                if dp.get(3) != RLE:
+                    raise _Unsupported("definition levels not RLE")
+                nlev = int.from_bytes(bytes(memoryview(page)[:4]), "little")
+                skip = 4 + nlev
+                valid = _valid_mask(memoryview(page)[4:skip], n, max_def)
+            values = page.slice(skip)
+        else:
+            dp = head.get(8) or {}
+            n, nulls, enc = dp.get(1), dp.get(2), dp.get(4)
+            dlen, rlen = dp.get(5, 0), dp.get(6, 0)
+            if n is None or enc != PLAIN or rlen:
+                raise _Unsupported("not a PLAIN page")
+            valid = _valid_mask(memoryview(page)[:dlen], n, max_def) if max_def else None
+            if nulls and valid is None:
+                raise _Unsupported("null count and levels disagree")
+            values = page.slice(dlen)
+            if codec is not None and dp.get(7, True):
+                values = codec.decompress(values, decompressed_size=usize - dlen)
+        yield n, valid, values
+        pos = body + csize
+    if pos != end:
+        raise _Unsupported("pages do not add up to the column chunk")
 
 
 def read_fixed_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: int,
@@ -175,65 +244,118 @@ def read_fixed_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: i
 
 
 def _read_fixed_chunk(buf, base, column, max_def, max_rep, width):
-    if (max_rep or max_def > 1 or column.physical_type != "FIXED_LEN_BYTE_ARRAY"
-            or column.has_dictionary_page or width <= 0):
+    if max_rep or column.physical_type != "FIXED_LEN_BYTE_ARRAY" or width <= 0:
         return None
-    comp = column.compression
-    codec = None
-    if comp != "UNCOMPRESSED":
-        if comp not in _CODECS or not pa.Codec.is_available(_CODECS[comp]):
-            return None
-        codec = pa.Codec(_CODECS[comp])
-    start = column.data_page_offset - base
-    end = start + column.total_compressed_size
-    if start < 0 or end > buf.size:
-        return None
-    view = memoryview(buf)
-    chunks, pos, rows = [], start, 0
-    while pos < end:
-        r = _Compact(view, pos)
-        head = r.struct()
-        body = r.pos
-        kind, usize, csize = head.get(1), head.get(2), head.get(3)
-        if kind not in (DATA_PAGE, DATA_PAGE_V2) or usize is None or csize is None:
-            return None
-        if body + csize > end:
-            return None
-        page = buf.slice(body, csize)
-        if kind == DATA_PAGE:
-            dp = head.get(5) or {}
-            n = dp.get(1)
-            if n is None or dp.get(2) != PLAIN:
-                return None
-            if codec is not None:
-                page = codec.decompress(page, decompressed_size=usize)
-            elif csize != usize:
-                return None
-            skip = 0
-            if max_def:
-                if dp.get(3) != RLE:
-                    return None
-                nlev = int.from_bytes(bytes(memoryview(page)[:4]), "little")
-                skip = 4 + nlev
-                if _count_valid(memoryview(page)[4:skip], n, max_def) != n:
-                    return None                  # nulls: values are not one per slot
-            values = page.slice(skip)
-        else:
-            dp = head.get(8) or {}
-            n, nulls, enc = dp.get(1), dp.get(2), dp.get(4)
-            dlen, rlen = dp.get(5, 0), dp.get(6, 0)
-            if n is None or nulls != 0 or enc != PLAIN or rlen:
-                return None
-            if max_def and _count_valid(memoryview(page)[:dlen], n, max_def) != n:
-                return None
-            values = page.slice(dlen)
-            if codec is not None and dp.get(7, True):
-                values = codec.decompress(values, decompressed_size=usize - dlen)
+    chunks, rows = [], 0
+    for n, valid, values in _pages(buf, base, column, max_def):
+        if valid is not None:
+            return None                     # nulls: values are not one per slot
         if values.size != n * width:
             return None
         chunks.append(pa.Array.from_buffers(pa.binary(width), n, [None, values]))
         rows += n
-        pos = body + csize
-    if pos != end or rows != column.num_values:
+    if rows != column.num_values:
         return None
     return pa.chunked_array(chunks, type=pa.binary(width))
+
+
+#: Byte-array columns whose values average fewer bytes than this are left to pyarrow: the
+#: scan below is a Python loop per value, which only pays for long values (documents).
+MIN_MEAN_VALUE_BYTES = 128
+
+
+class PageValues:
+    """The values of a string or binary column chunk, where they lie in its pages.
+
+    Nothing is copied until asked: :meth:`pylist` makes each ``str`` (or ``bytes``) straight
+    from the page (the memory-mapped shard, for uncompressed pages): one copy per value,
+    where pyarrow's reader first copies every value into a fresh array. Made by
+    :func:`read_byte_array_chunk`.
+
+    >>> col = read_byte_array_chunk(buf, 0, md.row_group(0).column(1), 1, 0, text=True)  # doctest: +SKIP
+    >>> col.pylist([3, 0])                                                                # doctest: +SKIP
+    ['fourth document', 'first document']
+    """
+
+    __slots__ = ("pages", "page", "start", "length", "text")
+
+    def __init__(self, pages: list, page: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 text: bool) -> None:
+        self.pages = pages      # memoryviews of the pages' value bytes
+        self.page = page        # per row: index into pages
+        self.start = start      # per row: first byte in its page
+        self.length = length    # per row: bytes, -1 for null
+        self.text = text
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def pylist(self, rows) -> list:
+        """Rows ``rows`` (ints, any order, repeats allowed) as ``str``/``bytes``/``None``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        pages = self.pages
+        make = (lambda v: str(v, "utf-8")) if self.text else bytes
+        out = []
+        for p, s, n in zip(self.page[rows].tolist(), self.start[rows].tolist(),
+                           self.length[rows].tolist()):
+            out.append(None if n < 0 else make(pages[p][s:s + n]))
+        return out
+
+
+def read_byte_array_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: int, *,
+                          text: bool) -> PageValues | None:
+    """Where the values of one PLAIN string/binary column chunk lie, or None for pyarrow.
+
+    Arguments as for :func:`read_fixed_chunk`; ``text`` makes :meth:`PageValues.pylist`
+    return ``str`` (else ``bytes``). ``None`` also when the values average fewer than
+    :data:`MIN_MEAN_VALUE_BYTES` bytes (pyarrow is faster there).
+    """
+    try:
+        return _read_byte_array_chunk(buf, base, column, max_def, max_rep, text)
+    except (_Unsupported, IndexError, ValueError, pa.ArrowException):
+        return None
+
+
+def _read_byte_array_chunk(buf, base, column, max_def, max_rep, text):
+    n_all = column.num_values
+    if (max_rep or column.physical_type != "BYTE_ARRAY" or not n_all
+            or column.total_uncompressed_size < MIN_MEAN_VALUE_BYTES * n_all):
+        return None
+    import struct
+
+    length_at = struct.Struct("<i").unpack_from
+    pages, page_ids, starts, lengths = [], [], [], []
+    for n, valid, values in _pages(buf, base, column, max_def):
+        mv = memoryview(values)
+        size = len(mv)
+        k = len(pages)
+        pages.append(mv)
+        page_starts, page_lengths = [], []
+        pos = 0
+        for _ in range(n if valid is None else int(np.count_nonzero(valid))):
+            nbytes = length_at(mv, pos)[0]
+            pos += 4
+            if nbytes < 0 or pos + nbytes > size:
+                return None
+            page_starts.append(pos)
+            page_lengths.append(nbytes)
+            pos += nbytes
+        if pos != size:
+            return None
+        if valid is None:
+            starts.append(np.array(page_starts, dtype=np.int64))
+            lengths.append(np.array(page_lengths, dtype=np.int64))
+        else:
+            s = np.zeros(n, dtype=np.int64)
+            ln = np.full(n, -1, dtype=np.int64)
+            s[valid] = page_starts
+            ln[valid] = page_lengths
+            starts.append(s)
+            lengths.append(ln)
+        page_ids.append(np.full(n, k, dtype=np.int32))
+    if not pages:
+        return None
+    length = np.concatenate(lengths)
+    if length.size != n_all:
+        return None
+    return PageValues(pages, np.concatenate(page_ids), np.concatenate(starts), length, text)

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from .arrowutil import gather_pylist, is_flat_binary
 from .index import locate
+from .pages import PageValues
 from .reader import gather_rows
 from .stream import SEQ_KEY, array_type, array_view, decode_column
 
@@ -51,8 +52,10 @@ class _Slot:
 
 @dataclass
 class _Decoded:
-    table: pa.Table                  # the selected columns
+    names: list[str]                 # the selected columns, in order
+    table: pa.Table                  # those of them not in `values`
     views: dict[str, np.ndarray]     # numbers and token windows without nulls, as numpy
+    values: dict[str, PageValues]    # long strings and bytes, still in their pages
 
 
 @dataclass
@@ -112,11 +115,42 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
     if len(views) == 1:
         return views[0][step.rows]
     out = np.empty((step.rows.size,) + views[0].shape[1:], dtype=views[0].dtype)
+    if views[0].ndim > 1 and views[0][:1].nbytes >= 1024:
+        # Long rows (token windows): one copy per row straight into place. The grouped
+        # fancy indexing below makes a temporary per row group and copies twice (0.058 s vs
+        # 0.038 s for a 300 MB shuffled pass of 2049-token windows).
+        for j, (k, r) in enumerate(zip(step.inverse.tolist(), step.rows.tolist())):
+            out[j] = views[k][r]
+        return out
     order = np.argsort(step.inverse, kind="stable")
     bounds = np.searchsorted(step.inverse[order], np.arange(len(views) + 1))
     for k, view in enumerate(views):
         at = order[bounds[k]:bounds[k + 1]]
         out[at] = view[step.rows[at]]
+    return out
+
+
+def _rows_pylist(d: _Decoded, name: str, rows: np.ndarray) -> list:
+    """Rows ``rows`` of column ``name`` of one decoded row group, as Python objects."""
+    if name in d.values:
+        return d.values[name].pylist(rows)
+    return gather_pylist([d.table.column(name)], np.zeros(rows.size, np.int64), rows)
+
+
+def _cut_values(decoded: list[_Decoded], name: str, step: _Step) -> list:
+    """The step's rows of a string/binary column, some of whose row groups are PageValues."""
+    if step.runs is not None:
+        out: list = []
+        for d, (b, n) in zip(decoded, step.runs):
+            out += _rows_pylist(d, name, np.arange(b, b + n))
+        return out
+    out = [None] * step.rows.size
+    order = np.argsort(step.inverse, kind="stable")
+    bounds = np.searchsorted(step.inverse[order], np.arange(len(decoded) + 1))
+    for k, d in enumerate(decoded):
+        at = order[bounds[k]:bounds[k + 1]]
+        for j, v in zip(at.tolist(), _rows_pylist(d, name, step.rows[at])):
+            out[j] = v
     return out
 
 
@@ -205,25 +239,30 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
-        table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
+        columns = self.stream.columns
+        table, values = self.dataset.read_row_group_values(rg, columns)
         # Numbers and token windows become zero-copy numpy views here, in the decode
-        # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
-        # its rows: converting whole row groups to Python in the decode threads was faster
-        # in a warm process but made a fresh process's first pass ~1.8x slower (84k page
-        # faults instead of 6k per 286 MB pass: the strings came from the decode threads'
-        # malloc arenas, which glibc grows and trims rather than reuses).
+        # threads; batches are cut from them with numpy. Long strings stay in their pages
+        # (PageValues) and other text in Arrow until a batch takes its rows: converting whole
+        # row groups to Python in the decode threads was faster in a warm process but made a
+        # fresh process's first pass ~1.8x slower (84k page faults instead of 6k per 286 MB
+        # pass: the strings came from the decode threads' malloc arenas, which glibc grows
+        # and trims rather than reuses).
         views = {}
         for name, col in zip(table.column_names, table.columns):
             view = array_view(col) if array_type(col.type) else None
             if view is not None:
                 views[name] = view
-        return _Decoded(table, views)
+        names = list(columns) if columns is not None else self.dataset.schema.names
+        return _Decoded(names, table, views, values)
 
     def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
         out = {}
-        for name in decoded[0].table.column_names:
+        for name in decoded[0].names:
             if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
+            elif any(name in d.values for d in decoded):
+                out[name] = _cut_values(decoded, name, step)
             elif step.runs is None and is_flat_binary(decoded[0].table.schema.field(name).type):
                 out[name] = gather_pylist([d.table.column(name) for d in decoded],
                                           step.inverse, step.rows)

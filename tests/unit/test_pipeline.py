@@ -47,13 +47,13 @@ def test_pipeline_batches_equal_the_streams(ds, shuffle, world, rank, workers, w
 def test_each_row_group_is_decoded_once_per_epoch(ds, shuffle, monkeypatch):
     ds = open_dataset(ds.url)   # an empty decode cache
     calls: list[int] = []
-    real = type(ds)._decode_row_group
+    real = type(ds)._decode_parts
 
-    def counting(self, rg):
+    def counting(self, rg, **kw):
         calls.append(rg)
-        return real(self, rg)
+        return real(self, rg, **kw)
 
-    monkeypatch.setattr(type(ds), "_decode_row_group", counting)
+    monkeypatch.setattr(type(ds), "_decode_parts", counting)
     stream = RankStream(ds, OrderOptions(seed=9, shuffle=shuffle, window_blocks=4), Topology(10))
     pipe = BatchPipeline(stream, 0, range(ds.num_samples // 10))
     n = sum(len(b["text"]) for _, b in pipe)
@@ -87,10 +87,10 @@ def test_an_endless_pipeline_stops_when_closed(ds):
 def test_a_decode_error_reaches_the_caller(ds, monkeypatch):
     ds = open_dataset(ds.url)
 
-    def broken(self, rg):
+    def broken(self, rg, **kw):
         raise OSError(f"row group {rg} unreadable")
 
-    monkeypatch.setattr(type(ds), "_decode_row_group", broken)
+    monkeypatch.setattr(type(ds), "_decode_parts", broken)
     stream = RankStream(ds, OrderOptions(seed=1), Topology(8))
     with pytest.raises(OSError, match="unreadable"):
         list(BatchPipeline(stream, 0, range(3)))
@@ -131,6 +131,8 @@ def mixed(tmp_path_factory):
     pq.write_table(pa.table({
         "tokens": pa.FixedSizeListArray.from_arrays(pa.array(windows.reshape(-1)), 6),
         "x": pa.array(x, pa.int64()),
+        "w": pa.FixedSizeListArray.from_arrays(                  # rows of 1.2 KB
+            pa.array(np.arange(n * 300, dtype=np.int32)), 300),
         "s": [None if i % 17 == 0 else f"doc {i} ü" for i in range(n)],
         "L": pa.array([f"large {i}" * (i % 4) for i in range(n)], pa.large_string()),
         "b": pa.array([bytes([i % 256]) * (i % 5) for i in range(n)], pa.binary()),
@@ -153,6 +155,7 @@ def test_mixed_columns_match_decode_table(mixed, shuffle):
         assert type(batch["x"]) is type(want["x"])   # a list where nulls are, else numpy
         assert list(batch["x"]) == list(want["x"]) and batch["s"] == want["s"]
         assert batch["L"] == want["L"] and batch["b"] == want["b"]
+        assert batch["w"].shape == (13, 300) and (batch["w"] == want["w"]).all()
         assert all(type(v) is bytes for v in batch["b"])
 
 
@@ -179,3 +182,47 @@ def test_gather_pylist_equals_take_and_to_pylist(data):
     rows = np.array([data.draw(st.integers(0, len(cols[k]) - 1)) for k in inverse], np.int64)
     want = [cols[k][r].as_py() for k, r in zip(inverse.tolist(), rows.tolist())]
     assert gather_pylist(cols, inverse, rows) == want
+
+
+@pytest.fixture(scope="module")
+def long_docs(tmp_path_factory):
+    """Documents read from their pages (long) in some row groups and by pyarrow (short) in
+    others, with nulls, over several pages per column chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("docs")
+    n = 200
+    text = [None if i % 11 == 0 else
+            (f"long document {i} ü " + "w" * (150 + i) if (i // 19) % 3 else f"short {i}")
+            for i in range(n)]
+    blob = [None if t is None else t.encode()[::-1] for t in text]
+    pq.write_table(pa.table({"text": text, "blob": pa.array(blob, pa.binary()),
+                             "k": pa.array(range(n), pa.int64())}), d / "in.parquet")
+    convert([str(d / "in.parquet")], str(d / "ds"),
+            options=WriteOptions(row_group_rows=19, data_page_size=1024))
+    return str(d / "ds")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_documents_from_pages_match_decode_table(long_docs, shuffle, monkeypatch):
+    import zephon_store.pages as pages
+
+    ds = open_dataset(long_docs)
+    used = []
+    real = pages.read_byte_array_chunk
+
+    def spy(*a, **kw):
+        got = real(*a, **kw)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr("zephon_store.reader.read_byte_array_chunk", spy)
+    order = OrderOptions(seed=2, shuffle=shuffle, window_blocks=3)
+    stream = RankStream(ds, order, Topology(17))
+    ref = RankStream(open_dataset(long_docs), order, Topology(17))
+    for i, batch in BatchPipeline(stream, 0, range(2 * 200 // 17)):   # two epochs
+        want = ref.batch(i * 17)
+        assert batch["text"] == want["text"] and batch["blob"] == want["blob"]
+        assert batch["k"].tolist() == want["k"].tolist()
+    assert any(used) and not all(used)    # both ways, mixed within batches

@@ -180,17 +180,28 @@ def ensure_formats(kind, meta, fmt, systems, timeout) -> None:
 
 
 def drop_stale(fmt: dict, systems: list[str]) -> None:
-    """Remove a Zephon copy written by an older format version (it would be read as is)."""
+    """Remove a Zephon copy written by an older format version or other write options.
+
+    Such a copy would be read as is; the reads must measure what this checkout writes
+    (its default options, or ``compression="none"`` for ``zephonraw``).
+    """
     from zephon_store.manifest import FORMAT_VERSION, MANIFEST_NAME
+    from zephon_store.shardwriter import WriteOptions
 
     for system in systems:
         path = os.path.join(fmt[system], MANIFEST_NAME)
         if system not in ZEPHONS or not os.path.exists(path):
             continue
         with open(path) as f:
-            version = json.load(f).get("format_version")
+            doc = json.load(f)
+        version = doc.get("format_version")
+        want = WriteOptions(compression="none" if system == "zephonraw" else "zstd").to_dict()
         if version != FORMAT_VERSION:
             log(f"  {system}: its copy is format v{version}, not v{FORMAT_VERSION}: removed")
+            shutil.rmtree(fmt[system])
+        elif doc.get("writer") != want:
+            diff = {k: v for k, v in want.items() if doc.get("writer", {}).get(k) != v}
+            log(f"  {system}: its copy was written with other options (now {diff}): removed")
             shutil.rmtree(fmt[system])
 
 
