@@ -183,10 +183,16 @@ def default_ahead_bytes(stream) -> int:
     return min(max(MIN_AHEAD_BYTES, two_working_sets_bytes(stream)), MAX_AUTO_AHEAD_BYTES)
 
 
-def default_decode_threads(dataset) -> int:
-    """Threads decoding row groups: the cores (2-4) locally, 8 when bytes come over a network."""
+def default_decode_threads(dataset, workers: int = 1) -> int:
+    """Threads decoding row groups: the cores (2-4) locally, 8 when bytes come over a network.
+
+    ``workers`` process workers each run a pipeline: locally each gets its share of the
+    cores (at least one thread).
+    """
     if dataset.cache is not None or not dataset.storage.local:
         return 8
+    if workers > 1:
+        return max(1, min(4, (os.cpu_count() or 1) // workers))
     return max(2, min(4, os.cpu_count() or 1))
 
 
