@@ -294,12 +294,11 @@ class PageValues:
         """Rows ``rows`` (ints, any order, repeats allowed) as ``str``/``bytes``/``None``."""
         rows = np.asarray(rows, dtype=np.int64)
         pages = self.pages
-        make = (lambda v: str(v, "utf-8")) if self.text else bytes
-        out = []
-        for p, s, n in zip(self.page[rows].tolist(), self.start[rows].tolist(),
-                           self.length[rows].tolist()):
-            out.append(None if n < 0 else make(pages[p][s:s + n]))
-        return out
+        where = zip(self.page[rows].tolist(), self.start[rows].tolist(),
+                    self.length[rows].tolist())
+        if self.text:
+            return [None if n < 0 else str(pages[p][s:s + n], "utf-8") for p, s, n in where]
+        return [None if n < 0 else bytes(pages[p][s:s + n]) for p, s, n in where]
 
 
 def read_byte_array_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: int, *,
