@@ -103,9 +103,12 @@ def test_plan_rows_points_at_the_located_rows(ds, data):
     if data.draw(st.booleans()):
         lo = data.draw(st.integers(0, n - 1))
         ids = np.arange(lo, data.draw(st.integers(lo + 1, min(n, lo + 80))), dtype=np.int64)
-    else:
+    elif data.draw(st.booleans()):
         ids = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=60)),
                        dtype=np.int64)
+    else:   # past the small-batch path
+        seed = data.draw(st.integers(0, 2**32 - 1))
+        ids = np.random.default_rng(seed).integers(0, n, data.draw(st.integers(513, 900)))
     rgs, runs, inverse, rows = plan_rows(ds.manifest, ids)
     loc = ds.locate(ids)
     if runs is not None:
