@@ -78,7 +78,7 @@ def _tokens_inputs(d: str) -> list[str]:
 def _docs_inputs(d: str) -> list[str]:
     # The default use_dictionary="auto": "text" (every value distinct) is written with plain
     # pages, "source" (3 values) with a dictionary.
-    lines = [json.dumps({"text": f"document {i}: " + " ".join(["w%d" % (i * j % 17)
+    lines = [json.dumps({"text": f"document {i}: " + " ".join([f"w{i * j % 17}"
                                                                for j in range(i % 9)]),
                          "source": ["web", "books", "code"][i % 3]}) for i in range(20)]
     with open(os.path.join(d, "docs.jsonl"), "w") as f:

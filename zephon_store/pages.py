@@ -1,21 +1,26 @@
-"""Fixed-size binary column chunks read straight from their Parquet pages (zero-copy).
+"""Column chunks read straight from their Parquet pages, after the row group's hash check.
 
-A fixed-size binary column written with PLAIN pages and no nulls (token windows in format
-v2, see :mod:`zephon_store.encoding`) holds its values back to back in each data page. So
-once the row group's bytes have passed their xxh3 check, the values of an uncompressed page
-*are* the column: this module returns them as an Arrow ``fixed_size_binary`` array over the
-very same buffer (the memory-mapped shard, or the fetched range), with no copy. A compressed
-page is decompressed once, into the buffer that becomes the array. pyarrow's reader copies
-every value out of the page into a fresh array after decompressing; on 300 MB of token
-windows that copy and the definition levels were 0.15 s of a 0.27 s uncompressed pass
-(``tools/bench/peers/probe_zephon.py costs``).
+**Fixed-size binary** (token windows in format v2, see :mod:`zephon_store.encoding`): with
+PLAIN pages and no nulls the values lie back to back in each data page. So the values of an
+uncompressed page *are* the column: :func:`read_fixed_chunk` returns them as an Arrow
+``fixed_size_binary`` array over the very same buffer (the memory-mapped shard, or the
+fetched range), with no copy; a compressed page is decompressed once, into the buffer that
+becomes the array. pyarrow's reader copies every value into a fresh array after
+decompressing; on 300 MB of token windows that copy and the definition levels were 0.15 s
+of a 0.27 s uncompressed pass (``tools/bench/peers/probe_zephon.py costs``).
 
-Only what this module can prove it reads exactly takes this path: a top-level
-``FIXED_LEN_BYTE_ARRAY`` leaf with no repetition, no dictionary, PLAIN values, version 1
-or 2 data pages, no nulls in any page (the definition levels are decoded and checked), a
-codec pyarrow's :class:`pyarrow.Codec` decompresses, and page sizes that add up to the
-column chunk. For anything else :func:`read_fixed_chunk` returns ``None`` and the caller
-decodes with pyarrow as before; the result is the same either way (the tests compare them).
+**Strings and binaries** (documents): PLAIN pages hold each value after its 4-byte length,
+so no Arrow array can view them. :func:`read_byte_array_chunk` records where each value
+lies (:class:`PageValues`), and the loader makes each ``str`` straight from the page when a
+batch takes the row: one copy per value instead of two. The scan is a Python loop per
+value, so only columns averaging :data:`MIN_MEAN_VALUE_BYTES` or more take this path.
+
+Only what this module can prove it reads exactly takes these paths: a top-level leaf with
+no repetition, no dictionary, PLAIN values, version 1 or 2 data pages, a codec
+:class:`pyarrow.Codec` decompresses, value sizes and page sizes that add up to the column
+chunk exactly (and, for fixed-size binary, no nulls: the definition levels are decoded and
+checked). For anything else the functions return ``None`` and the caller decodes with
+pyarrow; the result is the same either way (``tests/unit/test_pages.py`` compares them).
 
 The page headers are Thrift compact-protocol structs (the Parquet format's
 ``PageHeader``); :class:`_Compact` reads the few fields needed and skips the rest.

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .arrowutil import is_flat_binary
 from .encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 from .hashing import xxh3_hex
 
@@ -170,15 +171,13 @@ def dictionary_columns(table: pa.Table, exclude=()) -> list[str]:
 
     plain = set(exclude)
     head = table.slice(0, DICTIONARY_SAMPLE_ROWS)
-    for i, field in enumerate(table.schema):
-        t = field.type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-                or pa.types.is_large_binary(t)):
+    for i, f in enumerate(table.schema):
+        if not is_flat_binary(f.type):
             continue
         col = head.column(i)
         valid = len(col) - col.null_count
         if valid and pc.count_distinct(col).as_py() * 2 > valid:
-            plain.add(field.name)
+            plain.add(f.name)
     return [p for p in _leaf_paths(table.schema) if p not in plain]
 
 

@@ -103,3 +103,14 @@ def test_missing_dataset_is_an_error_exit_1(tmp_path, capsys):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert "zephon_store" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,want", [(None, "auto"), ("on", True), ("off", False)])
+def test_convert_dictionary_flag(tmp_path, capsys, flag, want):
+    write_jsonl_corpus(tmp_path / "src", files=1, records=40, seed=3)
+    argv = ["convert", str(tmp_path / "src"), "--output", str(tmp_path / "ds"), "--json"]
+    if flag:
+        argv += ["--dictionary", flag]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert open_dataset(str(tmp_path / "ds")).manifest.doc["writer"]["use_dictionary"] == want

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compression", default="zstd",
                    choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"])
     c.add_argument("--compression-level", type=int, default=3)
+    c.add_argument("--dictionary", choices=["auto", "on", "off"], default="auto",
+                   help="dictionary encoding: auto (default: not for top-level text whose "
+                        "values are mostly distinct, e.g. documents), on or off for every column")
     c.add_argument("--fixed-size-lists", choices=["binary", "list"], default="binary",
                    help="store fixed-size lists of numbers as fixed-size binary (fast to decode, "
                         "default) or as Parquet lists (can hold null elements)")
@@ -133,6 +136,8 @@ def cmd_convert(args) -> int:
     wopts = WriteOptions(target_shard_bytes=args.target_shard_size, row_group_bytes=rg_bytes,
                          row_group_rows=rg_rows, compression=args.compression,
                          compression_level=args.compression_level,
+                         use_dictionary={"auto": "auto", "on": True,
+                                         "off": False}[args.dictionary],
                          fixed_size_lists=args.fixed_size_lists)
     iopts = InputOptions(format=args.format, text_mode=args.text_mode, on_error=args.on_error,
                          text_column=args.text_column)
