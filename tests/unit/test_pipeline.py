@@ -229,3 +229,15 @@ def test_documents_from_pages_match_decode_table(long_docs, shuffle, monkeypatch
         assert batch["text"] == want["text"] and batch["blob"] == want["blob"]
         assert batch["k"].tolist() == want["k"].tolist()
     assert any(used) and not all(used)    # both ways, mixed within batches
+
+
+def test_decode_threads_are_shared_among_process_workers(ds, monkeypatch):
+    from zephon_store.pipeline import default_decode_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert default_decode_threads(ds) == 4
+    assert default_decode_threads(ds, workers=2) == 4
+    assert default_decode_threads(ds, workers=3) == 2
+    assert default_decode_threads(ds, workers=16) == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert default_decode_threads(ds) == 2 and default_decode_threads(ds, workers=2) == 1

@@ -266,10 +266,65 @@ def probe_costs(kind: str, mb: int) -> None:
               f"({m.num_samples} samples, {m.num_row_groups} row groups)")
 
 
+def probe_pass(kind: str, mb: int) -> None:
+    """The loader's own pass split up: decode alone, conversion alone, then both pipelined.
+
+    decode: ``Dataset.read_row_group_values`` of every row group in one thread (hash check,
+    pages.py or pyarrow); convert: cutting every batch from those decoded row groups (text to
+    ``str``, windows as numpy); pipeline: a ``BatchPipeline`` pass (decode threads + this
+    thread), wall and process CPU time. If the pipeline's wall is near decode + convert,
+    the two did not overlap (the GIL). Medians of 3, each after re-reading the files.
+    """
+    import glob
+
+    import numpy as np
+
+    from zephon_store import open_dataset
+    from zephon_store.order import OrderOptions
+    from zephon_store.pipeline import BatchPipeline, _Step, plan_rows
+    from zephon_store.stream import RankStream, Topology
+
+    b = BATCH[kind]
+    for system in ("zephon", "zephonraw"):
+        path = _path(kind, mb, system)
+        runs: dict[str, list[float]] = collections.defaultdict(list)
+        for _ in range(3):
+            for f in sorted(glob.glob(os.path.join(path, "shards", "*.parquet"))):
+                with open(f, "rb") as fh:
+                    while fh.read(8 << 20):
+                        pass
+            ds = open_dataset(path)
+            stream = RankStream(ds, OrderOptions(shuffle=False), Topology(b))
+            pipe = BatchPipeline(stream, 0, range(ds.num_samples // b))
+            t0 = time.perf_counter()
+            decoded = [pipe._decode(rg) for rg in range(ds.manifest.num_row_groups)]
+            t1 = time.perf_counter()
+            for i in range(ds.num_samples // b):
+                ids = np.arange(i * b, (i + 1) * b)
+                rgs, runs_, inv, rows = plan_rows(ds.manifest, ids)
+                pipe._assemble(_Step(i, i, ids, rgs, runs_, inv, rows),
+                               [decoded[r] for r in rgs])
+            t2 = time.perf_counter()
+            del decoded
+            ds = open_dataset(path)
+            stream = RankStream(ds, OrderOptions(shuffle=False), Topology(b))
+            c0, t3 = time.process_time(), time.perf_counter()
+            for _ in BatchPipeline(stream, 0, range(ds.num_samples // b)):
+                pass
+            runs["decode"].append(t1 - t0)
+            runs["convert"].append(t2 - t1)
+            runs["pipeline"].append(time.perf_counter() - t3)
+            runs["pipeline_cpu"].append(time.process_time() - c0)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(f"{kind} {system}: decode {med['decode']:.3f} s + convert {med['convert']:.3f} s "
+              f"in one thread; pipelined {med['pipeline']:.3f} s wall, "
+              f"{med['pipeline_cpu']:.3f} s CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
-                                      "decode-cache-child"])
+                                      "pass", "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
@@ -290,7 +345,7 @@ def main() -> None:
         os._exit(0)
     for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
-         "s3": probe_s3, "costs": probe_costs}[a.probe](kind, a.mb)
+         "s3": probe_s3, "costs": probe_costs, "pass": probe_pass}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
