@@ -1,26 +1,26 @@
-"""Column chunks read straight from their Parquet pages, after the row group's hash check.
+"""Fixed-size binary column chunks read straight from their Parquet pages (zero-copy).
 
-**Fixed-size binary** (token windows in format v2, see :mod:`zephon_store.encoding`): with
-PLAIN pages and no nulls the values lie back to back in each data page. So the values of an
-uncompressed page *are* the column: :func:`read_fixed_chunk` returns them as an Arrow
-``fixed_size_binary`` array over the very same buffer (the memory-mapped shard, or the
-fetched range), with no copy; a compressed page is decompressed once, into the buffer that
-becomes the array. pyarrow's reader copies every value into a fresh array after
-decompressing; on 300 MB of token windows that copy and the definition levels were 0.15 s
-of a 0.27 s uncompressed pass (``tools/bench/peers/probe_zephon.py costs``).
+A fixed-size binary column written with PLAIN pages and no nulls (token windows in format
+v2, see :mod:`zephon_store.encoding`) holds its values back to back in each data page. So
+once the row group's bytes have passed their xxh3 check, the values of an uncompressed page
+*are* the column: :func:`read_fixed_chunk` returns them as an Arrow ``fixed_size_binary``
+array over the very same buffer (the memory-mapped shard, or the fetched range), with no
+copy; a compressed page is decompressed once, into the buffer that becomes the array.
+pyarrow's reader copies every value into a fresh array after decompressing; on 300 MB of
+token windows that copy and the definition levels were 0.15 s of a 0.27 s uncompressed pass
+(``tools/bench/peers/probe_zephon.py costs``).
 
-**Strings and binaries** (documents): PLAIN pages hold each value after its 4-byte length,
-so no Arrow array can view them. :func:`read_byte_array_chunk` records where each value
-lies (:class:`PageValues`), and the loader makes each ``str`` straight from the page when a
-batch takes the row: one copy per value instead of two. The scan is a Python loop per
-value, so only columns averaging :data:`MIN_MEAN_VALUE_BYTES` or more take this path.
-
-Only what this module can prove it reads exactly takes these paths: a top-level leaf with
+Only what this module can prove it reads exactly takes this path: a top-level leaf with
 no repetition, no dictionary, PLAIN values, version 1 or 2 data pages, a codec
-:class:`pyarrow.Codec` decompresses, value sizes and page sizes that add up to the column
-chunk exactly (and, for fixed-size binary, no nulls: the definition levels are decoded and
-checked). For anything else the functions return ``None`` and the caller decodes with
-pyarrow; the result is the same either way (``tests/unit/test_pages.py`` compares them).
+:class:`pyarrow.Codec` decompresses, no nulls (the definition levels are decoded and
+checked), and value and page sizes that add up to the column chunk exactly. For anything
+else :func:`read_fixed_chunk` returns ``None`` and the caller decodes with pyarrow; the
+result is the same either way (``tests/unit/test_pages.py`` compares them).
+
+Strings are left to pyarrow. Reading PLAIN string pages here (a Python scan of each value's
+4-byte length, then one ``str`` per value straight from the page) was built and measured:
+the scan holds the GIL where pyarrow's copy does not, and the loader's text pass got 7-15%
+slower on two cores (``git log`` of this file).
 
 The page headers are Thrift compact-protocol structs (the Parquet format's
 ``PageHeader``); :class:`_Compact` reads the few fields needed and skips the rest.
@@ -262,104 +262,3 @@ def _read_fixed_chunk(buf, base, column, max_def, max_rep, width):
     if rows != column.num_values:
         return None
     return pa.chunked_array(chunks, type=pa.binary(width))
-
-
-#: Byte-array columns whose values average fewer bytes than this are left to pyarrow: the
-#: scan below is a Python loop per value, which only pays for long values (documents).
-MIN_MEAN_VALUE_BYTES = 128
-
-
-class PageValues:
-    """The values of a string or binary column chunk, where they lie in its pages.
-
-    Nothing is copied until asked: :meth:`pylist` makes each ``str`` (or ``bytes``) straight
-    from the page (the memory-mapped shard, for uncompressed pages): one copy per value,
-    where pyarrow's reader first copies every value into a fresh array. Made by
-    :func:`read_byte_array_chunk`.
-
-    >>> col = read_byte_array_chunk(buf, 0, md.row_group(0).column(1), 1, 0, text=True)  # doctest: +SKIP
-    >>> col.pylist([3, 0])                                                                # doctest: +SKIP
-    ['fourth document', 'first document']
-    """
-
-    __slots__ = ("pages", "page", "start", "length", "text")
-
-    def __init__(self, pages: list, page: np.ndarray, start: np.ndarray, length: np.ndarray,
-                 text: bool) -> None:
-        self.pages = pages      # memoryviews of the pages' value bytes
-        self.page = page        # per row: index into pages
-        self.start = start      # per row: first byte in its page
-        self.length = length    # per row: bytes, -1 for null
-        self.text = text
-
-    def __len__(self) -> int:
-        return len(self.length)
-
-    def pylist(self, rows) -> list:
-        """Rows ``rows`` (ints, any order, repeats allowed) as ``str``/``bytes``/``None``."""
-        rows = np.asarray(rows, dtype=np.int64)
-        pages = self.pages
-        where = zip(self.page[rows].tolist(), self.start[rows].tolist(),
-                    self.length[rows].tolist())
-        if self.text:
-            return [None if n < 0 else str(pages[p][s:s + n], "utf-8") for p, s, n in where]
-        return [None if n < 0 else bytes(pages[p][s:s + n]) for p, s, n in where]
-
-
-def read_byte_array_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: int, *,
-                          text: bool) -> PageValues | None:
-    """Where the values of one PLAIN string/binary column chunk lie, or None for pyarrow.
-
-    Arguments as for :func:`read_fixed_chunk`; ``text`` makes :meth:`PageValues.pylist`
-    return ``str`` (else ``bytes``). ``None`` also when the values average fewer than
-    :data:`MIN_MEAN_VALUE_BYTES` bytes (pyarrow is faster there).
-    """
-    try:
-        return _read_byte_array_chunk(buf, base, column, max_def, max_rep, text)
-    except (_Unsupported, IndexError, ValueError, pa.ArrowException):
-        return None
-
-
-def _read_byte_array_chunk(buf, base, column, max_def, max_rep, text):
-    n_all = column.num_values
-    if (max_rep or column.physical_type != "BYTE_ARRAY" or not n_all
-            or column.total_uncompressed_size < MIN_MEAN_VALUE_BYTES * n_all):
-        return None
-    import struct
-
-    length_at = struct.Struct("<i").unpack_from
-    pages, page_ids, starts, lengths = [], [], [], []
-    for n, valid, values in _pages(buf, base, column, max_def):
-        mv = memoryview(values)
-        size = len(mv)
-        k = len(pages)
-        pages.append(mv)
-        page_starts, page_lengths = [], []
-        pos = 0
-        for _ in range(n if valid is None else int(np.count_nonzero(valid))):
-            nbytes = length_at(mv, pos)[0]
-            pos += 4
-            if nbytes < 0 or pos + nbytes > size:
-                return None
-            page_starts.append(pos)
-            page_lengths.append(nbytes)
-            pos += nbytes
-        if pos != size:
-            return None
-        if valid is None:
-            starts.append(np.array(page_starts, dtype=np.int64))
-            lengths.append(np.array(page_lengths, dtype=np.int64))
-        else:
-            s = np.zeros(n, dtype=np.int64)
-            ln = np.full(n, -1, dtype=np.int64)
-            s[valid] = page_starts
-            ln[valid] = page_lengths
-            starts.append(s)
-            lengths.append(ln)
-        page_ids.append(np.full(n, k, dtype=np.int32))
-    if not pages:
-        return None
-    length = np.concatenate(lengths)
-    if length.size != n_all:
-        return None
-    return PageValues(pages, np.concatenate(page_ids), np.concatenate(starts), length, text)

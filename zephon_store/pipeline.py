@@ -24,13 +24,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from .arrowutil import gather_pylist, is_flat_binary
-from .pages import PageValues
 from .reader import gather_rows
 from .stream import SEQ_KEY, array_type, array_view, decode_column
 
@@ -51,10 +50,17 @@ class _Slot:
 
 @dataclass
 class _Decoded:
-    names: list[str]                 # the selected columns, in order
-    table: pa.Table                  # those of them not in `values`
+    table: pa.Table                  # the selected columns
     views: dict[str, np.ndarray]     # numbers and token windows without nulls, as numpy
-    values: dict[str, PageValues]    # long strings and bytes, still in their pages
+    # Text columns of the row group as Python lists, made at their first gather (see
+    # BatchPipeline._assemble).
+    lists: dict[str, list] = field(default_factory=dict)
+
+    def pylist(self, name: str) -> list:
+        got = self.lists.get(name)
+        if got is None:
+            got = self.lists[name] = self.table.column(name).to_pylist()
+        return got
 
 
 @dataclass
@@ -133,30 +139,6 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
     for k, view in enumerate(views):
         at = order[bounds[k]:bounds[k + 1]]
         out[at] = view[step.rows[at]]
-    return out
-
-
-def _rows_pylist(d: _Decoded, name: str, rows: np.ndarray) -> list:
-    """Rows ``rows`` of column ``name`` of one decoded row group, as Python objects."""
-    if name in d.values:
-        return d.values[name].pylist(rows)
-    return gather_pylist([d.table.column(name)], np.zeros(rows.size, np.int64), rows)
-
-
-def _cut_values(decoded: list[_Decoded], name: str, step: _Step) -> list:
-    """The step's rows of a string/binary column, some of whose row groups are PageValues."""
-    if step.runs is not None:
-        out: list = []
-        for d, (b, n) in zip(decoded, step.runs):
-            out += _rows_pylist(d, name, np.arange(b, b + n))
-        return out
-    out = [None] * step.rows.size
-    order = np.argsort(step.inverse, kind="stable")
-    bounds = np.searchsorted(step.inverse[order], np.arange(len(decoded) + 1))
-    for k, d in enumerate(decoded):
-        at = order[bounds[k]:bounds[k + 1]]
-        for j, v in zip(at.tolist(), _rows_pylist(d, name, step.rows[at])):
-            out[j] = v
     return out
 
 
@@ -251,39 +233,49 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
-        columns = self.stream.columns
-        table, values = self.dataset.read_row_group_values(rg, columns)
+        table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
-        # threads; batches are cut from them with numpy. Long strings stay in their pages
-        # (PageValues) and other text in Arrow until a batch takes its rows: converting whole
-        # row groups to Python in the decode threads was faster in a warm process but made a
-        # fresh process's first pass ~1.8x slower (84k page faults instead of 6k per 286 MB
-        # pass: the strings came from the decode threads' malloc arenas, which glibc grows
-        # and trims rather than reuses).
+        # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
+        # its rows: converting whole row groups to Python in the decode threads was faster
+        # in a warm process but made a fresh process's first pass ~1.8x slower (84k page
+        # faults instead of 6k per 286 MB pass: the strings came from the decode threads'
+        # malloc arenas, which glibc grows and trims rather than reuses).
         views = {}
         for name, col in zip(table.column_names, table.columns):
             view = array_view(col) if array_type(col.type) else None
             if view is not None:
                 views[name] = view
-        names = list(columns) if columns is not None else self.dataset.schema.names
-        return _Decoded(names, table, views, values)
+        return _Decoded(table, views)
 
     def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
         out = {}
-        for name in decoded[0].names:
+        for name in decoded[0].table.column_names:
             if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
-            elif any(name in d.values for d in decoded):
-                out[name] = _cut_values(decoded, name, step)
             elif step.runs is None and is_flat_binary(decoded[0].table.schema.field(name).type):
-                out[name] = gather_pylist([d.table.column(name) for d in decoded],
-                                          step.inverse, step.rows)
+                out[name] = self._gather_text(step, decoded, name)
             else:   # text and other objects, or numbers with nulls: as decode_table does
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))
         if self.stream.with_seq:
             out[SEQ_KEY] = step.ids
         return out
+
+    @staticmethod
+    def _gather_text(step: _Step, decoded: list[_Decoded], name: str) -> list:
+        """A shuffled step's rows of a string/binary column, as Python objects.
+
+        A shuffled order reads every row of a row group within one window of steps, so
+        after the first step each row group's column is converted whole, once, by Arrow's
+        loop (``_Decoded.pylist``), and steps pick from those lists; a row-by-row
+        conversion cost 1.4x that. The first step after a start or resume converts only
+        its own rows (``gather_pylist``): it waits for nothing else.
+        """
+        if step.serial == 0:
+            return gather_pylist([d.table.column(name) for d in decoded], step.inverse,
+                                 step.rows)
+        lists = [d.pylist(name) for d in decoded]
+        return [lists[k][r] for k, r in zip(step.inverse.tolist(), step.rows.tolist())]
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="zephon-decode")

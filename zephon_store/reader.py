@@ -22,7 +22,7 @@ from .arrowutil import i64
 from .hashing import xxh3_hex
 from .index import Located, as_seqs, locate
 from .manifest import Manifest, load_manifest
-from .pages import PageValues, read_byte_array_chunk, read_fixed_chunk
+from .pages import read_fixed_chunk
 from .rangefile import RangeFile
 from .storage import Storage
 from .stream import array_view
@@ -242,22 +242,6 @@ class Dataset:
                 del self._inflight[rg]
 
     def _decode_row_group(self, rg: int) -> pa.Table:
-        return self._decode_parts(rg, values=False)[0]
-
-    def read_row_group_values(self, rg: int, columns: list[str] | None = None
-                              ) -> tuple[pa.Table, dict[str, PageValues]]:
-        """Decode global row group ``rg`` for the loader: ``(table, values)``, not cached.
-
-        Long string and binary columns (documents) come in ``values`` as
-        :class:`~zephon_store.pages.PageValues`, which make ``str``/``bytes`` straight from
-        the verified pages, without the copy into an Arrow array; every other column of
-        ``columns`` (default: all) is in ``table``, in logical types. A column
-        :mod:`~zephon_store.pages` cannot read exactly is decoded by pyarrow into the table.
-        """
-        return self._decode_parts(int(rg), values=True, columns=columns)
-
-    def _decode_parts(self, rg: int, *, values: bool, columns: list[str] | None = None
-                      ) -> tuple[pa.Table, dict[str, PageValues]]:
         m = self.manifest
         shard = int(m.rg_shard[rg])
         md = self.footer(shard)
@@ -274,74 +258,50 @@ class Dataset:
             buf = pa.py_buffer(data)
             source = RangeFile(int(m.shard_bytes[shard]), {base: data},
                                name=self.storage.url(m.shard_path(shard)))
-        # Fixed-size binary columns (token windows) and, for the loader, long strings come
-        # straight from their pages (pages.py), from verified bytes, where that module can
-        # read them exactly; pyarrow decodes the rest.
-        schema, leaves = self._leaves(shard, md)
-        names = schema.names if columns is None else list(columns)
+        # Fixed-size binary columns (token windows) straight from their pages: zero-copy
+        # from verified bytes where pages.py can read them exactly, else pyarrow decodes.
+        schema, fixed = self._leaves(shard, md)
         meta = md.row_group(local)
-        direct: dict[str, pa.ChunkedArray] = {}
-        sliced: dict[str, PageValues] = {}
-        for name in names:
-            leaf = leaves.get(name)
-            if leaf is None:
-                continue
-            ci, max_def, max_rep, width, text = leaf
-            if width:
-                col = read_fixed_chunk(buf, base, meta.column(ci), max_def, max_rep, width)
-                if col is not None:
-                    direct[name] = col
-            elif values:
-                got = read_byte_array_chunk(buf, base, meta.column(ci), max_def, max_rep,
-                                            text=text)
-                if got is not None:
-                    sliced[name] = got
+        direct = {}
+        for name, (ci, max_def, max_rep, width) in fixed.items():
+            col = read_fixed_chunk(buf, base, meta.column(ci), max_def, max_rep, width)
+            if col is not None:
+                direct[name] = col
         # use_threads=False: row groups are ~1 MiB and callers decode several at once in
-        # their own threads; Arrow's pool cost 40-60 us of handoffs per call on top
-        # (tools/bench/peers read_seq: 0.23 -> see docs/benchmarks_peers.md).
-        if not direct and not sliced and columns is None:
+        # their own threads; Arrow's pool cost 40-60 us of handoffs per call on top.
+        if not direct:
             t = pq.ParquetFile(source, metadata=md).read_row_group(local, use_threads=False)
         else:
-            rest = [n for n in names if n not in direct and n not in sliced]
+            rest = [f.name for f in schema if f.name not in direct]
             other = (pq.ParquetFile(source, metadata=md).read_row_group(
                 local, columns=rest, use_threads=False) if rest else None)
-            keep = [n for n in names if n not in sliced]
             t = pa.Table.from_arrays(
-                [direct[n] if n in direct else other.column(n) for n in keep],
-                schema=pa.schema([schema.field(n) for n in keep], metadata=schema.metadata))
-        # storage types -> manifest schema; a no-op for v1 datasets
-        return m.to_logical(t), sliced
+                [direct[f.name] if f.name in direct else other.column(f.name) for f in schema],
+                schema=schema)
+        return m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
 
     def _leaves(self, shard: int, md: pq.FileMetaData) -> tuple[pa.Schema, dict]:
-        """``shard``'s Arrow schema and what :mod:`~zephon_store.pages` may read (cached).
+        """``shard``'s Arrow schema and its top-level fixed-size binary leaves (cached).
 
-        A top-level fixed-size binary, string or binary column maps to ``(leaf index, max
-        definition level, max repetition level, byte width (0: variable), is text)``.
+        The leaves map a column name to ``(leaf index, max definition level, max
+        repetition level, byte width)``, what :func:`~zephon_store.pages.read_fixed_chunk`
+        needs.
         """
         got = self._leaf_info.get(shard)
         if got is not None:
             return got
         schema = md.schema.to_arrow_schema()
-        leaves = {}
+        fixed = {}
         names = schema.names
         for ci in range(md.num_columns):
             leaf = md.schema.column(ci)
-            if leaf.path not in names or names.count(leaf.path) != 1:
-                continue
-            t = schema.field(leaf.path).type
-            if pa.types.is_fixed_size_binary(t):
-                width, text = t.byte_width, False
-            elif pa.types.is_string(t) or pa.types.is_large_string(t):
-                width, text = 0, True
-            elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-                width, text = 0, False
-            else:
-                continue
-            leaves[leaf.path] = (ci, leaf.max_definition_level, leaf.max_repetition_level,
-                                 width, text)
+            if (leaf.path in names and names.count(leaf.path) == 1
+                    and pa.types.is_fixed_size_binary(schema.field(leaf.path).type)):
+                fixed[leaf.path] = (ci, leaf.max_definition_level, leaf.max_repetition_level,
+                                    schema.field(leaf.path).type.byte_width)
         with self._footer_lock:
-            self._leaf_info[shard] = (schema, leaves)
-        return schema, leaves
+            self._leaf_info[shard] = (schema, fixed)
+        return schema, fixed
 
     def _mapped_row_group(self, rg: int, shard: int) -> pa.Buffer | None:
         """The whole mapped shard if it is local and row group ``rg``'s bytes verify, else None.

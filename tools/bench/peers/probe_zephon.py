@@ -269,7 +269,7 @@ def probe_costs(kind: str, mb: int) -> None:
 def probe_pass(kind: str, mb: int) -> None:
     """The loader's own pass split up: decode alone, conversion alone, then both pipelined.
 
-    decode: ``Dataset.read_row_group_values`` of every row group in one thread (hash check,
+    decode: the pipeline's decode of every row group in one thread (hash check, then
     pages.py or pyarrow); convert: cutting every batch from those decoded row groups (text to
     ``str``, windows as numpy); pipeline: a ``BatchPipeline`` pass (decode threads + this
     thread), wall and process CPU time. If the pipeline's wall is near decode + convert,
