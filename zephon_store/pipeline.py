@@ -46,6 +46,7 @@ MAX_AHEAD_STEPS = 1024
 class _Slot:
     future: Future
     last: int          # serial number of the last planned step that reads this row group
+    rows: int = 0      # rows of it the steps planned so far read
 
 
 @dataclass
@@ -140,6 +141,23 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
         at = order[bounds[k]:bounds[k + 1]]
         out[at] = view[step.rows[at]]
     return out
+
+
+def _gather_text(step: _Step, decoded: list[_Decoded], name: str,
+                 whole: list[bool] | None) -> list:
+    """A shuffled step's rows of a string/binary column, as Python objects.
+
+    Where ``whole`` says this pipeline reads most of every row group of the step (a
+    shuffled order reads all rows of a row group within one window of steps, when one rank
+    and one worker read them all), each row group's column is converted whole, once, by
+    Arrow's loop (``_Decoded.pylist``), and steps pick from those lists: a row-by-row
+    conversion cost 1.4x that. Otherwise (the first step after a start or resume, or a
+    rank's or worker's share of the rows) only the step's own rows are converted.
+    """
+    if not whole or not all(whole):
+        return gather_pylist([d.table.column(name) for d in decoded], step.inverse, step.rows)
+    lists = [d.pylist(name) for d in decoded]
+    return [lists[k][r] for k, r in zip(step.inverse.tolist(), step.rows.tolist())]
 
 
 def decoded_row_group_bytes(manifest) -> float:
@@ -247,35 +265,20 @@ class BatchPipeline:
                 views[name] = view
         return _Decoded(table, views)
 
-    def _assemble(self, step: _Step, decoded: list[_Decoded]) -> dict:
+    def _assemble(self, step: _Step, decoded: list[_Decoded],
+                  whole: list[bool] | None = None) -> dict:
         out = {}
         for name in decoded[0].table.column_names:
             if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
             elif step.runs is None and is_flat_binary(decoded[0].table.schema.field(name).type):
-                out[name] = self._gather_text(step, decoded, name)
+                out[name] = _gather_text(step, decoded, name, whole)
             else:   # text and other objects, or numbers with nulls: as decode_table does
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))
         if self.stream.with_seq:
             out[SEQ_KEY] = step.ids
         return out
-
-    @staticmethod
-    def _gather_text(step: _Step, decoded: list[_Decoded], name: str) -> list:
-        """A shuffled step's rows of a string/binary column, as Python objects.
-
-        A shuffled order reads every row of a row group within one window of steps, so
-        after the first step each row group's column is converted whole, once, by Arrow's
-        loop (``_Decoded.pylist``), and steps pick from those lists; a row-by-row
-        conversion cost 1.4x that. The first step after a start or resume converts only
-        its own rows (``gather_pylist``): it waits for nothing else.
-        """
-        if step.serial == 0:
-            return gather_pylist([d.table.column(name) for d in decoded], step.inverse,
-                                 step.rows)
-        lists = [d.pylist(name) for d in decoded]
-        return [lists[k][r] for k, r in zip(step.inverse.tolist(), step.rows.tolist())]
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="zephon-decode")
@@ -292,7 +295,9 @@ class BatchPipeline:
             ids = self.stream.ids(self.start_cursor + i * self.stream.topology.global_batch,
                                   ahead=serial > 0)
             rgs, runs, inverse, rows = plan_rows(self.dataset.manifest, ids)
-            for rg in rgs:
+            counts = ([n for _, n in runs] if runs is not None
+                      else np.bincount(inverse, minlength=len(rgs)).tolist())
+            for rg, count in zip(rgs, counts):
                 slot = slots.get(rg)
                 if slot is None:
                     fut = pool.submit(self._decode, rg)
@@ -304,6 +309,7 @@ class BatchPipeline:
                     self.max_held = max(self.max_held, len(slots))
                 else:
                     slot.last = serial
+                slots[rg].rows += count
             planned.append(_Step(i, serial, ids, rgs, runs, inverse, rows))
             serial += 1
             return True
@@ -315,13 +321,18 @@ class BatchPipeline:
                                     and len(planned) < MAX_AHEAD_STEPS)):
                 more = plan_one()
 
+        rg_rows = self.dataset.manifest.rg_rows
         try:
             more = plan_one()   # the first step alone (see the module docstring)
             first = True
             while planned and not self.stop.is_set():
                 step = planned.popleft()
                 decoded = [slots[rg].future.result() for rg in step.row_groups]
-                batch = self._assemble(step, decoded)
+                # Whole-row-group text conversion pays when this pipeline reads most of a
+                # row group (one rank, one worker); a rank of 8 reads an eighth of it.
+                whole = [not first and 2 * slots[rg].rows >= int(rg_rows[rg])
+                         for rg in step.row_groups]
+                batch = self._assemble(step, decoded, whole)
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)

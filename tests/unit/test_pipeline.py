@@ -219,6 +219,34 @@ def test_documents_match_decode_table(long_docs, shuffle, start):
         assert batch["k"].tolist() == want["k"].tolist()
 
 
+@pytest.mark.parametrize("world,rank,workers,worker,converts_whole", [
+    (1, 0, 1, 0, True),      # one rank, one worker: reads every row of its row groups
+    (4, 1, 1, 0, False),     # a quarter of each row group: only its own rows
+    (1, 0, 3, 2, False),     # a third (worker 2 of 3)
+])
+def test_whole_row_group_text_only_when_this_pipeline_reads_most_of_it(
+        long_docs, monkeypatch, world, rank, workers, worker, converts_whole):
+    from zephon_store import pipeline
+
+    whole = []
+    real = pipeline._Decoded.pylist
+
+    def counting(self, name):
+        whole.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(pipeline._Decoded, "pylist", counting)
+    order = OrderOptions(seed=4, shuffle=True, window_blocks=3)
+    topo = Topology(8 * world, world, rank)
+    stream = RankStream(open_dataset(long_docs), order, topo)
+    ref = RankStream(open_dataset(long_docs), order, topo)
+    indices = range(worker, 200 // (8 * world), workers)
+    for i, batch in BatchPipeline(stream, 0, indices):
+        want = ref.batch(i * 8 * world)
+        assert batch["text"] == want["text"] and batch["blob"] == want["blob"]
+    assert bool(whole) == converts_whole
+
+
 def test_decode_threads_are_shared_among_process_workers(ds, monkeypatch):
     from zephon_store.pipeline import default_decode_threads
 
