@@ -208,6 +208,30 @@ def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_
     assert m.num_row_groups >= 3 * m.num_shards and gets < m.num_row_groups / 1.5
 
 
+def test_loader_coalesce_option_reaches_the_prefetcher(corpus, remote, tmp_path):
+    """ZephonLoader(coalesce=CoalesceOptions(max_bytes=1)): one row group per GET, same stream."""
+    from zephon_store.coalesce import CoalesceOptions
+
+    url, bucket, _ = remote
+    local = open_dataset(str(corpus / "local"))
+    steps = local.num_samples // B
+    want = _stream_seq(local, steps)
+    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        ds = _open(url, bucket.options_via(proxy.endpoint_url), tmp_path)
+        m = ds.manifest
+        opened = proxy.requests
+        loader = ZephonLoader(ds, global_batch=B, order=SEQ, world_size=1, rank=0,
+                              with_seq=True, max_steps=steps,
+                              coalesce=CoalesceOptions(max_bytes=1))
+        got = [s for batch in loader for s in batch["_seq"].tolist()]
+        gets = proxy.requests - opened
+    assert got == want[0]
+    read = int(np.searchsorted(m.rg_row_start, steps * B - 1, side="right"))
+    assert gets >= read                    # no range merged two row groups
+    with pytest.raises(TypeError, match="CoalesceOptions"):
+        ZephonLoader(ds, global_batch=B, world_size=1, rank=0, coalesce={"max_bytes": 1})
+
+
 def test_a_flipped_byte_in_a_coalesced_range_names_shard_and_row_group(corpus, remote, tmp_path):
     url, bucket, _ = remote
     ds = _open(url, bucket.storage_options, tmp_path)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch.utils.data
 
 from ..assign import batches_for_worker
+from ..coalesce import CoalesceOptions
 from ..order import OrderOptions
 from ..pipeline import BatchPipeline, default_decode_threads
 from ..prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
@@ -31,7 +32,8 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
                  num_batches: int | None = None, columns: list[str] | None = None,
                  with_seq: bool = False, transform: Callable[[dict], dict] | None = None,
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 decode_ahead_bytes: int | None = None) -> None:
+                 decode_ahead_bytes: int | None = None,
+                 coalesce: CoalesceOptions | None = None) -> None:
         super().__init__()
         self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq)
         self.start_cursor = start_cursor
@@ -39,6 +41,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.prefetch_bytes = prefetch_bytes
         self.decode_ahead_bytes = decode_ahead_bytes
+        self.coalesce = coalesce
 
     def step_row_groups(self, i: int):
         """Row groups local batch ``i`` reads (for the prefetcher)."""
@@ -53,7 +56,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         if self.num_batches is not None:
             total = max(0, -(-(self.num_batches - offset) // stride))
         return Prefetcher(self.stream.dataset, rgs, budget_bytes=self.prefetch_bytes,
-                          num_batches=total)
+                          num_batches=total, coalesce=self.coalesce)
 
     def pipeline(self, worker: int = 0, workers: int = 0, *,
                  stop: threading.Event | None = None) -> BatchPipeline:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from ..coalesce import CoalesceOptions
 from ..order import OrderOptions
 from ..pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..prefetch import DEFAULT_PREFETCH_BYTES
@@ -77,7 +78,9 @@ class ZephonLoader:
     ``decode_ahead_bytes`` bounds the decoded row groups
     held ahead (default: two working sets of the order, 16 MiB to 1 GiB; see
     :mod:`zephon_store.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
-    fetched ahead into the disk cache.
+    fetched ahead into the disk cache; ``coalesce``
+    (:class:`~zephon_store.coalesce.CoalesceOptions`) sets how neighbouring row groups are
+    merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``).
     """
 
     def __init__(self, dataset: str | Dataset, *, global_batch: int, seed: int | None = None,
@@ -90,7 +93,8 @@ class ZephonLoader:
                  storage_options: dict | None = None, cache=None,
                  multiprocessing_context: str | None = None, pin_memory: bool = False,
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 decode_ahead_bytes: int | None = None) -> None:
+                 decode_ahead_bytes: int | None = None,
+                 coalesce: CoalesceOptions | None = None) -> None:
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -117,6 +121,9 @@ class ZephonLoader:
         self.pin_memory = pin_memory
         self.prefetch_bytes = prefetch_bytes
         self.decode_ahead_bytes = decode_ahead_bytes
+        if coalesce is not None and not isinstance(coalesce, CoalesceOptions):
+            raise TypeError(f"coalesce must be a CoalesceOptions, got {coalesce!r}")
+        self.coalesce = coalesce
         self.cursor = 0
         n = self.dataset.num_samples
         self._max_cursor = None
@@ -182,7 +189,7 @@ class ZephonLoader:
             self.dataset, order=self.order, topology=self.topology, start_cursor=start,
             num_batches=self._num_batches(start), columns=self.columns, with_seq=self.with_seq,
             transform=self.transform, prefetch_bytes=self.prefetch_bytes,
-            decode_ahead_bytes=self.decode_ahead_bytes)
+            decode_ahead_bytes=self.decode_ahead_bytes, coalesce=self.coalesce)
 
     def __iter__(self) -> Iterator:
         start = self.cursor
