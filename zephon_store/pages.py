@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 # Parquet's page types and encodings (parquet.thrift).
-DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
+DATA_PAGE, DATA_PAGE_V2 = 0, 3
 PLAIN, RLE = 0, 3
 # Parquet codec names (as pyarrow's metadata spells them) -> pyarrow.Codec names. "LZ4" is
 # left out: pyarrow's metadata spells both the framed (Hadoop) codec and the raw one so,
@@ -126,49 +126,39 @@ class _Compact:
         raise _Unsupported(f"thrift type {kind}")
 
 
-def _valid_mask(levels, n: int, max_def: int) -> np.ndarray | None:
-    """Which of ``n`` slots hold a value (definition level == ``max_def``), from the
-    RLE/bit-packed hybrid ``levels``; ``None`` when all of them do."""
-    width = max(1, int(max_def).bit_length())
+def _all_valid(levels, n: int) -> bool:
+    """Whether all ``n`` definition levels in ``levels`` (RLE/bit-packed hybrid, bit width 1:
+    a top-level optional leaf) are 1, i.e. the page holds no null."""
     r = _Compact(levels, 0)
-    runs: list[tuple[int, object]] = []     # (count, value) or (count, array of levels)
     seen = 0
     while seen < n:
         head = r.varint()
-        if head & 1:                         # bit-packed: (head >> 1) groups of 8 values
-            nbytes = (head >> 1) * width
+        if head & 1:                         # bit-packed: (head >> 1) groups of 8 levels
+            nbytes = head >> 1
             raw = np.frombuffer(bytes(levels[r.pos:r.pos + nbytes]), dtype=np.uint8)
             if raw.size != nbytes or not nbytes:
                 raise _Unsupported("truncated definition levels")
             r.pos += nbytes
-            vals = np.unpackbits(raw, bitorder="little")
-            if width > 1:
-                vals = (vals.reshape(-1, width).astype(np.uint32)
-                        * (1 << np.arange(width, dtype=np.uint32))).sum(axis=1)
-            take = min(vals.size, n - seen)
-            runs.append((take, vals[:take]))
-        else:                                # a run of one value
-            count = head >> 1
-            if count == 0:
+            take = min(8 * nbytes, n - seen)
+            if not np.unpackbits(raw, bitorder="little")[:take].all():
+                return False
+        else:                                # a run of one level, in one byte
+            take = min(head >> 1, n - seen)
+            if take == 0:
                 raise _Unsupported("empty RLE run")
-            vbytes = (width + 7) // 8
-            value = int.from_bytes(bytes(levels[r.pos:r.pos + vbytes]), "little")
-            r.pos += vbytes
-            take = min(count, n - seen)
-            runs.append((take, value))
+            if levels[r.pos] != 1:
+                return False
+            r.pos += 1
         seen += take
-    if all(isinstance(v, int) and v == max_def for _, v in runs):
-        return None
-    return np.concatenate([np.full(c, v == max_def) if isinstance(v, int) else v == max_def
-                           for c, v in runs])
+    return True
 
 
 def _pages(buf: pa.Buffer, base: int, column, max_def: int):
-    """Yield ``(n, valid, values)`` per data page of a PLAIN, dictionary-free column chunk.
+    """Yield ``(n, values)`` per data page of a PLAIN, dictionary-free, null-free chunk.
 
-    ``n``: slots in the page; ``valid``: :func:`_valid_mask` (None: no nulls); ``values``:
-    the page's PLAIN value bytes (decompressed; a slice of ``buf`` when uncompressed).
-    Raises :class:`_Unsupported` for anything else; the caller then uses pyarrow.
+    ``n``: values in the page; ``values``: its PLAIN value bytes (decompressed; a slice of
+    ``buf`` when uncompressed). Raises :class:`_Unsupported` for anything else (nulls
+    included); the caller then uses pyarrow.
     """
     if column.has_dictionary_page or max_def > 1:
         raise _Unsupported("dictionary or nested")
@@ -203,13 +193,13 @@ def _pages(buf: pa.Buffer, base: int, column, max_def: int):
                 page = codec.decompress(page, decompressed_size=usize)
             elif csize != usize:
                 raise _Unsupported("page sizes differ without compression")
-            valid, skip = None, 0
+            skip = 0
             if max_def:
                 if dp.get(3) != RLE:
                     raise _Unsupported("definition levels not RLE")
-                nlev = int.from_bytes(bytes(memoryview(page)[:4]), "little")
-                skip = 4 + nlev
-                valid = _valid_mask(memoryview(page)[4:skip], n, max_def)
+                skip = 4 + int.from_bytes(bytes(memoryview(page)[:4]), "little")
+                if not _all_valid(memoryview(page)[4:skip], n):
+                    raise _Unsupported("nulls")
             values = page.slice(skip)
         else:
             dp = head.get(8) or {}
@@ -217,13 +207,12 @@ def _pages(buf: pa.Buffer, base: int, column, max_def: int):
             dlen, rlen = dp.get(5, 0), dp.get(6, 0)
             if n is None or enc != PLAIN or rlen:
                 raise _Unsupported("not a PLAIN page")
-            valid = _valid_mask(memoryview(page)[:dlen], n, max_def) if max_def else None
-            if nulls and valid is None:
-                raise _Unsupported("null count and levels disagree")
+            if nulls or (max_def and not _all_valid(memoryview(page)[:dlen], n)):
+                raise _Unsupported("nulls")
             values = page.slice(dlen)
             if codec is not None and dp.get(7, True):
                 values = codec.decompress(values, decompressed_size=usize - dlen)
-        yield n, valid, values
+        yield n, values
         pos = body + csize
     if pos != end:
         raise _Unsupported("pages do not add up to the column chunk")
@@ -252,9 +241,7 @@ def _read_fixed_chunk(buf, base, column, max_def, max_rep, width):
     if max_rep or column.physical_type != "FIXED_LEN_BYTE_ARRAY" or width <= 0:
         return None
     chunks, rows = [], 0
-    for n, valid, values in _pages(buf, base, column, max_def):
-        if valid is not None:
-            return None                     # nulls: values are not one per slot
+    for n, values in _pages(buf, base, column, max_def):
         if values.size != n * width:
             return None
         chunks.append(pa.Array.from_buffers(pa.binary(width), n, [None, values]))

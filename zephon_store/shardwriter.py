@@ -158,7 +158,7 @@ def dictionary_columns(table: pa.Table, exclude=()) -> list[str]:
     whose first :data:`DICTIONARY_SAMPLE_ROWS` non-null values are more than half
     distinct. For such a column (documents, URLs, ids) a dictionary holds every value
     once anyway: the file is no smaller, and a reader decodes the dictionary and then
-    copies every value out of it again (1.6x the decode time of plain pages for
+    copies every value out of it again (1.3-2.2x the decode time of plain pages for
     text; ``tools/bench/bench_dictionary.py``). The choice is a pure function of the
     shard's rows, so shard bytes stay deterministic.
 

@@ -187,21 +187,30 @@ def _stream_seq(ds, steps):
     return _stream(ds, steps, order=SEQ)[:2]
 
 
-def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_path):
-    """Counted at the proxy (every HTTP request): a sequential pass reads each shard as one or
-    two ranged GETs, not one per row group, and yields what the local copy yields."""
+def _sequential_pass_through_proxy(corpus, remote, tmp_path, read):
+    """``read(ds, steps)`` over the remote copy through a counting proxy: ``(ds, result,
+    GETs made by the pass, the local copy's stream, row groups the pass reads)``."""
     url, bucket, _ = remote
     local = open_dataset(str(corpus / "local"))
     steps = local.num_samples // B
     want = _stream_seq(local, steps)
     with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
         ds = _open(url, bucket.options_via(proxy.endpoint_url), tmp_path)
-        m = ds.manifest
         opened = proxy.requests
-        assert _stream_seq(ds, steps) == want
+        got = read(ds, steps)
         gets = proxy.requests - opened
+    rgs_read = int(np.searchsorted(ds.manifest.rg_row_start, steps * B - 1, side="right"))
+    return ds, got, gets, want, rgs_read
+
+
+def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_path):
+    """Counted at the proxy (every HTTP request): a sequential pass reads each shard as one or
+    two ranged GETs, not one per row group, and yields what the local copy yields."""
+    ds, got, gets, want, read = _sequential_pass_through_proxy(corpus, remote, tmp_path,
+                                                               _stream_seq)
+    m = ds.manifest
+    assert got == want
     fetcher = ds.range_fetcher()
-    read = int(np.searchsorted(m.rg_row_start, steps * B - 1, side="right"))  # row groups read
     assert fetcher.row_groups == read and fetcher.refetched == 0   # all of them in ranges
     # footers (one per shard) + the first step's range + about one range per shard
     assert gets <= 2 * m.num_shards + 2
@@ -212,21 +221,15 @@ def test_loader_coalesce_option_reaches_the_prefetcher(corpus, remote, tmp_path)
     """ZephonLoader(coalesce=CoalesceOptions(max_bytes=1)): one row group per GET, same stream."""
     from zephon_store.coalesce import CoalesceOptions
 
-    url, bucket, _ = remote
-    local = open_dataset(str(corpus / "local"))
-    steps = local.num_samples // B
-    want = _stream_seq(local, steps)
-    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
-        ds = _open(url, bucket.options_via(proxy.endpoint_url), tmp_path)
-        m = ds.manifest
-        opened = proxy.requests
+    def one_per_get(ds, steps):
         loader = ZephonLoader(ds, global_batch=B, order=SEQ, world_size=1, rank=0,
                               with_seq=True, max_steps=steps,
                               coalesce=CoalesceOptions(max_bytes=1))
-        got = [s for batch in loader for s in batch["_seq"].tolist()]
-        gets = proxy.requests - opened
+        return [s for batch in loader for s in batch["_seq"].tolist()]
+
+    ds, got, gets, want, read = _sequential_pass_through_proxy(corpus, remote, tmp_path,
+                                                               one_per_get)
     assert got == want[0]
-    read = int(np.searchsorted(m.rg_row_start, steps * B - 1, side="right"))
     assert gets >= read                    # no range merged two row groups
     with pytest.raises(TypeError, match="CoalesceOptions"):
         ZephonLoader(ds, global_batch=B, world_size=1, rank=0, coalesce={"max_bytes": 1})

@@ -28,12 +28,14 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, HERE)
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from bench_encoding import row_groups  # noqa: E402
+from make_corpus import stdlib_sources  # noqa: E402
 
-from zephon_store.layout import Cutter  # noqa: E402
-from zephon_store.rowsize import table_row_nbytes  # noqa: E402
 from zephon_store.shardwriter import WriteOptions, write_shard  # noqa: E402
 
 DOC_BYTES = 16 << 10
@@ -55,38 +57,25 @@ print(json.dumps({"decode_s": dec, "python_s": py}))
 
 
 def documents(mb: int) -> pa.Table:
-    """Stdlib sources cut into documents of at most 16 KiB, until ``mb`` MB of text."""
-    lib = os.path.dirname(os.__file__)
-    texts, paths, total = [], [], 0
-    for dirpath, dirnames, files in os.walk(lib):
-        dirnames.sort()
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            p = os.path.join(dirpath, name)
-            try:
-                with open(p, encoding="utf-8") as f:
-                    body = f.read()
-            except (UnicodeDecodeError, OSError):
-                continue
-            for k in range(0, len(body), DOC_BYTES):
-                texts.append(body[k:k + DOC_BYTES])
-                paths.append(os.path.relpath(p, lib))
-                total += len(texts[-1])
+    """Stdlib sources (``make_corpus.stdlib_sources``) cut into documents of at most 16 KiB,
+    until ``mb`` MB of text; repeated with a suffix (every value stays distinct) where the
+    standard library is smaller."""
+    sources = stdlib_sources(mb * 1_000_000)
+    paths, texts = [], []
+    for path, body in sources:
+        for k in range(0, len(body), DOC_BYTES):
+            paths.append(path)
+            texts.append(body[k:k + DOC_BYTES])
+    out_paths, out_texts, total, r = [], [], 0, 0
+    while total < mb * 1_000_000 and texts:
+        for path, t in zip(paths, texts):
+            out_paths.append(path)
+            out_texts.append(t if r == 0 else f"{t}\n# copy {r}")
+            total += len(out_texts[-1])
             if total >= mb * 1_000_000:
-                return pa.table({"path": paths, "text": texts})
-    # a small stdlib: repeat it with a suffix so every value stays distinct
-    reps = mb * 1_000_000 // max(total, 1) + 1
-    return pa.table({"path": paths * reps,
-                     "text": [f"{t}\n# copy {r}" for r in range(reps) for t in texts]})
-
-
-def row_groups(table: pa.Table, options: WriteOptions) -> list[int]:
-    """The row-group sizes the converter would cut (one shard holding all of them)."""
-    cutter = Cutter(row_group_rows=options.row_group_rows,
-                    row_group_bytes=options.row_group_bytes, target_shard_bytes=1 << 62)
-    cutter.feed(table_row_nbytes(table))
-    return [n for plan in cutter.finish() for n in plan.row_group_rows]
+                break
+        r += 1
+    return pa.table({"path": out_paths, "text": out_texts})
 
 
 def measure(path: str) -> dict:

@@ -64,13 +64,10 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
 
         Setting ``stop`` ends the pipeline at its next step (the loader's close).
         """
-        threads = None
-        if workers > 1:
-            # Process workers share the cores: a local dataset gets its share of them
-            # (2 workers on 2 cores: 0.75-0.80 s per text pass with one decode thread each,
-            # 0.89-0.91 s with two; tools/bench/peers loader_w2). Remote reads wait on the
-            # network and keep the default.
-            threads = default_decode_threads(self.stream.dataset, workers=workers)
+        # Process workers share the cores: on a local dataset each gets its share of them
+        # (2 workers on 2 cores: 0.75-0.80 s per text pass with one decode thread each,
+        # 0.89-0.91 s with two; tools/bench/peers loader_w2).
+        threads = default_decode_threads(self.stream.dataset, workers=max(1, workers))
         return BatchPipeline(self.stream, self.start_cursor,
                              batches_for_worker(worker, workers, 0, self.num_batches),
                              transform=self.transform, ahead_bytes=self.decode_ahead_bytes,
