@@ -10,6 +10,7 @@ corpora; ``--mb`` picks them)::
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py getitem        # where ds[i] spends time
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py costs          # hash/decode/python split
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py overlap        # hash and convert at once
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.
@@ -321,10 +322,99 @@ def probe_pass(kind: str, mb: int) -> None:
               f"{med['pipeline_cpu']:.3f} s CPU")
 
 
+def probe_overlap(kind: str, mb: int) -> None:
+    """Does the integrity check overlap with the conversion to Python? Bytes, not the GIL.
+
+    On the uncompressed copy, from memory: ``hash`` is the xxh3 of every row group (what a
+    decode thread does before trusting bytes; the hasher releases the GIL); ``convert``
+    makes the Python objects a pass hands out (text: ``to_pylist``; windows: a numpy copy).
+    Each alone, then both at once in two threads of one process and in two processes. If
+    two processes, which share nothing but the machine, slow each other as much as two
+    threads do, the limit is memory bandwidth, not the GIL. Medians of 5.
+    """
+    import glob
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import xxhash
+
+    path = _path(kind, mb, "zephonraw")
+    files = sorted(glob.glob(os.path.join(path, "shards", "*.parquet")))
+    ranges, cols = [], []
+    for f in files:
+        with open(f, "rb") as fh:
+            data = fh.read()
+        pf = pq.ParquetFile(pa.py_buffer(data))
+        for i in range(pf.num_row_groups):
+            rg = pf.metadata.row_group(i)
+            start = min(rg.column(c).data_page_offset for c in range(rg.num_columns))
+            end = max(rg.column(c).data_page_offset + rg.column(c).total_compressed_size
+                      for c in range(rg.num_columns))
+            ranges.append(memoryview(data)[start:end])
+            cols.append(pf.read_row_group(i, columns=[kind]).column(0).combine_chunks())
+    views = [np.frombuffer(c.buffers()[1], dtype=np.int32) if kind == "tokens" else None
+             for c in cols]
+
+    def hash_all() -> float:
+        t0 = time.perf_counter()
+        for r in ranges:
+            xxhash.xxh3_128(r).hexdigest()
+        return time.perf_counter() - t0
+
+    def convert_all() -> float:
+        t0 = time.perf_counter()
+        for c, v in zip(cols, views):
+            if v is None:
+                c.to_pylist()
+            else:
+                v.copy()
+        return time.perf_counter() - t0
+
+    def in_threads() -> tuple[float, float]:
+        got: dict[str, float] = {}
+        t = threading.Thread(target=lambda: got.__setitem__("h", hash_all()))
+        t.start()
+        c = convert_all()
+        t.join()
+        return got["h"], c
+
+    def in_processes() -> tuple[float, float]:
+        r, w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.read(go_r, 1)
+            os.write(w, f"{hash_all():.6f}".encode())
+            os._exit(0)
+        os.write(go_w, b"x")
+        c = convert_all()
+        h = float(os.read(r, 64).decode())
+        os.waitpid(pid, 0)
+        for fd in (r, w, go_r, go_w):
+            os.close(fd)
+        return h, c
+
+    runs: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(5):
+        runs["hash alone"].append(hash_all())
+        runs["convert alone"].append(convert_all())
+        h, c = in_threads()
+        runs["threads: hash"].append(h)
+        runs["threads: convert"].append(c)
+        h, c = in_processes()
+        runs["processes: hash"].append(h)
+        runs["processes: convert"].append(c)
+    mb_ = sum(len(r) for r in ranges) / 1e6
+    print(f"{kind} ({mb_:.0f} MB of row groups, {len(ranges)} row groups), medians of 5, s:")
+    for k, v in runs.items():
+        print(f"  {k:20s} {statistics.median(v):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
-                                      "pass", "decode-cache-child"])
+                                      "pass", "overlap", "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
@@ -345,7 +435,8 @@ def main() -> None:
         os._exit(0)
     for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
-         "s3": probe_s3, "costs": probe_costs, "pass": probe_pass}[a.probe](kind, a.mb)
+         "s3": probe_s3, "costs": probe_costs, "pass": probe_pass,
+         "overlap": probe_overlap}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
