@@ -56,6 +56,11 @@ class Prefetcher:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-prefetch") \
             if self.enabled else None
         self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes planned for it
+        # step -> its row groups, for steps not consumed yet: the plan published every
+        # _PLAN_EVERY steps covers _PLAN_STEPS steps, so without this every step's row
+        # groups were computed ~8 times (most of a loop thread's time on a remote token
+        # pass of 1,144 small batches).
+        self._rgs: dict[int, np.ndarray] = {}
         self._seen: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
@@ -67,6 +72,7 @@ class Prefetcher:
 
     def _init_ranges(self, options: CoalesceOptions) -> None:
         self._ranges = self.dataset.range_fetcher(options)
+        self._ranges.hold(self.budget)    # fetched bytes wait in memory for their reader
         # Planned row groups not yet submitted -> the step that reads them (soonest first).
         self._pending: dict[int, int] = {}
         self._pending_bytes = 0
@@ -103,12 +109,21 @@ class Prefetcher:
         self._pending = keep
         self._pending_bytes = sum(int(m.rg_length[rg]) for rg in keep)
 
+    def _step_rgs(self, step: int) -> np.ndarray:
+        got = self._rgs.get(step)
+        if got is None:
+            got = self._rgs[step] = np.asarray(self.step_row_groups(step), dtype=np.int64)
+        return got
+
     def consumed(self, i: int) -> None:
         if not self.enabled:
             return
         with self._lock:
             for step in [s for s in self._ahead if s <= i]:
                 del self._ahead[step]
+            if i % _PLAN_EVERY == 0:
+                for step in [s for s in self._rgs if s <= i]:
+                    del self._rgs[step]
             self._next = max(self._next, i + 1)
             while (sum(self._ahead.values()) < self.budget
                    and self._next <= i + _MAX_AHEAD_STEPS
@@ -129,8 +144,7 @@ class Prefetcher:
     def _plan_step(self, step: int) -> int:
         m = self.dataset.manifest
         total = 0
-        for rg in self.step_row_groups(step):
-            rg = int(rg)
+        for rg in self._step_rgs(step).tolist():
             if rg in self._seen:
                 continue
             self._seen.add(rg)
@@ -147,10 +161,10 @@ class Prefetcher:
         last = first_step + _PLAN_STEPS
         if self.num_batches is not None:
             last = min(last, self.num_batches)
-        rgs = [self.step_row_groups(s) for s in range(first_step, last)]
+        rgs = [self._step_rgs(s) for s in range(first_step, last)]
         if rgs:
-            order = np.concatenate(rgs)
-            self.dataset.cache.set_future(m.rg_xxh3(int(r)) for r in order)
+            order = dict.fromkeys(np.concatenate(rgs).tolist())   # soonest use first, once
+            self.dataset.cache.set_future(m.rg_xxh3(r) for r in order)
 
     def close(self) -> None:
         """Stop prefetching: queued work is dropped (readers then fetch what they need)."""

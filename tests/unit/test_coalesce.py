@@ -221,3 +221,78 @@ def test_an_endless_stream_over_a_small_dataset_still_reads_ranges(local_ds, tmp
     pre.close()
     assert ds.range_fetcher().row_groups == n
     assert ds.storage.stats.requests - opened <= 2 * m.num_shards + 1
+
+
+def test_prefetched_row_groups_reach_their_reader_from_memory(local_ds, tmp_path, monkeypatch):
+    """The verified bytes of a range wait in memory for their reader: no disk-cache read
+    (file, lock, second hash) for what the prefetcher fetched; none are left held after."""
+    reads = []
+    real = ChunkCache.get_or_fetch
+
+    def counting(self, key, *a, **kw):
+        reads.append(key)
+        return real(self, key, *a, **kw)
+
+    monkeypatch.setattr(ChunkCache, "get_or_fetch", counting)
+    plain = open_dataset(local_ds)
+    m = plain.manifest
+    want = [plain.fetch_row_group_bytes(rg) for rg in range(m.num_row_groups)]
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    steps = -(-m.num_row_groups // 2)
+    reads.clear()
+    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    got = _drain(ds, pre, steps)
+    pre.close()
+    assert got == want
+    assert reads == []
+    fetcher = ds.range_fetcher()
+    assert fetcher._held_bytes == 0 and not fetcher._held
+    # Every row group is in the disk cache all the same, for the next pass and other ranks.
+    assert ds.cache.info()["entries"] == m.num_row_groups
+
+
+def test_bytes_held_for_readers_are_bounded(local_ds, tmp_path):
+    """Ranges nobody reads (yet) keep at most the held budget in memory, oldest dropped
+    first; a dropped row group is then read from the disk cache, with no new request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    fetcher = ds.range_fetcher()
+    limit = 4 * int(m.rg_length.max())
+    fetcher.hold(limit)
+    fetcher.hold(limit // 2)            # the largest asked for wins
+    rgs = list(range(m.num_row_groups))
+    with ThreadPoolExecutor(1) as pool:
+        [f.result() for f in fetcher.submit(fetcher.plan(rgs), pool)]
+    assert 0 < fetcher._held_bytes <= limit
+    assert fetcher._held_bytes == sum(len(b) for b in fetcher._held.values())
+    assert list(fetcher._held) == sorted(fetcher._held)[-len(fetcher._held):]   # the newest
+    plain = open_dataset(local_ds)
+    requests = ds.storage.stats.requests
+    for rg in (0, rgs[-1]):             # dropped long ago / still held
+        assert ds.fetch_row_group_bytes(rg) == plain.fetch_row_group_bytes(rg)
+    assert ds.storage.stats.requests == requests
+    assert rgs[-1] not in fetcher._held
+
+
+def test_each_step_s_row_groups_are_computed_once(local_ds, tmp_path):
+    """The plan published every few steps covers many steps ahead: each step's row groups
+    are computed once, not once per plan that covers it."""
+    import collections
+
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    calls: collections.Counter = collections.Counter()
+    seq = _sequential_steps(m, per_step=1)
+
+    def step_rgs(i):
+        calls[i] += 1
+        return seq(i)
+
+    pre = Prefetcher(ds, step_rgs, num_batches=m.num_row_groups, budget_bytes=1 << 30)
+    for i in range(m.num_row_groups):
+        ds.fetch_row_group_bytes(int(seq(i)[0]))
+        pre.consumed(i)
+    pre.close()
+    assert set(calls) == set(range(m.num_row_groups)) and max(calls.values()) == 1
