@@ -44,3 +44,21 @@ def test_missing_extra_is_named(code, extra):
     r = _run(code)
     assert r.returncode != 0
     assert f"zephon_store[{extra}]" in r.stderr and "MissingExtraError" in r.stderr
+
+
+def test_reading_a_local_dataset_does_not_import_fsspec(tmp_path):
+    """Local files are read with os calls; fsspec's import was ~10 ms of a first batch."""
+    import zephon_store as z
+
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(50)))
+    z.convert([str(tmp_path / "a.jsonl")], str(tmp_path / "ds"), progress=False)
+    r = _run(f"""
+import zephon_store as z
+ds = z.open_dataset({str(tmp_path / 'ds')!r})
+assert ds[7] == {{"x": 7}}
+assert ds.take([3, 40]).to_pylist() == [{{"x": 3}}, {{"x": 40}}]
+assert "fsspec" not in sys.modules, "reading a local dataset imported fsspec"
+print("ok")
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
