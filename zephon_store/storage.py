@@ -178,7 +178,9 @@ class Storage:
         self.stats = StorageStats()
         self._lock = threading.Lock()
         self._fs: Any = None
-        self._root_path = ""
+        # The filesystem's own path of the root: known now for a local root (no fsspec),
+        # set by ``fs`` on first use for a remote one.
+        self._root_path = self.root_url if self.local else ""
         self._pid = -1
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -205,11 +207,10 @@ class Storage:
 
     def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
         check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)
-        if self.local:
+        if not self.local:
             # Local files are read with os calls: no fsspec (importing it cost a fresh
             # process ~10 ms before its first batch).
-            return os.path.join(self.root_url, relpath) if relpath else self.root_url
-        fs = self.fs  # noqa: F841 - resolves _root_path
+            fs = self.fs  # noqa: F841 - resolves _root_path
         if not relpath:
             return self._root_path
         return f"{self._root_path.rstrip('/')}/{relpath}"
