@@ -11,6 +11,7 @@ corpora; ``--mb`` picks them)::
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py costs          # hash/decode/python split
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py overlap        # hash and convert at once
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py rowgroups --kind text  # resume vs rg size
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.
@@ -411,10 +412,68 @@ def probe_overlap(kind: str, mb: int) -> None:
         print(f"  {k:20s} {statistics.median(v):.3f}")
 
 
+def probe_rowgroups(kind: str, mb: int) -> None:
+    """Row-group size against the shuffled resume and the sequential pass (zstd default).
+
+    Converts the corpus again with ``row_group_bytes`` of 1 MiB (the default), 512 KiB and
+    256 KiB, then, the sizes interleaved: the shuffled first batch after a resume at 50%
+    (``load_state_dict`` + ``next``, a freshly opened dataset each time; median of 5) and a
+    sequential loader pass (median of 3). Smaller row groups make the first batch decode
+    less; the price is more per-row-group work on every pass.
+    """
+    import glob
+    import tempfile
+
+    from zephon_store import convert, open_dataset
+    from zephon_store.shardwriter import WriteOptions
+
+    inputs = sorted(glob.glob(os.path.join(corpus_mod.corpus_dir(kind, mb), "input", "*")))
+    sizes = (1 << 20, 512 << 10, 256 << 10)
+    work = tempfile.mkdtemp(dir=corpus_mod.corpus_dir(kind, mb), prefix="rowgroups-")
+    try:
+        paths = {}
+        for size in sizes:
+            paths[size] = os.path.join(work, str(size))
+            convert(inputs, paths[size], progress=False,
+                    options=WriteOptions(row_group_bytes=size))
+            for f in glob.glob(os.path.join(paths[size], "shards", "*.parquet")):
+                with open(f, "rb") as fh:
+                    while fh.read(8 << 20):
+                        pass
+        resume: dict[int, list[float]] = collections.defaultdict(list)
+        passes: dict[int, list[float]] = collections.defaultdict(list)
+        for rep in range(5):
+            for size in sizes:
+                ds = open_dataset(paths[size])
+                cur = ds.num_samples // 2 // BATCH[kind] * BATCH[kind]
+                ld = _loader(ds, kind, shuffle=True)
+                t0 = time.perf_counter()
+                ld.load_state_dict(dict(ld.state_dict(), cursor=cur))
+                it = iter(ld)
+                next(it)
+                resume[size].append((time.perf_counter() - t0) * 1e3)
+                it.close()
+                if rep < 3:
+                    ld = _loader(open_dataset(paths[size]), kind, shuffle=False, collate=None,
+                                 epochs=1.0)
+                    t0 = time.perf_counter()
+                    for _ in ld:
+                        pass
+                    passes[size].append(time.perf_counter() - t0)
+        for size in sizes:
+            m = open_dataset(paths[size]).manifest
+            print(f"{kind} row_group_bytes={size >> 10} KiB ({m.num_row_groups} row groups): "
+                  f"shuffled resume, first batch {statistics.median(resume[size]):.1f} ms "
+                  f"({min(resume[size]):.1f}-{max(resume[size]):.1f}); sequential pass "
+                  f"{statistics.median(passes[size]):.3f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
-                                      "pass", "overlap", "decode-cache-child"])
+                                      "pass", "overlap", "rowgroups", "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
@@ -436,7 +495,7 @@ def main() -> None:
     for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
          "s3": probe_s3, "costs": probe_costs, "pass": probe_pass,
-         "overlap": probe_overlap}[a.probe](kind, a.mb)
+         "overlap": probe_overlap, "rowgroups": probe_rowgroups}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
