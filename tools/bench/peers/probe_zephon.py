@@ -12,6 +12,8 @@ corpora; ``--mb`` picks them)::
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py costs          # hash/decode/python split
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py overlap        # hash and convert at once
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py rowgroups --kind text  # resume vs rg size
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py codecs --kind tokens   # codec decode cost
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py narrow --kind tokens   # uint16 windows
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.
@@ -470,10 +472,126 @@ def probe_rowgroups(kind: str, mb: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def probe_codecs(kind: str, mb: int) -> None:
+    """Decompression cost of token windows by codec, and of the same ids stored as uint16.
+
+    The first 20 row groups of the uncompressed copy (token windows, int32), compressed in
+    memory with each codec; best of 5 decompressions each. The last line is the same ids
+    narrowed to uint16 (they fit when the vocabulary has at most 65,536 ids) under zstd 3,
+    plus the widening back to int32 a reader would pay. Not a Zephon format today.
+    """
+    import glob
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if kind != "tokens":
+        print(f"{kind}: the codecs probe is for token windows (--kind tokens)")
+        return
+    first = sorted(glob.glob(os.path.join(_path(kind, mb, "zephonraw"), "shards", "*.parquet")))[0]
+    col = pq.ParquetFile(first).read_row_groups(list(range(20))).column(0).combine_chunks()
+    raw = col.buffers()[1].to_pybytes()
+
+    def best_of(codec: pa.Codec, data: bytes) -> tuple[int, float]:
+        comp = codec.compress(data, asbytes=True)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            codec.decompress(comp, decompressed_size=len(data))
+            times.append(time.perf_counter() - t0)
+        return len(comp), min(times)
+
+    print(f"{kind}: {len(raw) / 1e6:.1f} MB of int32 ids (20 row groups)")
+    for name, level in (("zstd", 1), ("zstd", 3), ("zstd", 9), ("lz4", None)):
+        codec = pa.Codec(name) if level is None else pa.Codec(name, compression_level=level)
+        n, t = best_of(codec, raw)
+        print(f"  {name} {level if level is not None else ''}: ratio {len(raw) / n:.2f}, "
+              f"decompress {t * 1e3:.1f} ms ({len(raw) / t / 1e9:.2f} GB/s out)")
+    ids = np.frombuffer(raw, dtype=np.int32)
+    if int(ids.max()) >= 1 << 16:
+        print(f"  uint16: ids up to {int(ids.max())} do not fit")
+        return
+    narrow = ids.astype(np.uint16)
+    n, t = best_of(pa.Codec("zstd", compression_level=3), narrow.tobytes())
+    widen = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        narrow.astype(np.int32)
+        widen.append(time.perf_counter() - t0)
+    print(f"  uint16 + zstd 3: {n / 1e6:.1f} MB, decompress {t * 1e3:.1f} ms, widen to int32 "
+          f"{min(widen) * 1e3:.1f} ms (max id {int(ids.max())})")
+
+
+def probe_narrow(kind: str, mb: int) -> None:
+    """Token windows as uint16 against int32, both zstd (the default), through the loader.
+
+    Writes the corpus's windows cast to ``uint16`` (they fit when the vocabulary has at most
+    65,536 ids; GPT-2's has 50,257) and converts them with default options; Zephon keeps
+    the type, so they are stored as ``fixed_size_binary(2 x 2049)``. Then sequential and
+    shuffled loader passes over both copies, interleaved, medians of 5; a training loop
+    would widen a batch with ``.long()`` for its embedding either way.
+    """
+    import glob
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_store import convert, open_dataset
+
+    if kind != "tokens":
+        print(f"{kind}: the narrow probe is for token windows (--kind tokens)")
+        return
+    inp = sorted(glob.glob(os.path.join(corpus_mod.corpus_dir(kind, mb), "input", "*")))
+    work = tempfile.mkdtemp(dir=corpus_mod.corpus_dir(kind, mb), prefix="narrow-")
+    try:
+        narrow_in = os.path.join(work, "tokens_u16.parquet")
+        with pq.ParquetWriter(narrow_in, pa.schema(
+                [(kind, pa.list_(pa.uint16(), 2049))]), compression="zstd") as w:
+            for f in inp:
+                pf = pq.ParquetFile(f)
+                for i in range(pf.num_row_groups):
+                    col = pf.read_row_group(i).column(kind).combine_chunks()
+                    ids = np.asarray(col.values)
+                    if int(ids.max()) >= 1 << 16:
+                        print(f"{kind}: ids up to {int(ids.max())} do not fit uint16")
+                        return
+                    w.write_table(pa.table({kind: pa.FixedSizeListArray.from_arrays(
+                        pa.array(ids.astype(np.uint16)), 2049)}))
+        paths = {"int32": _path(kind, mb, "zephon"), "uint16": os.path.join(work, "zephon")}
+        convert([narrow_in], paths["uint16"], progress=False)
+        for p in paths.values():
+            for f in glob.glob(os.path.join(p, "shards", "*.parquet")):
+                with open(f, "rb") as fh:
+                    while fh.read(8 << 20):
+                        pass
+        runs: dict[tuple[str, bool], list[float]] = collections.defaultdict(list)
+        for _ in range(5):
+            for name, p in paths.items():
+                for shuffle in (False, True):
+                    ld = _loader(open_dataset(p), kind, shuffle=shuffle, collate=None,
+                                 epochs=1.0)
+                    t0 = time.perf_counter()
+                    n = sum(len(b[kind]) for b in ld)
+                    runs[(name, shuffle)].append(time.perf_counter() - t0)
+        for name, p in paths.items():
+            mb_disk = sum(os.path.getsize(f) for f in glob.glob(
+                os.path.join(p, "shards", "*.parquet"))) / 1e6
+            seq, shuf = (statistics.median(runs[(name, s)]) for s in (False, True))
+            print(f"{kind} {name} (zstd, {mb_disk:.0f} MB on disk): sequential pass "
+                  f"{seq:.3f} s ({n / seq:,.0f} samples/s), shuffled {shuf:.3f} s "
+                  f"({n / shuf:,.0f} samples/s)", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
-                                      "pass", "overlap", "rowgroups", "decode-cache-child"])
+                                      "pass", "overlap", "rowgroups", "codecs", "narrow",
+                                      "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
@@ -495,7 +613,8 @@ def main() -> None:
     for kind in (["text", "tokens"] if a.kind == "all" else [a.kind]):
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
          "s3": probe_s3, "costs": probe_costs, "pass": probe_pass,
-         "overlap": probe_overlap, "rowgroups": probe_rowgroups}[a.probe](kind, a.mb)
+         "overlap": probe_overlap, "rowgroups": probe_rowgroups,
+         "codecs": probe_codecs, "narrow": probe_narrow}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
