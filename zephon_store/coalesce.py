@@ -195,6 +195,13 @@ class RangeFetcher:
                 _, data = self._held.popitem(last=False)
                 self._held_bytes -= len(data)
 
+    def _unhold(self, rg: int) -> bytes | None:
+        """Drop ``rg``'s held bytes and return them (None if none); call with the lock."""
+        held = self._held.pop(rg, None)
+        if held is not None:
+            self._held_bytes -= len(held)
+        return held
+
     def spans(self, rgs: Iterable[int]) -> list[RowGroupSpan]:
         """The :class:`RowGroupSpan` of each global row group in ``rgs``."""
         m = self.dataset.manifest
@@ -238,9 +245,8 @@ class RangeFetcher:
         corrupt and the re-fetch alone failed too.
         """
         with self._lock:
-            held = self._held.pop(int(rg), None)
+            held = self._unhold(int(rg))
             if held is not None:
-                self._held_bytes -= len(held)
                 return held
             task = self._tasks.get(int(rg))
         if task is None:
@@ -256,9 +262,7 @@ class RangeFetcher:
             raise got
         if got is not None:
             with self._lock:     # taken: not held for anyone else
-                held = self._held.pop(int(rg), None)
-                if held is not None:
-                    self._held_bytes -= len(held)
+                self._unhold(int(rg))
         return got
 
     # -- one range -----------------------------------------------------------------------
