@@ -14,6 +14,7 @@ corpora; ``--mb`` picks them)::
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py rowgroups --kind text  # resume vs rg size
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py codecs --kind tokens   # codec decode cost
     .venv-bench/bin/python tools/bench/peers/probe_zephon.py narrow --kind tokens   # uint16 windows
+    .venv-bench/bin/python tools/bench/peers/probe_zephon.py views --kind text      # string_view pages
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.
@@ -587,11 +588,116 @@ def probe_narrow(kind: str, mb: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _string_views(buf, column):
+    """A PLAIN, null-free string column chunk as ``string_view`` arrays over its pages.
+
+    Each value's 4-byte length is read in Python (the values follow each other, so the
+    scan is sequential), then one 16-byte view per value points into the page: no copy of
+    the text. ``None`` where :mod:`zephon_store.pages` does not read the chunk.
+    """
+    import struct
+
+    import numpy as np
+    import pyarrow as pa
+
+    from zephon_store.pages import _pages, _Unsupported
+
+    unpack = struct.Struct("<I").unpack_from
+    chunks = []
+    try:
+        for n, values in _pages(buf, 0, column, 1):
+            mv = memoryview(values)
+            starts, lens = np.empty(n, np.int64), np.empty(n, np.int64)
+            pos = 0
+            for i in range(n):
+                (length,) = unpack(mv, pos)
+                starts[i], lens[i] = pos + 4, length
+                pos += 4 + length
+            if pos != values.size:
+                return None
+            page = np.frombuffer(values, np.uint8)
+            head = page[np.minimum(starts[:, None] + np.arange(12), page.size - 1)]
+            views = np.zeros((n, 16), np.uint8)
+            views.view(np.int32)[:, 0] = lens
+            short = lens <= 12                      # inline: the value itself, zero-padded
+            views[:, 4:] = np.where(short[:, None] & (np.arange(12) < lens[:, None]), head, 0)
+            views[~short, 4:8] = head[~short, :4]   # else a 4-byte prefix, buffer 0, offset
+            views.view(np.int32)[~short, 3] = starts[~short]
+            chunks.append(pa.Array.from_buffers(pa.string_view(), n,
+                                                [None, pa.py_buffer(views), values]))
+    except _Unsupported:
+        return None
+    return pa.chunked_array(chunks, type=pa.string_view())
+
+
+def probe_views(kind: str, mb: int) -> None:
+    """Text without pyarrow's copy: ``string_view`` arrays over the pages, against pyarrow.
+
+    For every row group of both copies: the xxh3 check first (as the loader does, so the
+    mapped pages are touched there), then (a) pyarrow decodes the text column into a
+    ``string`` array and ``to_pylist`` makes the ``str``; (b) the page is scanned in Python
+    into a ``string_view`` array over the same bytes (:func:`_string_views`) and
+    ``to_pylist`` makes the ``str`` from there ("pages" includes the decompression of a
+    zstd page). pyarrow's decode releases the GIL; the scan holds it. Medians of 3 passes,
+    the lists compared once.
+    """
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_store.hashing import xxh3_hex
+
+    if kind != "text":
+        print(f"{kind}: the views probe is for text (--kind text)")
+        return
+    for system in ("zephon", "zephonraw"):
+        files = sorted(glob.glob(os.path.join(_path(kind, mb, system), "shards", "*.parquet")))
+        runs: dict[str, list[float]] = collections.defaultdict(list)
+        for rep in range(3):
+            t = collections.Counter()
+            for f in files:
+                buf = pa.memory_map(f).read_buffer()
+                pf = pq.ParquetFile(pa.BufferReader(buf))
+                ci = pf.schema_arrow.names.index(kind)
+                for i in range(pf.num_row_groups):
+                    meta = pf.metadata.row_group(i)
+                    cols = [meta.column(c) for c in range(meta.num_columns)]
+                    start = min(c.data_page_offset for c in cols)
+                    end = max(c.data_page_offset + c.total_compressed_size for c in cols)
+                    t0 = time.perf_counter()
+                    xxh3_hex(memoryview(buf)[start:end])
+                    t1 = time.perf_counter()
+                    arrow = pf.read_row_group(i, columns=[kind], use_threads=False).column(0)
+                    t2 = time.perf_counter()
+                    from_arrow = arrow.to_pylist()
+                    t3 = time.perf_counter()
+                    views = _string_views(buf, cols[ci])
+                    t4 = time.perf_counter()
+                    if views is None:
+                        print(f"{kind} {system}: pages not readable as views ({f}, {i})")
+                        return
+                    from_views = views.to_pylist()
+                    t5 = time.perf_counter()
+                    if rep == 0 and from_views != from_arrow:
+                        raise AssertionError(f"views differ from pyarrow in {f} row group {i}")
+                    t.update(hash=t1 - t0, decode=t2 - t1, convert=t3 - t2, scan=t4 - t3,
+                             convert_views=t5 - t4)
+            for k, v in t.items():
+                runs[k].append(v)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(f"{kind} {system}: hash {med['hash']:.3f} s; pyarrow: decode {med['decode']:.3f}"
+              f" s (no GIL) + str {med['convert']:.3f} s = "
+              f"{med['decode'] + med['convert']:.3f} s; views: pages + scan {med['scan']:.3f} s"
+              f" + str {med['convert_views']:.3f} s = "
+              f"{med['scan'] + med['convert_views']:.3f} s per pass", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["decode-cache", "resume", "getitem", "s3", "costs",
                                       "pass", "overlap", "rowgroups", "codecs", "narrow",
-                                      "decode-cache-child"])
+                                      "views", "decode-cache-child"])
     ap.add_argument("--kind", choices=["text", "tokens", "all"], default="all")
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--cache-mb", type=int, default=256)
@@ -614,7 +720,8 @@ def main() -> None:
         {"decode-cache": probe_decode_cache, "resume": probe_resume, "getitem": probe_getitem,
          "s3": probe_s3, "costs": probe_costs, "pass": probe_pass,
          "overlap": probe_overlap, "rowgroups": probe_rowgroups,
-         "codecs": probe_codecs, "narrow": probe_narrow}[a.probe](kind, a.mb)
+         "codecs": probe_codecs, "narrow": probe_narrow,
+         "views": probe_views}[a.probe](kind, a.mb)
     os._exit(0)   # skip teardown with pyarrow/torch threads alive (see child.py)
 
 
