@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import os
 import shutil
 import statistics
@@ -42,6 +43,21 @@ SYSTEM = "zephon"   # which copy the probes read: --system zephon (zstd) or zeph
 
 def _path(kind: str, mb: int, system: str | None = None) -> str:
     return os.path.join(corpus_mod.corpus_dir(kind, mb), "formats", system or SYSTEM)
+
+
+def _warm(dataset: str) -> None:
+    """Read every shard of ``dataset`` once, so a probe starts from the page cache."""
+    for f in sorted(glob.glob(os.path.join(dataset, "shards", "*.parquet"))):
+        with open(f, "rb") as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def _rg_span(rg) -> tuple[int, int]:
+    """File offsets ``[start, end)`` of a row group's bytes (``RowGroupMetaData``)."""
+    cols = [rg.column(c) for c in range(rg.num_columns)]
+    starts = [c.dictionary_page_offset or c.data_page_offset for c in cols]
+    return min(starts), max(s + c.total_compressed_size for s, c in zip(starts, cols))
 
 
 def _loader(ds, kind, *, shuffle, **kw):
@@ -220,8 +236,6 @@ def probe_costs(kind: str, mb: int) -> None:
     python: the batch conversion a training loop gets (text to ``str``; tokens are numpy
     views, nothing to convert). Medians of 3 passes, each after re-reading the files.
     """
-    import glob
-
     import pyarrow as pa
     import pyarrow.parquet as pq
     import xxhash
@@ -236,21 +250,13 @@ def probe_costs(kind: str, mb: int) -> None:
         files = sorted(glob.glob(os.path.join(path, "shards", "*.parquet")))
         runs: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(3):
-            for f in files:
-                with open(f, "rb") as fh:
-                    while fh.read(8 << 20):
-                        pass
+            _warm(path)
             tables, t_hash, t_dec = [], 0.0, 0.0
             for f in files:
                 buf = pa.memory_map(f).read_buffer()
                 pf = pq.ParquetFile(pa.BufferReader(buf))
                 for i in range(pf.num_row_groups):
-                    rg = pf.metadata.row_group(i)
-                    start = min(rg.column(c).dictionary_page_offset or rg.column(c).data_page_offset
-                                for c in range(rg.num_columns))
-                    end = max((rg.column(c).dictionary_page_offset
-                               or rg.column(c).data_page_offset) + rg.column(c).total_compressed_size
-                              for c in range(rg.num_columns))
+                    start, end = _rg_span(pf.metadata.row_group(i))
                     t0 = time.perf_counter()
                     xxhash.xxh3_128_hexdigest(memoryview(buf)[start:end])
                     t1 = time.perf_counter()
@@ -280,8 +286,6 @@ def probe_pass(kind: str, mb: int) -> None:
     thread), wall and process CPU time. If the pipeline's wall is near decode + convert,
     the two did not overlap (the GIL). Medians of 3, each after re-reading the files.
     """
-    import glob
-
     import numpy as np
 
     from zephon_store import open_dataset
@@ -294,10 +298,7 @@ def probe_pass(kind: str, mb: int) -> None:
         path = _path(kind, mb, system)
         runs: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(3):
-            for f in sorted(glob.glob(os.path.join(path, "shards", "*.parquet"))):
-                with open(f, "rb") as fh:
-                    while fh.read(8 << 20):
-                        pass
+            _warm(path)
             ds = open_dataset(path)
             stream = RankStream(ds, OrderOptions(shuffle=False), Topology(b))
             pipe = BatchPipeline(stream, 0, range(ds.num_samples // b))
@@ -336,8 +337,6 @@ def probe_overlap(kind: str, mb: int) -> None:
     two processes, which share nothing but the machine, slow each other as much as two
     threads do, the limit is memory bandwidth, not the GIL. Medians of 5.
     """
-    import glob
-
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -351,10 +350,7 @@ def probe_overlap(kind: str, mb: int) -> None:
             data = fh.read()
         pf = pq.ParquetFile(pa.py_buffer(data))
         for i in range(pf.num_row_groups):
-            rg = pf.metadata.row_group(i)
-            start = min(rg.column(c).data_page_offset for c in range(rg.num_columns))
-            end = max(rg.column(c).data_page_offset + rg.column(c).total_compressed_size
-                      for c in range(rg.num_columns))
+            start, end = _rg_span(pf.metadata.row_group(i))
             ranges.append(memoryview(data)[start:end])
             cols.append(pf.read_row_group(i, columns=[kind]).column(0).combine_chunks())
     views = [np.frombuffer(c.buffers()[1], dtype=np.int32) if kind == "tokens" else None
@@ -424,7 +420,6 @@ def probe_rowgroups(kind: str, mb: int) -> None:
     sequential loader pass (median of 3). Smaller row groups make the first batch decode
     less; the price is more per-row-group work on every pass.
     """
-    import glob
     import tempfile
 
     from zephon_store import convert, open_dataset
@@ -439,10 +434,7 @@ def probe_rowgroups(kind: str, mb: int) -> None:
             paths[size] = os.path.join(work, str(size))
             convert(inputs, paths[size], progress=False,
                     options=WriteOptions(row_group_bytes=size))
-            for f in glob.glob(os.path.join(paths[size], "shards", "*.parquet")):
-                with open(f, "rb") as fh:
-                    while fh.read(8 << 20):
-                        pass
+            _warm(paths[size])
         resume: dict[int, list[float]] = collections.defaultdict(list)
         passes: dict[int, list[float]] = collections.defaultdict(list)
         for rep in range(5):
@@ -481,8 +473,6 @@ def probe_codecs(kind: str, mb: int) -> None:
     narrowed to uint16 (they fit when the vocabulary has at most 65,536 ids) under zstd 3,
     plus the widening back to int32 a reader would pay. Not a Zephon format today.
     """
-    import glob
-
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -533,7 +523,6 @@ def probe_narrow(kind: str, mb: int) -> None:
     shuffled loader passes over both copies, interleaved, medians of 5; a training loop
     would widen a batch with ``.long()`` for its embedding either way.
     """
-    import glob
     import tempfile
 
     import numpy as np
@@ -564,10 +553,7 @@ def probe_narrow(kind: str, mb: int) -> None:
         paths = {"int32": _path(kind, mb, "zephon"), "uint16": os.path.join(work, "zephon")}
         convert([narrow_in], paths["uint16"], progress=False)
         for p in paths.values():
-            for f in glob.glob(os.path.join(p, "shards", "*.parquet")):
-                with open(f, "rb") as fh:
-                    while fh.read(8 << 20):
-                        pass
+            _warm(p)
         runs: dict[tuple[str, bool], list[float]] = collections.defaultdict(list)
         for _ in range(5):
             for name, p in paths.items():
@@ -641,8 +627,6 @@ def probe_views(kind: str, mb: int) -> None:
     zstd page). pyarrow's decode releases the GIL; the scan holds it. Medians of 3 passes,
     the lists compared once.
     """
-    import glob
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -662,9 +646,7 @@ def probe_views(kind: str, mb: int) -> None:
                 ci = pf.schema_arrow.names.index(kind)
                 for i in range(pf.num_row_groups):
                     meta = pf.metadata.row_group(i)
-                    cols = [meta.column(c) for c in range(meta.num_columns)]
-                    start = min(c.data_page_offset for c in cols)
-                    end = max(c.data_page_offset + c.total_compressed_size for c in cols)
+                    start, end = _rg_span(meta)
                     t0 = time.perf_counter()
                     xxh3_hex(memoryview(buf)[start:end])
                     t1 = time.perf_counter()
@@ -672,7 +654,7 @@ def probe_views(kind: str, mb: int) -> None:
                     t2 = time.perf_counter()
                     from_arrow = arrow.to_pylist()
                     t3 = time.perf_counter()
-                    views = _string_views(buf, cols[ci])
+                    views = _string_views(buf, meta.column(ci))
                     t4 = time.perf_counter()
                     if views is None:
                         print(f"{kind} {system}: pages not readable as views ({f}, {i})")
