@@ -116,19 +116,20 @@ def main() -> int:
             if not same:
                 raise SystemExit("demo: S3 stream differs from the local stream")
             if not a.skip_elastic:
-                elastic(local, s3_url, so)
+                elastic(local, s3_url, so, work)
         finally:
             server.stop()
     elif not a.skip_elastic:
-        elastic(local, None, None)
+        elastic(local, None, None, work)
     step(f"done in {time.time() - t0:.0f} s: every step passed")
     return 0
 
 
-def elastic(local: str, s3_url: str | None, so: dict | None) -> None:
+def elastic(local: str, s3_url: str | None, so: dict | None, work: str) -> None:
     step("4. elastic resume: torchrun W=4 -> checkpoint -> W=3 with 2 workers")
     url = s3_url or local
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "elastic_demo.py"), url]
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "elastic_demo.py"), url,
+           "--workdir", os.path.join(work, "elastic")]
     if so:
         cmd += ["--storage-options", json.dumps(so)]
     print("$ " + " ".join(cmd[1:]), flush=True)

@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -197,7 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     steps2 = args.steps2
     if steps2 is None:
         steps2 = max(10, min(args.max_steps2, -(-n // b) - args.steps1 + 5))
+    # A folder we made is ours to remove; one the caller named is theirs to keep.
     work = args.workdir or tempfile.mkdtemp(prefix="zephon-elastic-")
+    try:
+        return _prove(args, dataset, options, order, steps2, work)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _prove(args, dataset, options, order, steps2, work) -> int:
+    n, b = dataset.num_samples, args.global_batch
     logs, ck = os.path.join(work, "logs"), os.path.join(work, "ckpt-w4")
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     say(f"dataset {args.dataset}: {n} samples, {dataset.manifest.num_row_groups} row groups, "
