@@ -33,6 +33,33 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1.
+
+    >>> positive_int("4")
+    4
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_options(cls, **kwargs):
+    """``cls(**kwargs)``, with the options' own validation reported as a usage error (exit 2).
+
+    >>> build_options(dict, a=1)
+    {'a': 1}
+    """
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def parse_row_group_size(text: str) -> tuple[int | None, int | None]:
     """``1MiB`` -> (bytes, None); ``4096rows`` -> (None, 4096)."""
     t = text.strip().lower()

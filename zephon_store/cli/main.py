@@ -12,7 +12,16 @@ import argparse
 import sys
 
 from ..errors import SeqOutOfRangeError, ZephonError
-from .common import UsageError, add_storage_options, dumps, emit, parse_bytes, parse_row_group_size
+from .common import (
+    UsageError,
+    add_storage_options,
+    build_options,
+    dumps,
+    emit,
+    parse_bytes,
+    parse_row_group_size,
+    positive_int,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,13 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fixed-size-lists", choices=["binary", "list"], default="binary",
                    help="store fixed-size lists of numbers as fixed-size binary (fast to decode, "
                         "default) or as Parquet lists (can hold null elements)")
-    c.add_argument("--workers", type=int, default=1, help="conversion processes (default 1)")
+    c.add_argument("--workers", type=positive_int, default=1,
+                   help="conversion processes (default 1)")
     c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
                    help="input format (default: from each file name)")
     c.add_argument("--text-mode", choices=["file", "line"], default="file",
                    help="plain text: one sample per file or per line")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise",
                    help="bad records: stop with an error naming file and line, or skip and count")
+    c.add_argument("--encoding", default="utf-8",
+                   help="text encoding of JSONL, text and CSV inputs (ASCII-compatible: utf-8, "
+                        "latin-1, cp1252, shift_jis, ...; default utf-8)")
+    c.add_argument("--csv-delimiter", default=",", metavar="CHAR",
+                   help="CSV field delimiter, one character (default ',')")
+    c.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
+                   help="records per parsed batch (default 65536; memory, not output, depends "
+                        "on it)")
     c.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="pack tokens: a local tokenizer.json (needs --seq-len)")
     c.add_argument("--seq-len", type=int, default=None, metavar="L",
@@ -67,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check a dataset's integrity (read-only)")
     v.add_argument("url")
     v.add_argument("--deep", action="store_true", help="also decode every row group")
-    v.add_argument("--workers", type=int, default=4)
+    v.add_argument("--workers", type=positive_int, default=4)
     v.add_argument("--json", action="store_true")
     add_storage_options(v)
 
@@ -131,25 +149,25 @@ def cmd_convert(args) -> int:
     from ..shardwriter import WriteOptions
 
     rg_bytes, rg_rows = args.row_group_size
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    wopts = WriteOptions(target_shard_bytes=args.target_shard_size, row_group_bytes=rg_bytes,
-                         row_group_rows=rg_rows, compression=args.compression,
-                         compression_level=args.compression_level,
-                         use_dictionary={"auto": "auto", "on": True,
-                                         "off": False}[args.dictionary],
-                         fixed_size_lists=args.fixed_size_lists)
-    iopts = InputOptions(format=args.format, text_mode=args.text_mode, on_error=args.on_error,
-                         text_column=args.text_column)
+    wopts = build_options(WriteOptions, target_shard_bytes=args.target_shard_size,
+                          row_group_bytes=rg_bytes, row_group_rows=rg_rows,
+                          compression=args.compression, compression_level=args.compression_level,
+                          use_dictionary={"auto": "auto", "on": True,
+                                          "off": False}[args.dictionary],
+                          fixed_size_lists=args.fixed_size_lists)
+    iopts = build_options(InputOptions, format=args.format, text_mode=args.text_mode,
+                          on_error=args.on_error, text_column=args.text_column,
+                          encoding=args.encoding, csv_delimiter=args.csv_delimiter,
+                          batch_rows=args.batch_rows)
     kwargs = {}
     if args.tokenizer or args.seq_len:
         if not (args.tokenizer and args.seq_len):
             raise UsageError("--tokenizer and --seq-len go together")
         from ..packing import PackingOptions, packing_convert_kwargs
 
-        kwargs = packing_convert_kwargs(PackingOptions(
-            tokenizer=args.tokenizer, seq_len=args.seq_len, text_column=args.text_column,
-            bos=args.bos, eos=args.eos))
+        kwargs = packing_convert_kwargs(build_options(
+            PackingOptions, tokenizer=args.tokenizer, seq_len=args.seq_len,
+            text_column=args.text_column, bos=args.bos, eos=args.eos))
     result = convert(args.inputs, args.output, options=wopts, input_options=iopts,
                      workers=args.workers, storage_options=args.storage_options,
                      input_storage_options=args.input_storage_options,

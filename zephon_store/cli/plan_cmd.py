@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import UsageError, emit
+from .common import UsageError, build_options, emit, positive_int
 
 
 def _steps(text: str) -> tuple[int, int]:
@@ -37,7 +37,7 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--steps", type=_steps, default=(0, 2), metavar="A:B",
                    help="steps to print (default 0:2)")
     p.add_argument("--cursor", type=int, default=0, help="start from this cursor, not step 0")
-    p.add_argument("--simulate-steps", type=int, default=None,
+    p.add_argument("--simulate-steps", type=positive_int, default=None,
                    help="steps to simulate for the read figures (default: one epoch, <= 20000)")
     p.add_argument("--json", action="store_true")
     from .common import add_storage_options
@@ -59,13 +59,10 @@ def cmd_plan(args) -> int:
         kw["window_blocks"] = args.window_blocks
     if args.lanes is not None:
         kw["lanes"] = args.lanes
-    try:
-        options = OrderOptions(**kw)
-        spec = PlanSpec(args.world_size, args.global_batch,
-                        ranks_per_node=min(args.ranks_per_node, args.world_size),
-                        num_workers=args.workers)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    options = build_options(OrderOptions, **kw)
+    spec = build_options(PlanSpec, world_size=args.world_size, global_batch=args.global_batch,
+                         ranks_per_node=min(args.ranks_per_node, args.world_size),
+                         num_workers=args.workers)
     m = load_manifest(Storage(args.url, storage_options=args.storage_options))
     order = Order(m.rg_rows, options)
     lo, hi = args.steps

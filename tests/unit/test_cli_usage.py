@@ -1,0 +1,68 @@
+"""The CLI's usage errors exit 2 with one line naming the flag; input options reach the reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import convert, open_dataset
+from zephon_store.cli.main import main
+from zephon_store.shardwriter import WriteOptions
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli_usage")
+    write_jsonl_corpus(d / "src", files=1, records=40, seed=3)
+    convert([str(d / "src")], str(d / "ds"), options=WriteOptions(row_group_rows=10))
+    return str(d / "ds")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["convert", "x.jsonl", "--output", "o", "--target-shard-size", "0"], "target_shard_bytes"),
+    (["convert", "x.jsonl", "--output", "o", "--workers", "0"], "--workers"),
+    (["convert", "x.jsonl", "--output", "o", "--encoding", "utf-16"], "encoding"),
+    (["convert", "x.jsonl", "--output", "o", "--encoding", "no-such-codec"], "encoding"),
+    (["convert", "x.jsonl", "--output", "o", "--csv-delimiter", ";;"], "csv_delimiter"),
+    (["convert", "x.jsonl", "--output", "o", "--batch-rows", "0"], "--batch-rows"),
+    (["verify", "ds", "--workers", "0"], "--workers"),
+])
+def test_bad_option_values_are_usage_errors(argv, flag, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err
+
+
+def test_plan_simulate_steps_zero_is_a_usage_error(ds_path, capsys):
+    argv = ["plan", ds_path, "--world-size", "2", "--global-batch", "4", "--simulate-steps", "0"]
+    assert main(argv) == 2
+    assert "--simulate-steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seq", ["10000000000000000000000", str(2**63), str(2**64 - 1), "-1",
+                                 "40"])
+def test_get_out_of_int64_range_names_the_valid_range(ds_path, seq, capsys):
+    assert main(["get", ds_path, "--", seq]) == 2
+    err = capsys.readouterr().err
+    assert "0..39" in err and "Traceback" not in err
+
+
+def test_convert_encoding_flag_reads_latin1(tmp_path, capsys):
+    src = tmp_path / "latin1.jsonl"
+    src.write_bytes('{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    out = str(tmp_path / "ds")
+    assert main(["convert", str(src), "--output", out, "--json"]) == 1
+    assert "--encoding" in capsys.readouterr().err
+    assert main(["convert", str(src), "--output", out, "--encoding", "latin-1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_samples"] == 1
+    assert open_dataset(out).take([0]).to_pylist() == [{"text": "caf\u00e9"}]
+
+
+def test_convert_csv_delimiter_flag(tmp_path, capsys):
+    src = tmp_path / "t.csv"
+    src.write_text("a;b\n1;x\n2;y\n")
+    out = str(tmp_path / "ds")
+    assert main(["convert", str(src), "--output", out, "--csv-delimiter", ";", "--json"]) == 0
+    assert open_dataset(out).take([0, 1]).to_pylist() == [{"a": "1", "b": "x"}, {"a": "2", "b": "y"}]
