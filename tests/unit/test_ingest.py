@@ -290,10 +290,13 @@ def test_jsonl_corrupt_compression(tmp_path):
     data = gzip.compress(jsonl_bytes(RECORDS * 200))
     (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
     (tmp_path / "n.jsonl.zst").write_bytes(b"not zstd at all\n")
-    for f in expand_inputs([str(tmp_path)]):
-        with pytest.raises(InputError, match=f"{f.url}: {f.compression} stream is corrupt or "
-                                             f"truncated after"):
-            read_all(f)
+    t, n = expand_inputs([str(tmp_path)])[::-1]
+    with pytest.raises(InputError, match=f"{t.url}: truncated compressed stream: the gzip data "
+                                         f"ends after {len(data) // 2} of its bytes"):
+        read_all(t)
+    with pytest.raises(InputError, match=f"{n.url}: not a zstd file: it starts with the bytes "
+                                         f"6e 6f 74 20 7a 73, not 28 b5 2f fd"):
+        read_all(n)
 
 
 # -- JSON Lines: bad records -----------------------------------------------------------------

@@ -3,13 +3,9 @@ file as one decompressed byte stream."""
 
 from __future__ import annotations
 
-import bz2
 import contextlib
-import gzip
-import lzma
 import os
 import re
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
@@ -17,6 +13,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputError, InputNotFoundError
+from .containers import DecompressedReader
 from .options import DEFAULT_OPTIONS, InputFile, InputOptions
 
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -34,9 +31,6 @@ KIND_SUFFIXES.update((suffix, "text") for suffix in TEXT_SUFFIXES)
 
 _MAGIC = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
-# A zstd frame written with --long=31 needs a 2 GiB window; zstd's default limit (128 MiB)
-# would refuse it, and the window is only allocated when a frame asks for it.
-_ZSTD_MAX_WINDOW = 1 << 31
 
 
 def split_compression(name: str) -> tuple[str, str | None]:
@@ -147,79 +141,32 @@ def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return fs.unstrip_protocol(path)
 
 
-# What a corrupt or truncated compressed stream raises; bz2 raises a bare OSError.
-_DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (EOFError, zlib.error, gzip.BadGzipFile,
-                                                       lzma.LZMAError)
-
-
-def _zstd_error() -> type[BaseException]:
-    import zstandard
-
-    return zstandard.ZstdError
-
-
 @contextlib.contextmanager
 def open_stream(file: InputFile, storage_options: dict | None = None) -> Iterator[BinaryIO]:
-    """Open ``file`` for reading as one decompressed byte stream (multi-frame zstd included).
+    """Open ``file`` for reading as one decompressed byte stream (multi-member gzip and
+    multi-frame zstd included). A truncated or corrupt container raises
+    :class:`~zephon_store.errors.InputError` from ``read`` (see :mod:`.containers`).
 
     >>> with open_stream(InputFile("/d/a.jsonl.gz", "jsonl", "gzip", 0)) as f:  # doctest: +SKIP
     ...     head = f.read(100)
     """
     fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
     with fs.open(path, "rb") as raw:
-        if file.compression is None:
-            yield raw
-        elif file.compression == "gzip":
-            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
-                yield stream
-        elif file.compression == "bz2":
-            with bz2.BZ2File(raw, mode="rb") as stream:
-                yield stream
-        elif file.compression == "xz":
-            with lzma.LZMAFile(raw, mode="rb") as stream:
-                yield stream
-        else:
-            import zstandard
-
-            dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
-            # read_across_frames: zstd files written by parallel or appending tools hold many frames.
-            with dctx.stream_reader(raw, read_across_frames=True, closefd=False) as stream:
-                yield stream
+        yield raw if file.compression is None else DecompressedReader(raw, file)
 
 
-def read_blocks(stream: BinaryIO, size: int, *, file: InputFile) -> Iterator[bytes]:
-    """Yield ``size``-byte blocks of ``stream`` (the last may be shorter) until EOF.
-
-    Decompression failures become an InputError naming the file and how far it got.
-    """
-    done = 0
-    errors = _DECOMPRESS_ERRORS + ((_zstd_error(),) if file.compression == "zstd" else ())
+def read_blocks(stream: BinaryIO, size: int) -> Iterator[bytes]:
+    """Yield ``size``-byte blocks of ``stream`` (the last may be shorter) until EOF."""
     while True:
         parts, have = [], 0
-        try:
-            while have < size:
-                part = stream.read(size - have)
-                if not part:
-                    break
-                parts.append(part)
-                have += len(part)
-        except OSError as exc:
-            if isinstance(exc, errors) or (file.compression == "bz2" and type(exc) is OSError):
-                _decompress_failed(file, done + have, exc)
-            raise
-        except errors as exc:
-            _decompress_failed(file, done + have, exc)
+        while have < size:
+            part = stream.read(size - have)
+            if not part:
+                break
+            parts.append(part)
+            have += len(part)
         if not parts:
             return
-        done += have
         yield parts[0] if len(parts) == 1 else b"".join(parts)
         if have < size:
             return
-
-
-def _decompress_failed(file: InputFile, offset: int, exc: BaseException) -> None:
-    raise InputError(
-        f"{file.url}: {file.compression} stream is corrupt or truncated after {offset} "
-        f"decompressed bytes ({type(exc).__name__}: {exc}); re-create or re-download the file",
-        path=file.url,
-    ) from exc

@@ -68,7 +68,7 @@ def iter_line_chunks(stream: BinaryIO, file: InputFile, *, options: InputOptions
     size = chunk_bytes or CHUNK_BYTES
     transcode = not is_utf8(options.encoding)
     carry, line, offset = b"", 1, 0
-    blocks = read_blocks(stream, size, file=file)
+    blocks = read_blocks(stream, size)
     block = next(blocks, None)
     if block is not None and not transcode and block.startswith(_BOM):
         block, offset = block[len(_BOM):], len(_BOM)  # an encoding marker, not data

@@ -4,6 +4,10 @@ Types are kept as written, with the normalisations of :func:`~.schema.normalize_
 (dictionaries decoded, view types made large, list items named ``item``, metadata dropped).
 A pandas index that was written as a column (``__index_level_0__`` or its name) stays a
 column; a RangeIndex lives only in the pandas metadata and so does not appear.
+
+Page CRC checksums are verified where the writer stored them (``write_page_checksum=True`` in
+pyarrow, Spark's ``parquet.page.write-checksum.enabled``): pyarrow skips them unless asked, and
+a flipped value byte then converts as a wrong number.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dic
     fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
     with fs.open(path, "rb") as raw:
         try:
-            pf = pq.ParquetFile(raw)
+            pf = pq.ParquetFile(raw, page_checksum_verification=True)
         except _READ_ERRORS as exc:
             raise InputError(f"{file.url}: not a readable Parquet file ({exc}); check that it "
                              f"is Parquet and complete, or pass --format", path=file.url) from exc
@@ -44,8 +48,10 @@ def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dic
                     if batch.num_rows:
                         yield normalize_batch(batch)
             except _READ_ERRORS as exc:
+                what = "a page fails its CRC checksum" if "CRC checksum" in str(exc) \
+                    else "cannot read Parquet"
                 raise InputError(
-                    f"{file.url} row group {rg} (rows from {row}): cannot read Parquet ({exc}); "
-                    f"the file is corrupt or truncated, re-create it", path=file.url, row=row
+                    f"{file.url} row group {rg} (rows from {row}): {what} ({exc}); the file is "
+                    f"damaged: re-create or re-download it", path=file.url, row=row
                 ) from exc
             row += pf.metadata.row_group(rg).num_rows

@@ -49,7 +49,7 @@ def _lines(stream: BinaryIO, file: InputFile, *, options: InputOptions,
 
 def _whole(stream: BinaryIO, file: InputFile, *, options: InputOptions,
            stats: InputStats | None) -> Iterator[pa.RecordBatch]:
-    data = b"".join(read_blocks(stream, 64 << 20, file=file))
+    data = b"".join(read_blocks(stream, 64 << 20))
     utf8, bom = is_utf8(options.encoding), 0
     if utf8 and data.startswith(codecs.BOM_UTF8):
         data, bom = data[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)

@@ -1,0 +1,146 @@
+"""Ingest under damage: truncated and corrupt containers, Parquet page checksums, CSV quoting,
+symlinked folders, and messages that say what, where and what to do."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+import struct
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from zephon_store.errors import InputError
+from zephon_store.ingest import InputOptions, InputStats, expand_inputs, read_input
+from zephon_store.ingest.files import COMPRESSION_SUFFIXES
+
+
+def _zstd(data: bytes) -> bytes:
+    # Two frames, so that a cut in the second one is covered too.
+    c = zstandard.ZstdCompressor(level=3)
+    half = len(data) // 2
+    return c.compress(data[:half]) + c.compress(data[half:])
+
+
+COMPRESS = {"gzip": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress,
+            "xz": lzma.compress, "zstd": _zstd}
+SUFFIX = {"gzip": ".gz", "bz2": ".bz2", "xz": ".xz", "zstd": ".zst"}
+# Every kind that is read as a byte stream (Parquet refuses a compression suffix).
+KINDS = {
+    "jsonl": (".jsonl", lambda i: json.dumps({"id": i, "text": f"record {i} " + "x" * (i % 37)}) + "\n",
+              InputOptions()),
+    "text": (".txt", lambda i: f"line {i} " + "y" * (i % 41) + "\n", InputOptions(text_mode="line")),
+    "csv": (".csv", lambda i: f'{i},"value {i}, ' + "z" * (i % 29) + '"\n', InputOptions()),
+}
+
+
+def _payload(kind: str) -> bytes:
+    _, row, _ = KINDS[kind]
+    head = "id,text\n" if kind == "csv" else ""
+    return (head + "".join(row(i) for i in range(4000))).encode()
+
+
+def _rows(path, options: InputOptions, stats: InputStats | None = None) -> int:
+    (f,) = expand_inputs([str(path)])
+    return sum(b.num_rows for b in read_input(f, options=options, stats=stats))
+
+
+def test_every_accepted_compression_is_covered():
+    assert set(COMPRESSION_SUFFIXES.values()) == set(COMPRESS)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("compression", list(COMPRESS))
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_truncated_container_always_raises(tmp_path, kind, compression, on_error):
+    suffix, _, options = KINDS[kind]
+    data = COMPRESS[compression](_payload(kind))
+    whole = tmp_path / f"whole{suffix}{SUFFIX[compression]}"
+    whole.write_bytes(data)
+    options = InputOptions(**{**options.__dict__, "on_error": on_error})
+    assert _rows(whole, options) == 4000
+    for cut in (len(data) // 3, len(data) - 1, 7):
+        path = tmp_path / f"cut{cut}{suffix}{SUFFIX[compression]}"
+        path.write_bytes(data[:cut])
+        stats = InputStats()
+        with pytest.raises(InputError) as err:
+            _rows(path, options, stats)
+        msg = str(err.value)
+        assert msg.startswith(f"{path}: truncated compressed stream: ")
+        assert f"{compression} data ends after {cut} of its bytes" in msg
+        assert "decompressed bytes" in msg and "re-create or re-download" in msg
+        assert err.value.path == str(path) and stats.skipped == 0
+
+
+@pytest.mark.parametrize("compression", list(COMPRESS))
+def test_damaged_container_names_the_member_and_offsets(tmp_path, compression):
+    raw = _payload("jsonl")
+    data = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(raw)
+                     if compression == "zstd" else COMPRESS[compression](raw))
+    data[len(data) // 2] ^= 0x10
+    path = tmp_path / f"d.jsonl{SUFFIX[compression]}"
+    path.write_bytes(bytes(data))
+    for on_error in ("raise", "skip"):
+        with pytest.raises(InputError, match=rf"d\.jsonl\.\w+: corrupt {compression} stream in "
+                                             rf"{compression} \w+ 1, within compressed bytes "
+                                             rf"0-{len(data)} \(after \d+ decompressed bytes\)"):
+            _rows(path, InputOptions(on_error=on_error))
+
+
+@pytest.mark.parametrize("compression", list(COMPRESS))
+def test_members_padding_and_garbage_after_the_end(tmp_path, compression):
+    one, two = _payload("text")[:5000], _payload("text")[5000:9000]
+    joined = COMPRESS[compression](one) + COMPRESS[compression](two)
+    path = tmp_path / f"m.txt{SUFFIX[compression]}"
+    path.write_bytes(joined + b"\0" * 8)  # zero padding after the last member is allowed
+    (f,) = expand_inputs([str(path)])
+    (batch,) = read_input(f)
+    assert batch.column(0)[0].as_py() == (one + two).decode()
+    path.write_bytes(joined + b"junk appended")
+    with pytest.raises(InputError, match=rf"m\.txt\.\w+: corrupt {compression} stream: after "
+                                         rf"{compression} \w+ [24] ends at compressed byte "
+                                         rf"{len(joined)} \(after 9000 decompressed bytes\) come "
+                                         rf"bytes that start no new one \(6a 75 6e 6b 20 61\)"):
+        list(read_input(f))
+
+
+def test_empty_compressed_file_is_an_empty_input(tmp_path):
+    # Like an empty plain file; a cut inside the header is a truncation (see above).
+    (tmp_path / "e.jsonl.zst").write_bytes(b"")
+    assert _rows(tmp_path / "e.jsonl.zst", InputOptions()) == 0
+
+
+# -- Parquet page checksums -------------------------------------------------------------------
+
+def _flip_value(path, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(struct.pack("<q", value))
+    assert at > 0
+    data[at + 5] ^= 0x01  # 993 would read as 281474976711649
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_parquet_page_checksum_is_verified(tmp_path, on_error):
+    table = pa.table({"id": pa.array(range(3000), pa.int64())})
+    path = tmp_path / "crc.parquet"
+    pq.write_table(table, path, write_page_checksum=True, compression="none",
+                   use_dictionary=False, row_group_size=1000)
+    _flip_value(path, 2993)
+    with pytest.raises(InputError) as err:
+        _rows(path, InputOptions(on_error=on_error))
+    assert str(err.value).startswith(
+        f"{path} row group 2 (rows from 2000): a page fails its CRC checksum (")
+    assert "the file is damaged: re-create or re-download it" in str(err.value)
+    assert err.value.row == 2000
+
+
+def test_parquet_without_checksums_still_reads(tmp_path):
+    # Checksums are optional in Parquet; most writers leave them out (nothing to verify).
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"id": list(range(10))}), path)
+    assert _rows(path, InputOptions()) == 10
