@@ -3,13 +3,18 @@
 It parses requests and responses (Content-Length and chunked framing, keep-alive), so faults
 and counters are **per HTTP request**, also when s3fs reuses a connection. Each ``*_next(n)``
 appends ``n`` faults to one FIFO queue; every request through the proxy (GET, HEAD, PUT...)
-takes the next queued fault, if any.
+takes the next queued fault, if any (a fault queued with ``path=`` waits for a request whose
+target contains that text).
 
 >>> proxy = FaultProxy(upstream_port=8333)               # doctest: +SKIP
 >>> proxy.reset_next(2)                                   # doctest: +SKIP
 >>> fs = s3fs.S3FileSystem(endpoint_url=proxy.endpoint_url, ...)  # doctest: +SKIP
 >>> proxy.requests, proxy.injected                        # doctest: +SKIP
 (3, 2)
+
+Faults: ``reset_next``, ``http503_next``, ``truncate_next``, ``corrupt_next`` (a flipped body
+byte), ``bad_checksum_next`` (a wrong S3 checksum header), ``blackhole_next``, ``latency``,
+``down``/``down_forever``/``up``.
 
 Counters: ``connections`` (accepted client connections), ``requests`` (parsed requests,
 faulted ones included), ``bytes_down`` (response *body* bytes sent to clients, the 503 XML
@@ -31,6 +36,9 @@ _SLOWDOWN_BODY = (
     b"<Message>Please reduce your request rate.</Message><Resource>/</Resource>"
     b"<RequestId>faultproxy</RequestId></Error>"
 )
+
+# The CRC32 of no body this proxy relays in tests (base64 of 4 bytes, as S3 sends it).
+_WRONG_CRC32 = "3q2+7w=="
 
 
 class _Head:
@@ -94,7 +102,7 @@ class FaultProxy:
         self.bytes_down = 0
         self.injected = 0
         self.log: list[tuple[str, str, str | None]] = []
-        self._faults: deque[tuple[str, int]] = deque()
+        self._faults: deque[tuple[str, int, str | None]] = deque()
         self._latency = 0.0
         self._lock = threading.Lock()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -116,9 +124,9 @@ class FaultProxy:
     def _call(self, coro):  # run a coroutine on the proxy loop and wait for it
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
-    def _queue(self, kind: str, n: int, arg: int = 0) -> None:
+    def _queue(self, kind: str, n: int, arg: int = 0, path: str | None = None) -> None:
         with self._lock:
-            self._faults.extend([(kind, arg)] * n)
+            self._faults.extend([(kind, arg, path)] * n)
 
     def reset_next(self, n: int = 1) -> None:
         """Answer the next ``n`` requests with a TCP reset."""
@@ -131,6 +139,19 @@ class FaultProxy:
     def truncate_next(self, n: int = 1, nbytes: int = 100) -> None:
         """Send headers and at most ``nbytes`` of the body (always short), then close."""
         self._queue("truncate", n, nbytes)
+
+    def corrupt_next(self, n: int = 1, offset: int = 0, *, path: str | None = None) -> None:
+        """Relay the next ``n`` responses with one body byte flipped (at ``offset``, clamped to
+        the body), framing and headers unchanged: a whole-object GET then fails the S3
+        checksum header (botocore ``FlexibleChecksumError``), a ranged GET its xxh3. With
+        ``path``, only requests whose target contains it take these faults."""
+        self._queue("corrupt", n, offset, path)
+
+    def bad_checksum_next(self, n: int = 1, *, path: str | None = None) -> None:
+        """Relay the next ``n`` responses with a wrong ``x-amz-checksum-crc32`` header (the
+        body intact): botocore rejects a whole-object GET whose body does not match it.
+        ``path`` as for :meth:`corrupt_next`."""
+        self._queue("bad_checksum", n, 0, path)
 
     def blackhole_next(self, n: int = 1) -> None:
         """Read the next ``n`` requests and never answer (the client must time out)."""
@@ -203,9 +224,15 @@ class FaultProxy:
             self._reopen = self._loop.call_later(
                 seconds, lambda: self._loop.create_task(self._listen()))
 
-    def _next_fault(self) -> tuple[str, int] | None:
+    def _next_fault(self, target: str) -> tuple[str, int] | None:
+        """The first queued fault for ``target`` (one queued with a ``path`` only matches
+        targets that contain it), removed from the queue."""
         with self._lock:
-            return self._faults.popleft() if self._faults else None
+            for i, (kind, arg, path) in enumerate(self._faults):
+                if path is None or path in target:
+                    del self._faults[i]
+                    return kind, arg
+            return None
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -226,7 +253,7 @@ class FaultProxy:
                 elif head.get("Content-Length"):
                     body = await creader.readexactly(int(head.get("Content-Length") or 0))
                 self.requests += 1
-                fault = self._next_fault()
+                fault = self._next_fault(target)
                 self.log.append((method, target, fault[0] if fault else None))
                 if fault is not None:
                     self.injected += 1
@@ -253,7 +280,6 @@ class FaultProxy:
                     continue
                 # 'expect' is not signed by SigV4; we already answered 100 ourselves.
                 request = head.encode(drop=("expect",)) + body
-                truncate = fault[1] if kind == "truncate" else None
                 keep = None
                 for _ in range(2):  # a reused upstream connection may have timed out idle
                     if up is None:
@@ -261,7 +287,7 @@ class FaultProxy:
                         self._writers.add(up[1])
                     up[1].write(request)
                     await up[1].drain()
-                    keep = await self._relay(up[0], cwriter, method, truncate)
+                    keep = await self._relay(up[0], cwriter, method, fault)
                     if keep is not None:
                         break
                     self._writers.discard(up[1])
@@ -280,13 +306,17 @@ class FaultProxy:
                 cwriter.close()
 
     async def _relay(self, ureader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
-                     method: str, truncate: int | None) -> bool | None:
-        """Relay one response; False when the connection must end, None when upstream closed
-        before answering (nothing was sent to the client)."""
+                     method: str, fault: tuple[str, int] | None) -> bool | None:
+        """Relay one response (applying a body or header ``fault``); False when the connection
+        must end, None when upstream closed before answering (nothing was sent to the client)."""
         head = await _read_head(ureader)
         if head is None:
             return None
+        kind, arg = fault if fault is not None else (None, 0)
         status = int(head.first.split(" ")[1])
+        if kind == "bad_checksum":
+            head.headers = [(k, v) for k, v in head.headers if k.lower() != "x-amz-checksum-crc32"]
+            head.headers.append(("x-amz-checksum-crc32", _WRONG_CRC32))
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             cwriter.write(head.encode())
             await cwriter.drain()
@@ -300,9 +330,12 @@ class FaultProxy:
         else:
             body = await ureader.read()
             keep = False
-        if truncate is not None:
-            body = body[:max(0, min(truncate, len(body) - 1))]
+        if kind == "truncate":
+            body = body[:max(0, min(arg, len(body) - 1))]
             keep = False
+        elif kind == "corrupt" and body and status in (200, 206):
+            i = min(arg, len(body) - 1)
+            body = body[:i] + bytes([body[i] ^ 0x01]) + body[i + 1:]
         self.bytes_down += len(body)  # before write(): the client may see the bytes at once
         cwriter.write(head.encode() + body)
         await cwriter.drain()

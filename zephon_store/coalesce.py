@@ -26,6 +26,7 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .errors import RetriesExhaustedError
 from .hashing import xxh3_hex
 
 # 8 MiB ranges, 4 at a time, fetched the benchmark's shards ~14x faster than one GET per
@@ -242,7 +243,10 @@ class RangeFetcher:
         meanwhile, fetched by another process, or the range failed: fetch it alone).
 
         Raises the row group's own error (e.g. IntegrityError) when the range found its bytes
-        corrupt and the re-fetch alone failed too.
+        corrupt and the re-fetch alone failed too, and the range's
+        :class:`~zephon_store.errors.RetriesExhaustedError` when its retries ran out: the
+        read already waited one whole retry deadline, and fetching the row group alone would
+        wait a second one before saying the same.
         """
         with self._lock:
             held = self._unhold(int(rg))
@@ -255,6 +259,8 @@ class RangeFetcher:
             out = task.result()
         except CancelledError:
             return None
+        except RetriesExhaustedError:
+            raise
         except Exception:  # noqa: BLE001 - the row group alone retries and names itself
             return None
         got = out.get(int(rg))

@@ -91,3 +91,23 @@ def require(module: str, extra: str):
         raise MissingExtraError(
             f"{module} is not installed; install it with: pip install 'zephon_store[{extra}]'"
         ) from exc
+
+
+class RetriesExhaustedError(StorageError):
+    """A storage operation kept failing transiently until its retry budget ran out.
+
+    Carries ``url`` (when known), ``attempts``, ``elapsed`` (seconds since the first attempt)
+    and ``last_error``; the message names all of them and how to allow more time.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, attempts: int = 0,
+                 elapsed: float = 0.0, last_error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.attempts = attempts
+        self.elapsed = elapsed
+        self.last_error = last_error
+
+
+class StorageOptionsError(ZephonError, ValueError):
+    """``storage_options`` hold a key or value the storage backend does not accept."""

@@ -1,4 +1,4 @@
-"""Retries with exponential backoff and full jitter, bounded by attempts and a deadline.
+"""Retries with exponential backoff and full jitter, bounded by a deadline (a time budget).
 
 This is the one retry layer of zephon_store: the filesystems underneath (s3fs, botocore) are
 configured to try once or twice, so the layers do not multiply and every retry is counted here.
@@ -13,13 +13,17 @@ from __future__ import annotations
 import errno
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
-from .errors import StorageError, ZephonError
+from .errors import RetriesExhaustedError, ZephonError
 
 T = TypeVar("T")
+
+# A minute: about what an object store's brown-out or a network flap lasts, and what the
+# docs promised; the first outages that stopped training lasted 2, 5 and 20 s.
+DEFAULT_DEADLINE = 60.0
 
 # Matched by name along each exception's MRO, so neither botocore nor aiohttp has to be
 # importable (both come with the optional ``s3`` extra).
@@ -36,9 +40,14 @@ _TRANSIENT_CLASS_NAMES = frozenset({
     "IncompleteRead", "RemoteDisconnected", "ProtocolError", "FSTimeoutError",
 })
 _PERMANENT_CLASS_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+# Bytes damaged between the store and us: botocore checks a whole-object GET against the
+# x-amz-checksum-* header (FlexibleChecksumError); S3 rejects an upload whose body does not
+# match its Content-MD5 or signed SHA-256. A re-send heals it, like an xxh3 mismatch.
+_CHECKSUM_CLASS_NAMES = frozenset({"FlexibleChecksumError"})
+_CHECKSUM_S3_CODES = frozenset({"BadDigest", "XAmzContentSHA256Mismatch"})
 _TRANSIENT_S3_CODES = frozenset({
     "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
-    "ThrottlingException", "500", "502", "503", "504",
+    "ThrottlingException", "500", "502", "503", "504", *_CHECKSUM_S3_CODES,
 })
 _TRANSIENT_ERRNOS = frozenset({
     errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
@@ -47,46 +56,87 @@ _TRANSIENT_ERRNOS = frozenset({
 })
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How often and how long to retry a transient storage failure.
+    """How long to retry a transient storage failure: a time budget, not a count.
 
     Attempt ``k`` (1-based) that fails transiently is followed by a sleep drawn uniformly from
-    ``[0, min(max_delay, base_delay * 2**(k-1))]`` ("full jitter"; without jitter the upper
-    bound itself). No new attempt starts once ``deadline`` seconds have passed since the first,
-    or when the next sleep would end past it; one attempt already running may still overshoot
-    by its own timeout (the filesystem's read/connect timeout).
+    ``[0, min(max_delay, base_delay * 2**(k-1))]`` ("full jitter", so ranks that failed together
+    do not retry together; without jitter the upper bound itself), cut to what is left of the
+    ``deadline``. Attempts go on until ``deadline`` seconds have passed since the first one
+    (or ``max_attempts`` were made, if set); one attempt already running may overshoot by its
+    own timeout (the filesystem's read/connect timeout).
+
+    The defaults ride out an object-store outage of about a minute: ~25 attempts, at most
+    ``max_delay`` apart, so service that comes back is noticed within seconds.
 
     >>> RetryPolicy(max_attempts=0)
     Traceback (most recent call last):
     ...
-    ValueError: max_attempts must be >= 1, got 0
+    ValueError: max_attempts must be >= 1 or None (no limit but the deadline), got 0
     """
 
-    max_attempts: int = 6
+    deadline: float = DEFAULT_DEADLINE
     base_delay: float = 0.1
     max_delay: float = 5.0
-    deadline: float = 60.0
+    max_attempts: int | None = None
     jitter: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 or None (no limit but the deadline), "
+                             f"got {self.max_attempts}")
         if self.base_delay < 0:
             raise ValueError(f"base_delay must be >= 0, got {self.base_delay}")
         if self.max_delay < self.base_delay:
             raise ValueError(
                 f"max_delay must be >= base_delay ({self.base_delay}), got {self.max_delay}")
-        if self.deadline <= 0:
-            raise ValueError(f"deadline must be > 0, got {self.deadline}")
+        if not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {self.deadline}")
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> RetryPolicy:
+        """A policy from plain values, e.g. the ``"retry"`` storage option given as JSON.
+
+        >>> RetryPolicy.from_dict({"deadline": 300}).deadline
+        300.0
+        >>> RetryPolicy.from_dict({"timeout": 3})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown retry option 'timeout'; accepted: base_delay, deadline, jitter, max_attempts, max_delay
+        """
+        if isinstance(options, RetryPolicy):
+            return options
+        if not isinstance(options, Mapping):
+            raise ValueError(f"retry options must be a JSON object such as "
+                             f'{{"deadline": 300}}, got {options!r}')
+        accepted = sorted(f.name for f in fields(cls))
+        out: dict[str, Any] = {}
+        for name, value in options.items():
+            if name not in accepted:
+                raise ValueError(f"unknown retry option {name!r}; accepted: {', '.join(accepted)}")
+            if name == "jitter":
+                if not isinstance(value, bool):
+                    raise ValueError(f"retry option jitter must be true or false, got {value!r}")
+            elif name == "max_attempts":
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise ValueError(f"retry option max_attempts must be an integer or null, "
+                                     f"got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"retry option {name} must be a number of seconds, got {value!r}")
+            else:
+                value = float(value)
+            out[name] = value
+        return cls(**out)
 
     def backoff(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to sleep after failed attempt number ``attempt`` (1-based).
+        """Seconds to sleep after failed attempt number ``attempt`` (1-based), before the cut
+        to the deadline.
 
         >>> RetryPolicy(base_delay=0.1, max_delay=1.0, jitter=False).backoff(3)
         0.4
         """
-        cap = min(self.max_delay, self.base_delay * (2.0 ** (attempt - 1)))
+        cap = min(self.max_delay, self.base_delay * (2.0 ** min(attempt - 1, 60)))
         return cap * rand() if self.jitter else cap
 
 
@@ -114,12 +164,28 @@ def _s3_code(exc: BaseException) -> tuple[str | None, int | None]:
     return (str(code) if code is not None else None), status
 
 
+def is_checksum_error(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) says the bytes failed the store's own checksum in
+    transit: botocore ``FlexibleChecksumError``, S3 ``BadDigest``. Transient: re-fetch.
+
+    >>> is_checksum_error(ValueError("x"))
+    False
+    """
+    for e in _chain(exc):
+        if any(c.__name__ in _CHECKSUM_CLASS_NAMES for c in type(e).__mro__):
+            return True
+        if _s3_code(e)[0] in _CHECKSUM_S3_CODES:
+            return True
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the operation that raised ``exc`` may succeed.
 
     Transient: connection reset/refused/closed, timeouts, HTTP 5xx and S3 ``SlowDown``,
     truncated bodies (aiohttp ``ClientPayloadError``, ``IncompleteRead``), botocore
-    ``EndpointConnectionError``/``ReadTimeoutError``/``ConnectTimeoutError``. Permanent:
+    ``EndpointConnectionError``/``ReadTimeoutError``/``ConnectTimeoutError``, and bytes that
+    failed the store's checksum in transit (:func:`is_checksum_error`). Permanent:
     missing objects (404, ``FileNotFoundError``), denied access (403, ``PermissionError``),
     missing credentials, and every :class:`~zephon_store.errors.ZephonError`.
 
@@ -146,7 +212,8 @@ def is_transient(exc: BaseException) -> bool:
             return True
         if isinstance(e, (ConnectionError, TimeoutError)):
             return True
-        if any(c.__name__ in _TRANSIENT_CLASS_NAMES for c in type(e).__mro__):
+        if any(c.__name__ in _TRANSIENT_CLASS_NAMES | _CHECKSUM_CLASS_NAMES
+               for c in type(e).__mro__):
             return True
         if type(e) in (OSError, IOError) and e.errno in _TRANSIENT_ERRNOS:
             return True
@@ -158,6 +225,8 @@ def call_with_retry(
     policy: RetryPolicy,
     *,
     what: str,
+    url: str | None = None,
+    start: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     rand: Callable[[], float] = random.random,
@@ -166,11 +235,14 @@ def call_with_retry(
 ) -> T:
     """Call ``fn()`` until it succeeds, retrying transient failures per ``policy``.
 
-    Non-transient exceptions propagate unchanged on the first occurrence. When attempts or the
-    deadline run out, raises :class:`~zephon_store.errors.StorageError` naming ``what`` (put the
-    URL in it), the attempt count and the last error; the error carries ``attempts`` and
-    ``last_error`` attributes and has the last error as ``__cause__``. ``on_retry(attempt, exc,
-    delay)`` is called before each sleep (counters, logs). ``sleep``, ``clock`` and ``rand`` are
+    Non-transient exceptions propagate unchanged on the first occurrence. When the deadline
+    (or ``max_attempts``) runs out, raises
+    :class:`~zephon_store.errors.RetriesExhaustedError` (a ``StorageError``) naming ``what``
+    (put the URL in it), the attempts made, the seconds elapsed and the last error; it carries
+    ``url``, ``attempts``, ``elapsed`` and ``last_error`` and has the last error as
+    ``__cause__``. ``start`` is the ``clock()`` value the logical operation began at (default:
+    now), so steps of one operation share one deadline. ``on_retry(attempt, exc, delay)`` is
+    called before each sleep (counters, logs). ``sleep``, ``clock`` and ``rand`` are
     injectable so tests can check the schedule without waiting.
 
     >>> calls = []
@@ -182,7 +254,8 @@ def call_with_retry(
     >>> call_with_retry(flaky, RetryPolicy(jitter=False), what="GET s3://b/k", sleep=lambda s: None)
     'ok'
     """
-    start = clock()
+    if start is None:
+        start = clock()
     attempt = 0
     while True:
         attempt += 1
@@ -192,22 +265,23 @@ def call_with_retry(
             if not transient(exc):
                 raise
             elapsed = clock() - start
-            delay = policy.backoff(attempt, rand)
-            reason = None
-            if attempt >= policy.max_attempts:
-                reason = f"gave up after {attempt} attempts"
-            elif elapsed + delay >= policy.deadline:
-                reason = (f"gave up after {attempt} attempts: the {policy.deadline:g} s retry "
-                          f"deadline would pass")
-            if reason is not None:
-                err = StorageError(
-                    f"{what}: {reason} in {elapsed:.1f} s; last error: "
-                    f"{type(exc).__name__}: {exc}. The storage is unreachable or failing; "
-                    f"check the endpoint and network, or raise RetryPolicy(max_attempts=..., "
-                    f"deadline=...)")
-                err.attempts = attempt  # type: ignore[attr-defined]
-                err.last_error = exc  # type: ignore[attr-defined]
-                raise err from exc
+            left = policy.deadline - elapsed
+            if left <= 0 or (policy.max_attempts is not None
+                             and attempt >= policy.max_attempts):
+                raise _exhausted(what, url, policy, attempt, elapsed, exc) from exc
+            delay = min(policy.backoff(attempt, rand), left)
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
             sleep(delay)
+
+
+def _exhausted(what: str, url: str | None, policy: RetryPolicy, attempts: int, elapsed: float,
+               exc: BaseException) -> RetriesExhaustedError:
+    budget = (f"the {policy.deadline:g} s retry deadline" if elapsed >= policy.deadline else
+              f"max_attempts={policy.max_attempts}")
+    return RetriesExhaustedError(
+        f"{what}: gave up after {attempts} attempts in {elapsed:.1f} s ({budget} ran out); last "
+        f"error: {type(exc).__name__}: {exc}. The storage is unreachable or failing: check the "
+        f"endpoint and network, or allow more time with the storage option "
+        f'{{"retry": {{"deadline": SECONDS}}}} (or open_dataset(..., retry=RetryPolicy('
+        f"deadline=...)))", url=url, attempts=attempts, elapsed=elapsed, last_error=exc)

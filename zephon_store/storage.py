@@ -13,12 +13,17 @@ b'world'
 
 from __future__ import annotations
 
+import difflib
 import errno
+import functools
+import inspect
+import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -28,16 +33,21 @@ from .errors import (
     IntegrityError,
     ShardNotFoundError,
     StorageError,
+    StorageOptionsError,
     UnsafePathError,
     ZephonError,
     require,
 )
 from .hashing import xxh3_hex
-from .retry import RetryPolicy, call_with_retry
+from .retry import RetryPolicy, call_with_retry, is_checksum_error
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
+# zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
+# in storage_options so every way in (API, ZephonLoader, the CLI's --storage-options) has it.
+RETRY_OPTION = "retry"
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 # botocore retries once at most (max_attempts counts the first try): our RetryPolicy is the
@@ -53,6 +63,8 @@ S3FS_RETRIES = 1
 # Extra whole fetches after a hash mismatch before IntegrityError: a flipped bit in transit
 # heals on re-fetch, a corrupt object does not.
 INTEGRITY_REFETCHES = 2
+# After this long a retrying operation logs one warning (the full deadline is a minute).
+_WARN_RETRYING_AFTER_S = 5.0
 
 
 @dataclass
@@ -82,10 +94,72 @@ def is_local_url(url: str) -> bool:
     return protocol in _LOCAL_PROTOCOLS
 
 
+def retry_policy(storage_options: dict[str, Any] | None) -> RetryPolicy:
+    """The :class:`~zephon_store.retry.RetryPolicy` that ``storage_options`` ask for with
+    zephon's own ``"retry"`` key (fields of ``RetryPolicy``), else the default one.
+
+    >>> retry_policy({"retry": {"deadline": 300}}).deadline
+    300.0
+    """
+    spec = (storage_options or {}).get(RETRY_OPTION)
+    if spec is None:
+        return RetryPolicy()
+    try:
+        return RetryPolicy.from_dict(spec)
+    except ValueError as exc:
+        raise StorageOptionsError(
+            f"storage option {RETRY_OPTION!r}: {exc} (e.g. "
+            f'{{"{RETRY_OPTION}": {{"deadline": 300, "max_delay": 10}}}})') from None
+
+
+@functools.lru_cache(maxsize=1)
+def _s3_option_names() -> frozenset[str]:
+    """Every key ``S3FileSystem`` accepts: its own parameters, the fsspec listing-cache ones
+    and the botocore session's (s3fs hands its leftover keywords to ``AioSession``)."""
+    import aiobotocore.session
+    import s3fs
+
+    def named(fn) -> set[str]:
+        return {p.name for p in inspect.signature(fn).parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+    return frozenset(named(s3fs.S3FileSystem.__init__)
+                     | named(aiobotocore.session.AioSession.__init__)
+                     | {"use_listings_cache", "listings_expiry_time", "max_paths",
+                        "skip_instance_cache", RETRY_OPTION})
+
+
+def _check_s3_options(opts: dict[str, Any]) -> None:
+    """Refuse a key s3fs would pass on to botocore, which fails far from here (at the first
+    request, with a TypeError about an unexpected keyword) or ignores it."""
+    accepted = _s3_option_names()
+    for key in opts:
+        if key not in accepted:
+            close = difflib.get_close_matches(str(key), accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise StorageOptionsError(
+                f"unknown storage option {key!r} for s3://{hint}; accepted: "
+                f"{', '.join(sorted(accepted))}. Credentials and the endpoint can also come "
+                f"from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_ENDPOINT_URL")
+    for key in ("client_kwargs", "config_kwargs", "s3_additional_kwargs"):
+        if opts.get(key) is not None and not isinstance(opts[key], dict):
+            raise StorageOptionsError(f"storage option {key!r} must be an object (a dict), "
+                                      f"got {opts[key]!r}")
+
+
 def _s3_filesystem(storage_options: dict[str, Any]):
     s3fs = require("s3fs", "s3")
-    opts = dict(storage_options)
+    _check_s3_options(storage_options)
+    opts = {k: v for k, v in storage_options.items() if k != RETRY_OPTION}
     config = {**S3_CONFIG_DEFAULTS, **(opts.pop("config_kwargs", None) or {})}
+    from aiobotocore.config import AioConfig
+
+    try:
+        AioConfig(**config)  # here, not at the first request deep inside botocore
+    except (TypeError, ValueError) as exc:
+        raise StorageOptionsError(
+            f"storage option 'config_kwargs': {exc}; it takes botocore.config.Config fields "
+            f"such as connect_timeout, read_timeout, retries, region_name") from None
     client_kwargs = opts.get("client_kwargs") or {}
     if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
         # botocore reads AWS_ENDPOINT_URL itself only in some versions; make it explicit.
@@ -107,7 +181,10 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
     ``storage_options`` (``key``, ``secret``, ``token``, ``profile``, ``endpoint_url``,
     ``anon``, ``client_kwargs``, ``config_kwargs``) or the standard AWS environment
     (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
-    ``AWS_ENDPOINT_URL``). Other protocols go to ``fsspec.filesystem``.
+    ``AWS_ENDPOINT_URL``); a key s3fs does not take raises
+    :class:`~zephon_store.errors.StorageOptionsError` naming it and the accepted ones. Other
+    protocols go to ``fsspec.filesystem``. The ``"retry"`` key is zephon's own (see
+    :func:`retry_policy`) and never reaches the filesystem.
 
     >>> fs, root = resolve("/tmp/ds")
     >>> root
@@ -118,12 +195,14 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
 
     protocol, path = fsspec.core.split_protocol(url)
     opts = dict(storage_options or {})
+    retry_policy(opts)  # a bad "retry" option fails here for every protocol
     if protocol in _LOCAL_PROTOCOLS:
         from fsspec.implementations.local import LocalFileSystem
 
         return LocalFileSystem(), os.path.abspath(os.path.expanduser(path)).rstrip("/") or "/"
     if protocol in ("s3", "s3a"):
         return _s3_filesystem(opts), path.strip("/")
+    opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
     fs = fsspec.filesystem(protocol, **opts)
     return fs, fs._strip_protocol(url).rstrip("/")
@@ -156,7 +235,8 @@ def check_relpath(relpath: str, *, root: str = "", allow_empty: bool = False) ->
 class Storage:
     """One dataset root (local directory or ``s3://bucket/prefix``) and its files.
 
-    Reads are retried per ``retry`` (a :class:`~zephon_store.retry.RetryPolicy`) and, when an
+    Reads are retried per ``retry`` (a :class:`~zephon_store.retry.RetryPolicy`; default: the
+    ``"retry"`` storage option, else ``RetryPolicy()``, a 60 s deadline) and, when an
     ``expected_xxh3`` is given, verified. Picklable: a copy in another process opens its own
     filesystem client.
 
@@ -174,7 +254,7 @@ class Storage:
             root_url = os.path.abspath(os.path.expanduser(root_url.removeprefix("file://")))
         self.root_url = root_url.rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
-        self.retry = retry if retry is not None else RetryPolicy()
+        self.retry = retry if retry is not None else retry_policy(self.storage_options)
         self.stats = StorageStats()
         self._lock = threading.Lock()
         self._fs: Any = None
@@ -231,15 +311,32 @@ class Storage:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
 
-    def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str) -> T:
-        """Run one storage operation with retries; map failures to zephon errors."""
+    def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str,
+              start: float | None = None) -> T:
+        """Run one storage operation with retries; map failures to zephon errors.
+
+        ``start`` (a ``time.monotonic()`` value) is when the logical read began: re-fetches
+        of one read share its retry deadline instead of each getting a fresh one."""
         def attempt() -> T:
             self._count(requests=1)
             return fn()
 
+        first = time.monotonic() if start is None else start
+        warned = []
+
+        def on_retry(attempts: int, exc: BaseException, _delay: float) -> None:
+            self._count(retries=1)
+            # Retrying quietly for a minute looks like a hang; say so once per operation.
+            elapsed = time.monotonic() - first
+            if not warned and elapsed >= _WARN_RETRYING_AFTER_S:
+                warned.append(True)
+                _log.warning("%s %s: still retrying after %.0f s and %d attempts (last error "
+                             "%s: %s); giving up %g s after the first attempt", op, url,
+                             elapsed, attempts, type(exc).__name__, exc, self.retry.deadline)
+
         try:
-            return call_with_retry(attempt, self.retry, what=f"{op} {url}",
-                                   on_retry=lambda *_: self._count(retries=1))
+            return call_with_retry(attempt, self.retry, what=f"{op} {url}", url=url,
+                                   start=first, on_retry=on_retry)
         except ZephonError:
             raise
         except FileNotFoundError as exc:
@@ -272,10 +369,24 @@ class Storage:
 
     def _read_verified(self, fetch: Callable[[], bytes], *, url: str, label: str, op: str,
                        expected_xxh3: str | None, expected_len: int | None) -> bytes:
+        def fetch_checked() -> bytes | BaseException:
+            # A response that failed the store's own checksum (whole-object GETs) is a
+            # damaged read like an xxh3 mismatch: re-fetched below, not retried by time.
+            try:
+                return fetch()
+            except Exception as exc:  # noqa: BLE001 - only checksum errors are kept
+                if is_checksum_error(exc):
+                    return exc
+                raise
+
         actual = ""
-        data = b""
+        data: bytes | BaseException = b""
+        start = time.monotonic()
         for _ in range(1 + INTEGRITY_REFETCHES):
-            data = self._call(fetch, url=url, label=label, op=op)
+            data = self._call(fetch_checked, url=url, label=label, op=op, start=start)
+            if isinstance(data, BaseException):
+                self._count(integrity_failures=1)
+                continue
             self._count(bytes_fetched=len(data))
             length_ok = expected_len is None or len(data) == expected_len
             if expected_xxh3 is None and length_ok:
@@ -286,6 +397,12 @@ class Storage:
                     return data
             self._count(integrity_failures=1)
         reads = 1 + INTEGRITY_REFETCHES
+        if isinstance(data, BaseException):
+            raise IntegrityError(
+                f"{label}: the response failed the storage's own checksum at {url} in each of "
+                f"{reads} reads ({type(data).__name__}: {data}); the stored object is damaged "
+                f"or something on the way corrupts it. Run 'zephon verify {self.root_url}' and "
+                f"re-convert if it persists", url=url, expected=expected_xxh3) from data
         if expected_xxh3 is None:
             raise StorageError(
                 f"{label}: short read at {url}: got {len(data)} of {expected_len} bytes in each "

@@ -132,6 +132,33 @@ def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_pat
                     or proxy.requests > ds.storage.stats.requests)
 
 
+def test_loader_rides_out_an_outage_with_the_default_policy(corpus, remote, tmp_path):
+    """Regression (issue 14): with the default RetryPolicy an S3 outage of 2 s stopped the
+    loader (6 attempts in ~1.5 s). Now the default deadline is a minute."""
+    url, bucket, _ = remote
+    steps = 12
+    want = _stream(open_dataset(str(corpus / "local")), steps)[:2]
+    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        so = bucket.options_via(proxy.endpoint_url, read_timeout=2.0, connect_timeout=1.0)
+        ds = _open(url, so, tmp_path)           # retry=None: the default policy
+        proxy.down(4.0)                         # every footer and row group read meets it
+        assert _stream(ds, steps)[:2] == want
+        assert ds.storage.stats.retries >= 3
+
+
+def test_checksum_errors_on_manifest_and_side_tables_are_retried(corpus, remote, tmp_path):
+    """Regression (issue 14): botocore's FlexibleChecksumError on a whole-object GET
+    (manifest.json, a side table) was treated as permanent and killed open_dataset."""
+    url, bucket, _ = remote
+    want = _stream(open_dataset(str(corpus / "local")), 4)[:2]
+    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        proxy.bad_checksum_next(2, path="/manifest.json")
+        proxy.corrupt_next(2, path="/index/")
+        ds = _open(url, bucket.options_via(proxy.endpoint_url), tmp_path)
+        assert proxy.injected == 4 and ds.storage.stats.integrity_failures == 4
+        assert _stream(ds, 4)[:2] == want
+
+
 def test_corrupt_object_is_reported_never_returned(corpus, remote, tmp_path):
     url, bucket, _ = remote
     ds = _open(url, bucket.storage_options, tmp_path)

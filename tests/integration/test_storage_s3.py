@@ -17,8 +17,10 @@ from faultproxy import FaultProxy
 from zephon_store.errors import (
     IntegrityError,
     MissingExtraError,
+    RetriesExhaustedError,
     ShardNotFoundError,
     StorageError,
+    StorageOptionsError,
     UnsafePathError,
 )
 from zephon_store.hashing import xxh3_hex
@@ -196,6 +198,50 @@ def test_short_outage_is_ridden_out(dataset, s3_bucket, proxy):
     assert (proxy.requests, proxy.bytes_down) == (1, len(PIECE))
 
 
+def test_an_outage_of_seconds_is_ridden_out_by_the_default_policy(dataset, s3_bucket, proxy):
+    """Regression (issue 14): the old default gave up in ~1.5 s (6 attempts from 0.1 s)."""
+    opts = s3_bucket.options_via(proxy.endpoint_url, read_timeout=2.0, connect_timeout=1.0)
+    st = Storage(dataset, storage_options=opts)   # RetryPolicy(): a 60 s deadline
+    proxy.down(4.0)
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    assert st.read_file("shards/obj.bin") == DATA
+    assert st.stats.retries >= 3 and (proxy.requests, proxy.injected) == (2, 0)
+
+
+def test_a_short_deadline_names_url_attempts_and_elapsed_time(dataset, s3_bucket, proxy):
+    # the "retry" storage option: how the CLI's --storage-options and ZephonLoader set it
+    opts = dict(s3_bucket.options_via(proxy.endpoint_url, read_timeout=0.5, connect_timeout=0.5),
+                retry={"deadline": 1.0, "base_delay": 0.05, "max_delay": 0.2})
+    st = Storage(dataset, storage_options=opts)
+    assert st.retry == RetryPolicy(deadline=1.0, base_delay=0.05, max_delay=0.2)
+    proxy.down_forever()
+    with pytest.raises(RetriesExhaustedError) as info:
+        st.read_file("shards/obj.bin")
+    err = info.value
+    url = f"{dataset}/shards/obj.bin"
+    assert err.url == url and err.attempts == st.stats.requests >= 2 and err.elapsed >= 1.0
+    msg = str(err)
+    assert url in msg and f"{err.attempts} attempts in {err.elapsed:.1f} s" in msg
+    assert "1 s retry deadline" in msg and '"retry": {"deadline"' in msg
+
+
+def test_unknown_storage_options_are_named_before_any_request(s3_bucket):
+    for bad, named in [({"endpont_url": "http://x"}, "did you mean 'endpoint_url'"),
+                       ({"retries": 3}, "'retries'"),
+                       ({"config_kwargs": {"read_timout": 1}}, "read_timout"),
+                       ({"client_kwargs": "x"}, "must be an object"),
+                       ({"retry": {"deadlin": 5}}, "unknown retry option 'deadlin'")]:
+        st = None
+        with pytest.raises(StorageOptionsError, match=named) as info:
+            st = Storage(f"{s3_bucket.url}/ds", storage_options={**s3_bucket.storage_options,
+                                                                 **bad})
+            st.read_file("manifest.json")
+        assert isinstance(info.value, ValueError)
+        if "unknown storage option" in str(info.value):
+            assert "endpoint_url" in str(info.value) and "profile" in str(info.value)
+        assert st is None or st.stats.requests == 0
+
+
 def test_permanent_outage_fails_with_a_clear_error(dataset, s3_bucket, proxy):
     retry = RetryPolicy(max_attempts=4, base_delay=0.05, max_delay=0.1, deadline=5.0)
     st = via_proxy(dataset, s3_bucket, proxy, retry=retry)
@@ -249,3 +295,26 @@ def test_wrong_secret_is_denied_without_retries(dataset, s3_bucket, proxy):
     assert isinstance(info.value, PermissionError) and isinstance(info.value, StorageError)
     assert "check credentials" in str(info.value)
     assert (st.stats.requests, st.stats.retries, proxy.requests) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("fault", ["corrupt_next", "bad_checksum_next"])
+def test_checksum_error_on_a_whole_object_get_is_refetched(dataset, s3_bucket, proxy, fault):
+    """botocore's FlexibleChecksumError (the S3 checksum header does not match the body of a
+    whole-object GET, e.g. manifest.json) heals on a re-fetch like an xxh3 mismatch."""
+    st = via_proxy(dataset, s3_bucket, proxy)
+    getattr(proxy, fault)(2)
+    assert st.read_file("shards/obj.bin") == DATA
+    assert st.read_file("shards/obj.bin", expected_xxh3=xxh3_hex(DATA)) == DATA
+    assert (proxy.requests, proxy.injected) == (4, 2)
+    assert st.stats.integrity_failures == 2
+
+
+def test_a_checksum_error_on_every_get_raises_integrity_error(dataset, s3_bucket, proxy):
+    st = via_proxy(dataset, s3_bucket, proxy)
+    proxy.bad_checksum_next(3)
+    with pytest.raises(IntegrityError) as info:
+        st.read_file("shards/obj.bin", what="manifest")
+    msg = str(info.value)
+    assert f"{dataset}/shards/obj.bin" in msg and "checksum" in msg and "3 reads" in msg
+    assert info.value.url == f"{dataset}/shards/obj.bin"
+    assert (proxy.requests, st.stats.integrity_failures) == (3, 3)

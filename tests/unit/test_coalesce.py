@@ -14,7 +14,9 @@ from tests.helpers import write_jsonl_corpus
 from zephon_store import IntegrityError, convert, open_dataset
 from zephon_store.cache import ChunkCache
 from zephon_store.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
+from zephon_store.errors import RetriesExhaustedError
 from zephon_store.prefetch import Prefetcher
+from zephon_store.retry import RetryPolicy
 from zephon_store.shardwriter import WriteOptions
 
 
@@ -296,3 +298,30 @@ def test_each_step_s_row_groups_are_computed_once(local_ds, tmp_path):
         pre.consumed(i)
     pre.close()
     assert set(calls) == set(range(m.num_row_groups)) and max(calls.values()) == 1
+
+
+def test_a_range_that_ran_out_of_retries_is_not_retried_again_alone(local_ds, tmp_path,
+                                                                     monkeypatch):
+    """Regression (issue 14): a coalesced range that failed after its retries made take()
+    return None, and the reader fetched the row group alone with a fresh retry budget, so an
+    outage surfaced after twice the deadline. One read, one budget."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")),
+                      retry=RetryPolicy(max_attempts=3, base_delay=0.0))
+    m = ds.manifest
+    fetcher = ds.range_fetcher()
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()   # nobody runs the range ahead: the reader runs it in its own thread
+    rgs = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
+    fetcher.submit(fetcher.plan(rgs), pool)
+
+    def down(*_args):
+        raise ConnectionResetError("the store is down")
+
+    monkeypatch.setattr("zephon_store.storage._pread", down)
+    before = ds.storage.stats.requests
+    with pytest.raises(RetriesExhaustedError) as e:
+        ds.fetch_row_group_bytes(rgs[1])
+    assert e.value.attempts == 3 and ds.storage.stats.requests - before == 3
+    assert m.shard_name(0) in str(e.value) and "3 attempts" in str(e.value)

@@ -7,8 +7,13 @@ import http.client
 
 import pytest
 
-from zephon_store.errors import IntegrityError, ShardNotFoundError, StorageError
-from zephon_store.retry import RetryPolicy, call_with_retry, is_transient
+from zephon_store.errors import (
+    IntegrityError,
+    RetriesExhaustedError,
+    ShardNotFoundError,
+    StorageError,
+)
+from zephon_store.retry import RetryPolicy, call_with_retry, is_checksum_error, is_transient
 
 
 class FakeTime:
@@ -143,6 +148,14 @@ class ClientPayloadError(Exception):
     pass
 
 
+class BotoCoreError(Exception):
+    pass
+
+
+class FlexibleChecksumError(BotoCoreError):
+    """Shaped like botocore's: the x-amz-checksum header does not match the body."""
+
+
 @pytest.mark.parametrize("exc, expected", [
     (ConnectionResetError(), True),
     (ConnectionRefusedError(), True),
@@ -155,6 +168,10 @@ class ClientPayloadError(Exception):
     (ClientError("InternalError", 500), True),
     (translated(OSError, ClientError("SlowDown", 503)), True),
     (OSError(errno.EBUSY, "SlowDown"), True),
+    (FlexibleChecksumError("Expected checksum 2/gV+g== did not match"), True),
+    (translated(OSError, FlexibleChecksumError("Expected checksum")), True),
+    (ClientError("BadDigest", 400), True),
+    (ClientError("XAmzContentSHA256Mismatch", 400), True),
     (ClientError("AccessDenied", 403), False),
     (ClientError("NoSuchKey", 404), False),
     (translated(PermissionError, ClientError("SignatureDoesNotMatch", 403)), False),
@@ -170,9 +187,96 @@ def test_is_transient(exc, expected):
 
 
 def test_policy_validates_its_fields():
-    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"max_attempts must be >= 1 or None .*got 0"):
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError, match="deadline must be > 0"):
         RetryPolicy(deadline=0)
     with pytest.raises(ValueError, match="max_delay"):
         RetryPolicy(base_delay=2.0, max_delay=1.0)
+
+
+def test_the_default_policy_rides_out_a_minute_of_failures():
+    """Regression (issue 14): the old default gave up after 6 attempts in ~1.5 s, so S3
+    outages of 2, 5 and 20 s stopped the loader."""
+    policy = RetryPolicy()
+    assert policy.deadline >= 60 and policy.max_attempts is None and policy.jitter
+    for outage in (2.0, 5.0, 20.0, 55.0):
+        t = FakeTime(work=0.01)
+        calls = []
+
+        def fn(outage=outage, t=t, calls=calls):
+            calls.append(1)
+            t.now += t.work
+            if t.now - 100.0 < outage:
+                raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+            return "ok"
+
+        assert run(fn, policy, t) == "ok"
+        # full jitter, capped: no sleep above max_delay, and service that came back is
+        # noticed within one capped sleep
+        assert max(t.sleeps) <= policy.max_delay
+        assert t.now - 100.0 <= outage + policy.max_delay + t.work
+
+
+def test_giving_up_names_url_attempts_and_elapsed_time():
+    t = FakeTime(work=0.5)
+    fn, calls = failing(TimeoutError, clock=t)
+    with pytest.raises(RetriesExhaustedError) as info:
+        call_with_retry(fn, RetryPolicy(), what="GET s3://b/ds/manifest.json",
+                        url="s3://b/ds/manifest.json", sleep=t.sleep, clock=t.clock)
+    err = info.value
+    assert isinstance(err, StorageError) and isinstance(err, OSError)
+    elapsed = t.now - 100.0
+    assert RetryPolicy().deadline <= elapsed <= RetryPolicy().deadline + t.work
+    assert err.attempts == len(calls) > 6 and err.elapsed == pytest.approx(elapsed)
+    assert err.url == "s3://b/ds/manifest.json" and isinstance(err.last_error, TimeoutError)
+    msg = str(err)
+    assert "s3://b/ds/manifest.json" in msg and f"{len(calls)} attempts" in msg
+    assert f"in {elapsed:.1f} s" in msg and "60 s retry deadline" in msg
+    assert '"retry": {"deadline"' in msg   # says how to allow more time
+
+
+def test_the_last_sleep_is_cut_to_the_deadline():
+    t = FakeTime()
+    fn, calls = failing(ConnectionResetError)
+    policy = RetryPolicy(base_delay=1.0, max_delay=4.0, deadline=10.0, jitter=False)
+    with pytest.raises(RetriesExhaustedError):
+        run(fn, policy, t)
+    # 1 + 2 + 4 = 7 s, then 3 s (not 4) to reach the deadline, one last attempt at 10 s
+    assert t.sleeps == pytest.approx([1.0, 2.0, 4.0, 3.0])
+    assert len(calls) == 5 and t.now - 100.0 == pytest.approx(10.0)
+
+
+def test_steps_of_one_operation_share_one_deadline():
+    t = FakeTime()
+    fn, calls = failing(ConnectionResetError)
+    policy = RetryPolicy(base_delay=1.0, max_delay=1.0, deadline=10.0, jitter=False)
+    with pytest.raises(RetriesExhaustedError):
+        run(fn, policy, t, start=t.now - 8.0)   # 8 s of the budget went to an earlier step
+    assert len(calls) == 3 and t.now - 100.0 == pytest.approx(2.0)
+
+
+def test_policy_from_plain_values():
+    p = RetryPolicy.from_dict({"deadline": 300, "max_delay": 10, "max_attempts": None,
+                               "jitter": False})
+    assert p == RetryPolicy(deadline=300.0, max_delay=10.0, jitter=False)
+    assert RetryPolicy.from_dict(p) is p
+    with pytest.raises(ValueError, match=r"unknown retry option 'timeout'; accepted: .*deadline"):
+        RetryPolicy.from_dict({"timeout": 3})
+    with pytest.raises(ValueError, match="deadline must be a number of seconds"):
+        RetryPolicy.from_dict({"deadline": "1m"})
+    with pytest.raises(ValueError, match="max_attempts must be an integer or null"):
+        RetryPolicy.from_dict({"max_attempts": 2.5})
+    with pytest.raises(ValueError, match="deadline must be > 0"):
+        RetryPolicy.from_dict({"deadline": 0})
+    with pytest.raises(ValueError, match="JSON object"):
+        RetryPolicy.from_dict([60])
+    with pytest.raises(TypeError):
+        RetryPolicy(60.0)  # keyword-only
+
+
+def test_checksum_errors_are_recognised_through_the_cause_chain():
+    assert is_checksum_error(translated(OSError, FlexibleChecksumError("x")))
+    assert is_checksum_error(ClientError("BadDigest", 400))
+    assert not is_checksum_error(ClientError("SlowDown", 503))
+    assert not is_checksum_error(IntegrityError("xxh3 mismatch"))
