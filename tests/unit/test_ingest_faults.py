@@ -144,3 +144,62 @@ def test_parquet_without_checksums_still_reads(tmp_path):
     path = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"id": list(range(10))}), path)
     assert _rows(path, InputOptions()) == 10
+
+
+# -- CSV quoting ------------------------------------------------------------------------------
+
+def _csv(tmp_path, text: str, name: str = "q.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _csv_rows(path, **kw) -> tuple[list[dict], InputStats]:
+    stats = InputStats()
+    (f,) = expand_inputs([str(path)])
+    got = [r for b in read_input(f, options=InputOptions(**kw), stats=stats) for r in b.to_pylist()]
+    return got, stats
+
+
+def test_csv_unterminated_quote_is_a_bad_record_not_the_rest_of_the_file(tmp_path):
+    path = _csv(tmp_path, 'id,text\n0,ok\n1,"hello\n2,world\n3,x\n')
+    with pytest.raises(InputError) as err:
+        _csv_rows(path)
+    assert str(err.value) == (
+        f"{path} line 3: unterminated quote: the record that starts on this line is still "
+        f"inside a quoted field at the end of the file; close the quote (a quote inside a "
+        f"quoted field is written \"\") or pass --on-error skip to skip bad records")
+    assert err.value.line == 3
+    got, stats = _csv_rows(path, on_error="skip")
+    # Only the line with the stray quote is dropped; the records after it are read as records.
+    assert got == [{"id": "0", "text": "ok"}, {"id": "2", "text": "world"}, {"id": "3", "text": "x"}]
+    assert stats.bad_row == 1 and stats.examples[0].startswith(f"{path} line 3: unterminated quote")
+
+
+def test_csv_stray_quote_closed_by_a_later_one_is_caught(tmp_path):
+    path = _csv(tmp_path, 'id,text\n1,"hello\n2,world\n3,"multi\nline"\n4,x\n')
+    with pytest.raises(InputError, match=r"q\.csv line 2: malformed quoting in the record that "
+                                         r"starts on this line \(on line 4: ',' expected after "
+                                         r"'\"'\): a closing quote must be followed by the "
+                                         r"delimiter or the end of the line"):
+        _csv_rows(path)
+    got, stats = _csv_rows(path, on_error="skip")
+    assert got == [{"id": "2", "text": "world"}, {"id": "3", "text": "multi\nline"},
+                   {"id": "4", "text": "x"}]
+    assert stats.bad_row == 1
+
+
+def test_csv_multiline_fields_follow_the_option(tmp_path):
+    text = 'id,text\n1,"two\nlines"\n2,"say ""hi""\n, ok"\n3,x\n'
+    path = _csv(tmp_path, text)
+    want = [{"id": "1", "text": "two\nlines"}, {"id": "2", "text": 'say "hi"\n, ok'},
+            {"id": "3", "text": "x"}]
+    assert _csv_rows(path)[0] == want
+    with pytest.raises(InputError, match=r"q\.csv line 2: unterminated quote: the record that "
+                                         r"starts on this line is still inside a quoted field at "
+                                         r"the end of the line \(csv_newlines_in_values is off"):
+        _csv_rows(path, csv_newlines_in_values=False)
+    got, stats = _csv_rows(path, csv_newlines_in_values=False, on_error="skip")
+    # Each line is a record of its own: lines with an open quote are bad, lines with the wrong
+    # field count too, and the rest is read as written (', ok"' is two fields).
+    assert got == [{"id": "", "text": ' ok"'}, {"id": "3", "text": "x"}] and stats.bad_row == 3

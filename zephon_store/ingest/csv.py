@@ -1,51 +1,39 @@
-"""CSV and TSV with a header row, read by pyarrow.csv as a stream.
+"""CSV and TSV with a header row, parsed strictly with Python's csv module.
 
 Every column is read as a string, exactly as written ("" for an empty cell): CSV carries no
-types, and pyarrow's guess is made per block, so a column could flip from int64 to string at
-a block boundary deep into a large file. Cast after conversion if you need numbers.
+types, and a guess made per block could flip a column from int64 to string deep into a large
+file. Cast after conversion if you need numbers.
+
+The quoting rule (RFC 4180, documented in docs/inputs.md): a field that starts with a quote
+ends at the next single quote (``""`` is a quote inside it), and that quote must be followed by
+the delimiter or the end of the line. A quoted field may span lines while
+``InputOptions.csv_newlines_in_values`` is on (the default). A record still inside a quoted
+field at the end of the file (or of its line, with the option off), or with anything after a
+closing quote, is a bad record named by the line it starts on; in skip mode only that first
+line is dropped and reading resumes on the next one, so a stray quote never swallows the
+records after it. pyarrow.csv is not used: it has no strict mode and reads a stray quote as
+one value running to the next quote or to the end of the file, without an error.
 """
 
 from __future__ import annotations
 
 import csv as pycsv
-import dataclasses
-import io
-import itertools
-import sys
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterator
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from ..errors import InputError
 from .files import open_stream, split_compression
-from .lines import LineChunk, bad_record, iter_line_chunks
+from .lines import bad_record, iter_line_chunks
 from .options import InputFile, InputOptions, InputStats
 
-# pyarrow.csv parses this much per call; larger blocks only cost memory.
-BLOCK_BYTES = 4 << 20
+# The longest field, in characters. It bounds the memory one record can take, and the text
+# one unterminated quote can hold before it is reported; a field of a whole book fits.
+MAX_FIELD_CHARS = 1 << 27
+_QUOTE_HINT = 'close the quote (a quote inside a quoted field is written "")'
 
-
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of LineChunks, for parsers that want a file object."""
-
-    def __init__(self, chunks: Iterable[LineChunk]) -> None:
-        self._chunks = iter(chunks)
-        self._buf, self._pos = b"", 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        while self._pos >= len(self._buf):
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._buf, self._pos = chunk.data, 0
-        n = min(len(b), len(self._buf) - self._pos)
-        b[:n] = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return n
+Line = tuple[int, str]  # (1-based line number, text with its "\n")
 
 
 def delimiter_for(file: InputFile, options: InputOptions) -> str:
@@ -58,89 +46,105 @@ def delimiter_for(file: InputFile, options: InputOptions) -> str:
 
 def read_csv(file: InputFile, *, options: InputOptions, storage_options: dict | None,
              stats: InputStats | None) -> Iterator[pa.RecordBatch]:
-    """String-typed record batches of one CSV/TSV file; rows with the wrong field count are bad."""
+    """String-typed record batches of one CSV/TSV file; malformed records are bad rows."""
     delimiter = delimiter_for(file, options)
-    bad: list[tuple[int | None, str]] = []  # (record number, reason) of the first bad rows
-    count = 0
-
-    def on_invalid(row: pacsv.InvalidRow) -> str:
-        nonlocal count
-        count += 1
-        if len(bad) < InputStats.MAX_EXAMPLES:
-            bad.append((row.number, f"expected {row.expected_columns} fields, got "
-                                    f"{row.actual_columns}: {row.text[:80]!r}"))
-        return "error" if options.on_error == "raise" else "skip"
-
-    with open_stream(file, storage_options) as stream:
-        chunks = iter_line_chunks(stream, file, options=options, stats=stats)
-        first = next(chunks, None)
-        names = _header(first, delimiter) if first is not None else []
-        if not names:
-            return
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise InputError(f"{file.url} line 1: the header names {dupes} more than once; "
-                             f"rename the columns", path=file.url, line=1)
-        try:
-            # use_threads=False: only the serial reader tells on_invalid the row's number.
-            reader = pacsv.open_csv(
-                io.BufferedReader(_ChunkReader(itertools.chain([first], chunks))),
-                read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
-                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
-                                                 invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={n: pa.string() for n in names}, strings_can_be_null=False),
-            )
-            for batch in reader:
-                for start in range(0, batch.num_rows, options.batch_rows):
-                    yield batch.slice(start, options.batch_rows)
-        except pa.ArrowInvalid as exc:
-            if not bad or options.on_error == "skip":  # not a row pyarrow handed to on_invalid
-                raise InputError(f"{file.url}: CSV parse error ({exc}); fix the file",
-                                 path=file.url) from exc
-    lines = _record_lines(file, [n for n, _ in bad if n is not None], delimiter,
-                          options=options, storage_options=storage_options)
-    for number, reason in bad:
-        bad_record("bad_row", file, lines.get(number), reason, "fix the row",
-                   options=options, stats=stats)
-    if stats is not None:  # rows past the examples are only counted
-        stats.bad_row += count - len(bad)
-
-
-def _header(first: LineChunk, delimiter: str) -> list[str]:
-    # A header longer than 1 MiB is not a header; a character cut at the end does not matter.
-    head = first.data[: 1 << 20].decode("utf-8", errors="ignore")
-    for row in pycsv.reader(io.StringIO(head), delimiter=delimiter):
-        if row:
-            return row
-    return []
-
-
-def _record_lines(file: InputFile, numbers: list[int], delimiter: str, *,
-                  options: InputOptions, storage_options: dict | None) -> dict[int, int]:
-    """Map pyarrow's 1-based record numbers (header = 1, blank lines not counted) to the line
-    each record starts on, by re-reading the file with Python's csv module up to the last."""
-    if not numbers:
-        return {}
-    wanted, out, record = set(numbers), {}, 0
-    quiet = dataclasses.replace(options, on_error="skip")
     limit = pycsv.field_size_limit()
-    pycsv.field_size_limit(sys.maxsize)  # a record may hold a whole document
+    pycsv.field_size_limit(MAX_FIELD_CHARS)
     try:
         with open_stream(file, storage_options) as stream:
-            chunks = iter_line_chunks(stream, file, options=quiet, stats=None)
-            text = io.TextIOWrapper(io.BufferedReader(_ChunkReader(chunks)), encoding="utf-8",
-                                    newline="")
-            reader = pycsv.reader(text, delimiter=delimiter, strict=False)
-            while len(out) < len(wanted):
-                before = reader.line_num
-                row = next(reader, None)
-                if row is None:
-                    break
-                if row:
-                    record += 1
-                    if record in wanted:
-                        out[record] = before + 1
+            lines = _lines(iter_line_chunks(stream, file, options=options, stats=stats,
+                                            want_text=True))
+            records = _records(lines, file, delimiter, options=options, stats=stats)
+            header = next(records, None)
+            if header is None:
+                return
+            names = header[1]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise InputError(f"{file.url} line {header[0]}: the header names {dupes} more "
+                                 f"than once; rename the columns", path=file.url, line=header[0])
+            width, rows = len(names), []
+            for line, row, taken in records:
+                if len(row) != width:
+                    text = "".join(t for _, t in taken).rstrip("\r\n")
+                    bad_record("bad_row", file, line, f"expected {width} fields, got "
+                               f"{len(row)}: {text[:80]!r}", "fix the row",
+                               options=options, stats=stats)
+                    continue
+                rows.append(row)
+                if len(rows) >= options.batch_rows:
+                    yield _batch(names, rows)
+                    rows = []
+            if rows:
+                yield _batch(names, rows)
     finally:
         pycsv.field_size_limit(limit)
-    return out
+
+
+def _batch(names: list[str], rows: list[list[str]]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(c, pa.string()) for c in zip(*rows, strict=True)],
+                           schema=pa.schema([(n, pa.string()) for n in names]))
+
+
+def _lines(chunks) -> Iterator[Line]:
+    for chunk in chunks:
+        assert chunk.text is not None
+        parts = chunk.text.split("\n")
+        last = parts.pop()  # "" after a final newline, else the file's unterminated tail
+        for i, part in enumerate(parts):
+            yield chunk.first_line + i, part + "\n"
+        if last:
+            yield chunk.first_line + len(parts), last
+
+
+def _records(lines: Iterator[Line], file: InputFile, delimiter: str, *, options: InputOptions,
+             stats: InputStats | None) -> Iterator[tuple[int, list[str], list[Line]]]:
+    """``(first line, fields, lines)`` of each non-blank record; ``lines`` is only valid until
+    the next record is asked for. Records with broken quoting are reported here."""
+    pending: deque[Line] = deque()  # lines to read again after a bad record
+    taken: list[Line] = []  # the lines of the record being read
+
+    def feed() -> Iterator[str]:
+        while True:
+            item = pending.popleft() if pending else next(lines, None)
+            if item is None:
+                return
+            taken.append(item)
+            yield item[1]
+
+    reader = pycsv.reader(feed(), delimiter=delimiter, strict=True)
+    while True:
+        taken.clear()
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except pycsv.Error as exc:
+            reason = _quoting_problem(exc, taken[-1][0])
+        else:
+            if len(taken) == 1 or options.csv_newlines_in_values:
+                if row:  # a blank line is no record
+                    yield taken[0][0], row, taken
+                continue
+            reason = ("unterminated quote: the record that starts on this line is still inside "
+                      "a quoted field at the end of the line (csv_newlines_in_values is off)")
+        bad_record("bad_row", file, taken[0][0], reason, _QUOTE_HINT, options=options,
+                   stats=stats)
+        # Skip mode: drop only the first line and read the others again as new records.
+        pending.extendleft(reversed(taken[1:]))
+        reader = pycsv.reader(feed(), delimiter=delimiter, strict=True)
+
+
+def _quoting_problem(exc: pycsv.Error, line: int) -> str:
+    text = str(exc)
+    if text == "unexpected end of data":
+        return ("unterminated quote: the record that starts on this line is still inside a "
+                "quoted field at the end of the file")
+    if text.startswith("field larger than field limit"):
+        return (f"a field of the record that starts on this line is longer than "
+                f"{MAX_FIELD_CHARS} characters (an unterminated quote?)")
+    if "expected after" in text:
+        return (f"malformed quoting in the record that starts on this line (on line {line}: "
+                f"{text}): a closing quote must be followed by the delimiter or the end of "
+                f"the line")
+    return f"malformed record (on line {line}: {text})"

@@ -59,6 +59,9 @@ class InputOptions:
     # 64 Ki rows keeps a batch of short records near a few MiB, the size Arrow kernels like.
     batch_rows: int = 65536
     csv_delimiter: str = ","
+    # A quoted CSV field may span lines (RFC 4180; pandas and spreadsheets write them). Off: a
+    # newline always ends a record, so a stray quote can only spoil its own line.
+    csv_newlines_in_values: bool = True
     encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
@@ -80,6 +83,9 @@ class InputOptions:
                 f"csv_delimiter must be one character other than a quote or newline, "
                 f"got {self.csv_delimiter!r}"
             )
+        if not isinstance(self.csv_newlines_in_values, bool):
+            raise ValueError(f"csv_newlines_in_values must be a bool, got "
+                             f"{self.csv_newlines_in_values!r}")
         try:
             codecs.lookup(self.encoding)
         except (LookupError, TypeError):
@@ -122,7 +128,7 @@ class InputStats:
     bad_encoding: int = 0
     not_an_object: int = 0
     schema_mismatch: int = 0
-    bad_row: int = 0  # CSV rows with the wrong number of fields
+    bad_row: int = 0  # CSV records with the wrong number of fields or broken quoting
     examples: list[str] = field(default_factory=list)
 
     @property
