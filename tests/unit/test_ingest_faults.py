@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 import struct
 
 import pyarrow as pa
@@ -203,3 +204,67 @@ def test_csv_multiline_fields_follow_the_option(tmp_path):
     # Each line is a record of its own: lines with an open quote are bad, lines with the wrong
     # field count too, and the rest is read as written (', ok"' is two fields).
     assert got == [{"id": "", "text": ' ok"'}, {"id": "3", "text": "x"}] and stats.bad_row == 3
+
+
+# -- symbolic links ---------------------------------------------------------------------------
+
+def _tree(tmp_path):
+    """in/real/a.jsonl, in/linked -> other (other/sub/b.jsonl), in/f.jsonl -> other/c.jsonl."""
+    (tmp_path / "in" / "real").mkdir(parents=True)
+    (tmp_path / "other" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "real" / "a.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "other" / "sub" / "b.jsonl").write_text('{"a": 2}\n')
+    (tmp_path / "other" / "c.jsonl").write_text('{"a": 3}\n')
+    (tmp_path / "in" / "linked").symlink_to(tmp_path / "other", target_is_directory=True)
+    (tmp_path / "in" / "f.jsonl").symlink_to(tmp_path / "other" / "c.jsonl")
+    return tmp_path / "in"
+
+
+def _names(files, root) -> list[str]:
+    return [os.path.relpath(f.url, root) for f in files]
+
+
+def test_walk_follows_directory_symlinks(tmp_path):
+    root = _tree(tmp_path)
+    files = expand_inputs([str(root)])
+    # f.jsonl and linked/c.jsonl are one file: it is read once, under its first name.
+    assert _names(files, root) == ["f.jsonl", "linked/sub/b.jsonl", "real/a.jsonl"]
+    assert [f.size for f in files] == [9, 9, 9]
+    rows = sorted(r["a"] for f in files for b in read_input(f) for r in b.to_pylist())
+    assert rows == [1, 2, 3]
+    by_glob = expand_inputs([f"{root}/**/*.jsonl"])
+    assert _names(by_glob, root) == _names(files, root)
+    assert _names(expand_inputs([f"{root}/*"]), root) == _names(files, root)
+
+
+def test_two_links_to_one_folder_read_it_once(tmp_path):
+    root = _tree(tmp_path)
+    (root / "again").symlink_to(tmp_path / "other", target_is_directory=True)
+    assert _names(expand_inputs([str(root)]), root) == [
+        "again/c.jsonl", "again/sub/b.jsonl", "real/a.jsonl"]
+
+
+def test_symlink_loop_is_a_clear_error(tmp_path):
+    root = _tree(tmp_path)
+    (root / "real" / "up").symlink_to(root, target_is_directory=True)
+    for pattern in (str(root), f"{root}/**/*.jsonl"):
+        with pytest.raises(InputError) as err:
+            expand_inputs([pattern])
+        assert str(err.value) == (
+            f"{root}/real/up: symbolic link loop: it leads back to {root}, a folder that holds "
+            f"it; remove the link, or name the folders to read separately")
+
+
+def test_broken_link_and_special_files_are_named(tmp_path):
+    root = _tree(tmp_path)
+    (root / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises(InputError, match=rf"{root}/gone\.jsonl: broken symbolic link to "
+                                         rf"{tmp_path}/nowhere\.jsonl \(nothing is there\); fix "
+                                         rf"or remove the link"):
+        expand_inputs([str(root)])
+    (root / "gone.jsonl").unlink()
+    os.mkfifo(root / "pipe.jsonl")
+    with pytest.raises(InputError, match=rf"{root}/pipe\.jsonl: not a regular file or folder "
+                                         rf"\(a FIFO, socket or device\); move it out of the "
+                                         rf"input folder"):
+        expand_inputs([str(root)])

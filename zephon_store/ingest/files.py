@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
@@ -13,7 +12,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputError, InputNotFoundError
+from . import localtree
 from .containers import DecompressedReader
+from .localtree import HIDDEN, MAGIC, hidden_below_glob
 from .options import DEFAULT_OPTIONS, InputFile, InputOptions
 
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -29,8 +30,6 @@ TEXT_SUFFIXES = (
 ).split()
 KIND_SUFFIXES.update((suffix, "text") for suffix in TEXT_SUFFIXES)
 
-_MAGIC = re.compile(r"[*?\[]")
-_HIDDEN = (".", "_")
 
 
 def split_compression(name: str) -> tuple[str, str | None]:
@@ -65,7 +64,9 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
 
     Directories are walked recursively; in a walk or below a glob's wildcard, names starting
     with ``.`` or ``_`` (``.git``, ``_SUCCESS``, ``.crc``) are skipped unless the pattern spells
-    the dot or underscore itself. A named file is always taken.
+    the dot or underscore itself. A named file is always taken. Local symbolic links are
+    followed (a loop is an :class:`~zephon_store.errors.InputError`), and one local file
+    reached under several names is one input, under the first name in sorted order.
 
     >>> files = expand_inputs(["data/*.jsonl.zst", "s3://b/raw/"])  # doctest: +SKIP
     >>> files[0]  # doctest: +SKIP
@@ -73,7 +74,7 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
     """
     if isinstance(inputs, str):
         inputs = [inputs]
-    found: dict[str, InputFile] = {}
+    found: dict[str, tuple[int, tuple[int, int] | None]] = {}
     for pattern in inputs:
         matches = _expand_one(pattern, storage_options or {})
         if not matches:
@@ -81,26 +82,35 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
                 f"{pattern} matched no input files (names starting with '.' or '_' are skipped); "
                 f"check the path and quote globs so the shell does not expand them"
             )
-        for url, size in matches:
-            if url not in found:
-                _, compression = split_compression(url)
-                found[url] = InputFile(url, detect_kind(url, options.format), compression, size)
-    return [found[url] for url in sorted(found)]
+        for url, size, ident in matches:
+            found.setdefault(url, (size, ident))
+    out, seen = [], set()
+    for url in sorted(found):
+        size, ident = found[url]
+        if ident is not None:
+            if ident in seen:
+                continue
+            seen.add(ident)
+        _, compression = split_compression(url)
+        out.append(InputFile(url, detect_kind(url, options.format), compression, size))
+    return out
 
 
-def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int]]:
+def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int, tuple | None]]:
     if "://" not in pattern and "::" not in pattern:
         pattern = os.path.expanduser(pattern)
     fs, path = fsspec.core.url_to_fs(pattern, **storage_options)
-    if _MAGIC.search(path):
+    if isinstance(fs, LocalFileSystem):
+        return _expand_local(path)
+    if MAGIC.search(path):
         out = []
         for name, info in fs.glob(path, detail=True).items():
-            if _hidden_below_glob(name, path):
+            if hidden_below_glob(name, path):
                 continue
             if info.get("type") == "directory":
                 out.extend(_walk(fs, name))
             else:
-                out.append((_url(fs, name), int(info.get("size") or 0)))
+                out.append((_url(fs, name), int(info.get("size") or 0), None))
         return out
     try:
         info = fs.info(path)
@@ -108,36 +118,34 @@ def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int]]:
         return []
     if info.get("type") == "directory":
         return _walk(fs, path)
-    return [(_url(fs, path), int(info.get("size") or 0))]
+    return [(_url(fs, path), int(info.get("size") or 0), None)]
 
 
-def _walk(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, int]]:
+def _expand_local(path: str) -> list[localtree.Found]:
+    if MAGIC.search(path):
+        return localtree.glob(path)
+    if os.path.isdir(path):
+        return localtree.walk(path)
+    if os.path.lexists(path):
+        # A named file is always taken; a named broken link or FIFO fails like one in a walk.
+        kind = "file" if os.path.isfile(path) else "broken" if not os.path.exists(path) \
+            else "special"
+        return [localtree.take(path, kind)]
+    return []
+
+
+def _walk(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, int, None]]:
     root = root.rstrip("/")
     out = []
     for name, info in fs.find(root, detail=True, withdirs=False).items():
         rel = name[len(root):].lstrip("/") if name.startswith(root) else name
-        if any(part.startswith(_HIDDEN) for part in rel.split("/")):
+        if any(part.startswith(HIDDEN) for part in rel.split("/")):
             continue
-        out.append((_url(fs, name), int(info.get("size") or 0)))
+        out.append((_url(fs, name), int(info.get("size") or 0), None))
     return out
 
 
-def _hidden_below_glob(name: str, pattern: str) -> bool:
-    """True when a path component matched by a wildcard starts with '.' or '_' (shell-like)."""
-    pat_parts, parts = pattern.split("/"), name.split("/")
-    first_magic = next((i for i, p in enumerate(pat_parts) if _MAGIC.search(p)), len(pat_parts))
-    aligned = "**" not in pattern and len(pat_parts) == len(parts)
-    for i in range(first_magic, len(parts)):
-        if parts[i].startswith(_HIDDEN):
-            if not (aligned and pat_parts[i].startswith(parts[i][0])):
-                return True
-    return False
-
-
 def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    # Local files keep a plain absolute path: it is what users type and read in messages.
-    if isinstance(fs, LocalFileSystem):
-        return path
     return fs.unstrip_protocol(path)
 
 
