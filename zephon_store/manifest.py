@@ -15,10 +15,12 @@ Version 1 manifests have no such key and are read as they always were.
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import json
-import posixpath
+import os
 import re
+import stat
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ import pyarrow.compute as pc
 
 from .arrowutil import column_np
 from .encoding import storage_encodings, storage_schema, to_logical
-from .errors import ManifestError, UnsafePathError
+from .errors import ManifestError, StorageError, UnsafePathError
 from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 
 FORMAT_NAME = "zephon"
@@ -37,7 +39,15 @@ READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SHARD_DIR = "shards"
 INDEX_DIR = "index"
-_TABLE_PATH_RE = re.compile(r"^index/[0-9a-f]{32}\.arrow$")
+# Always used with fullmatch: `$` alone also matches before a trailing newline.
+_TABLE_PATH_RE = re.compile(r"index/[0-9a-f]{32}\.arrow")
+# Counts and sizes in the manifest fit int64 with room to add them up (2**62: no sum of a
+# validated table can wrap around).
+MAX_COUNT = 2**62 - 1
+# What a malformed manifest or side table makes Python, numpy or Arrow raise while it is
+# parsed; each is turned into a ManifestError naming the file.
+PARSE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
+                MemoryError, RecursionError, binascii.Error, pa.ArrowException)
 # Fields left out of dataset_id: who wrote the bytes, and from where, is not what they are.
 _NOT_HASHED = ("dataset_id", "created_by")
 
@@ -80,7 +90,7 @@ def shard_path(name: str) -> str:
     >>> shard_path("0" * 32)
     'shards/00000000000000000000000000000000.parquet'
     """
-    if not isinstance(name, str) or not HEX_RE.match(name):
+    if not isinstance(name, str) or not HEX_RE.fullmatch(name):
         raise UnsafePathError(
             f"manifest names shard {name!r}, which is not a 32-hex-digit xxh3 name; "
             "a manifest may only name files inside the dataset root as shards/<hash>.parquet")
@@ -89,7 +99,7 @@ def shard_path(name: str) -> str:
 
 def check_table_path(path: str) -> str:
     """Reject side-table paths outside ``index/<hash>.arrow``."""
-    if not isinstance(path, str) or not _TABLE_PATH_RE.match(path) or posixpath.isabs(path):
+    if not isinstance(path, str) or not _TABLE_PATH_RE.fullmatch(path):
         raise UnsafePathError(
             f"manifest names side table {path!r}; only index/<32 hex>.arrow inside the dataset "
             "root is allowed")
@@ -106,7 +116,14 @@ def schema_to_json(schema: pa.Schema) -> dict:
 
 
 def schema_from_json(obj: dict) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(obj["arrow_ipc_base64"])))
+    """The Arrow schema of a manifest's ``schema`` object; ManifestError if it is malformed."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(
+            base64.b64decode(obj["arrow_ipc_base64"], validate=True)))
+    except PARSE_ERRORS as exc:
+        raise ManifestError(f"manifest 'schema' is not a base64 Arrow IPC schema "
+                            f"({type(exc).__name__}: {exc}); restore the manifest or "
+                            "re-convert") from exc
 
 
 def table_to_ipc(table: pa.Table) -> bytes:
@@ -118,10 +135,20 @@ def table_to_ipc(table: pa.Table) -> bytes:
 
 
 def table_from_ipc(data: bytes | pa.Buffer, kind: str) -> pa.Table:
-    table = pa.ipc.open_file(pa.py_buffer(data) if isinstance(data, bytes) else data).read_all()
+    """Parse a side table (Arrow IPC file); ManifestError unless it has ``kind``'s exact
+    schema and no nulls."""
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data) if isinstance(data, bytes) else data
+                                 ).read_all()
+    except PARSE_ERRORS as exc:
+        raise ManifestError(f"side table {kind!r} is not a readable Arrow IPC file "
+                            f"({type(exc).__name__}: {exc}); re-convert the dataset") from exc
     want = TABLE_SCHEMAS[kind]
     if not table.schema.equals(want):
         raise ManifestError(f"side table {kind!r} has schema {table.schema}, expected {want}")
+    nulls = [name for name, col in zip(table.column_names, table.columns) if col.null_count]
+    if nulls:
+        raise ManifestError(f"side table {kind!r} has nulls in {nulls}; re-convert the dataset")
     return table
 
 
@@ -149,9 +176,22 @@ class Manifest:
         self.url = url
         self._tables = dict(tables)
         self._loader = loader
+        try:
+            self._columns(doc, tables)
+        except ManifestError as exc:
+            raise ManifestError(f"{url}: {exc}") from exc
+        except PARSE_ERRORS as exc:
+            raise ManifestError(f"{url}: malformed manifest or side table "
+                                f"({type(exc).__name__}: {exc}); restore it or re-convert"
+                                ) from exc
+
+    def _columns(self, doc: dict, tables: dict[str, pa.Table]) -> None:
         self.schema = schema_from_json(doc["schema"])
         # Column -> storage encoding; empty for v1 and for datasets without encoded columns.
-        self.storage = dict(doc.get("storage") or {})
+        storage = doc.get("storage") or {}
+        if not isinstance(storage, dict):
+            raise ManifestError(f"'storage' must be an object, got {type(storage).__name__}")
+        self.storage = dict(storage)
         sh = tables["shards"]
         rg = tables["row_groups"]
         self._shard_names = sh.column("name")
@@ -236,12 +276,29 @@ class Manifest:
 
     # -- validation ----------------------------------------------------------------------
     def check(self) -> None:
-        """Structural checks that need no shard bytes; raise ManifestError on the first."""
+        """Every check that needs no shard bytes; raise ManifestError on the first failure.
+
+        The JSON's fields and types, ``dataset_id``, then the side tables: every index,
+        offset, length and count consistent with the shard table and the totals
+        (:meth:`check_layout`, :meth:`check_counts`). After it, a reader can index the
+        tables without bounds checks and locate every sample exactly.
+        """
+        self.check_doc()
+        self.check_dataset_id()
+        self.check_layout()
+        self.check_counts()
+
+    def _fail(self, what: str) -> ManifestError:
+        return ManifestError(f"{self.url}: {what}; the manifest is corrupted or forged: "
+                             "restore it or re-convert")
+
+    def check_doc(self) -> None:
+        """The JSON's identity, version, storage encodings and totals."""
         doc = self.doc
         if doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"{self.url}: not a zephon manifest (format={doc.get('format')!r})")
         version = doc.get("format_version")
-        if version not in READ_VERSIONS:
+        if type(version) is not int or version not in READ_VERSIONS:
             raise ManifestError(
                 f"{self.url}: format_version {version!r} is not supported by this zephon_store "
                 f"(reads {', '.join(map(str, READ_VERSIONS))}); upgrade zephon_store")
@@ -252,31 +309,110 @@ class Manifest:
             raise ManifestError(f"{self.url}: format_version {version} manifest lacks its "
                                 "'storage' object; the manifest is corrupted, re-convert")
         _ = self.storage_schema  # raises ManifestError if storage does not fit schema
+        totals = doc.get("totals")
+        if not isinstance(totals, dict):
+            raise self._fail("'totals' is not an object")
+        for key in ("num_samples", "num_shards", "num_row_groups", "total_bytes"):
+            v = totals.get(key)
+            if type(v) is not int or not 0 <= v <= MAX_COUNT:
+                raise self._fail(f"totals.{key} is {v!r}, not an integer in [0, {MAX_COUNT}]")
+
+    def check_dataset_id(self) -> None:
+        """``dataset_id`` is the hash of the manifest's content."""
+        doc = self.doc
         want = compute_dataset_id(doc)
         if doc.get("dataset_id") != want:
             raise ManifestError(
                 f"{self.url}: dataset_id {doc.get('dataset_id')!r} does not match the manifest's "
                 f"content ({want}); the manifest was edited or corrupted, re-convert or restore it")
-        ok = pc.match_substring_regex(self._shard_names, HEX_RE.pattern)
+
+    def check_layout(self) -> None:
+        """Shard names, and every index, offset and length of the side tables in range.
+
+        After it every row group belongs to the shard the shard table says (contiguous, in
+        order), lies inside that shard before its footer, and no two overlap: safe to index
+        and to read, whatever the counts say (:meth:`check_counts`).
+        """
+        names = self._shard_names
+        ok = pc.match_substring_regex(names, HEX_RE.pattern)   # RE2: `$` is the very end
         if len(ok) and not pc.all(ok, skip_nulls=False).as_py():
-            bad = self._shard_names.filter(pc.invert(ok))[0].as_py()
-            shard_path(bad)  # raises UnsafePathError with the offending name
-        t = doc["totals"]
-        n_sh, n_rg = len(self._shard_names), len(self.rg_rows)
+            shard_path(names.filter(pc.invert(ok))[0].as_py())  # UnsafePathError naming it
+        t = self.doc["totals"]
+        n_sh, n_rg = len(names), len(self.rg_rows)
         if t["num_shards"] != n_sh or t["num_row_groups"] != n_rg:
-            raise ManifestError(f"{self.url}: totals say {t['num_shards']} shards/"
-                                f"{t['num_row_groups']} row groups, side tables hold {n_sh}/{n_rg}")
-        if int(self.rg_rows.sum()) != t["num_samples"] or int(self.shard_rows.sum()) != t["num_samples"]:
-            raise ManifestError(f"{self.url}: row counts do not add up to num_samples={t['num_samples']}")
-        if n_rg and (np.any(np.diff(self.rg_row_start) != self.rg_rows[:-1]) or self.rg_row_start[0] != 0):
-            raise ManifestError(f"{self.url}: row-group row_start column is not the running sum of rows")
-        if n_sh and (np.any(np.diff(self.shard_row_start) != self.shard_rows[:-1])
-                     or self.shard_row_start[0] != 0):
-            raise ManifestError(f"{self.url}: shard row_start column is not the running sum of rows")
-        if n_sh and int(self.shard_bytes.sum()) != t["total_bytes"]:
-            raise ManifestError(f"{self.url}: shard sizes do not add up to total_bytes")
-        if np.any(self.rg_rows <= 0) or np.any(self.shard_rows <= 0):
-            raise ManifestError(f"{self.url}: a shard or row group has no rows")
+            raise self._fail(f"totals say {t['num_shards']} shards/{t['num_row_groups']} row "
+                             f"groups, side tables hold {n_sh}/{n_rg}")
+        for label, col, lo in (("shard bytes", self.shard_bytes, 12),
+                               ("shard rows", self.shard_rows, 1),
+                               ("shard row_start", self.shard_row_start, 0),
+                               ("shard num_row_groups", self.shard_num_rgs, 1),
+                               ("shard first_row_group", self.shard_first_rg, 0),
+                               ("shard footer_offset", self.footer_offset, 4),
+                               ("row-group shard", self.rg_shard, 0),
+                               ("row-group rows", self.rg_rows, 1),
+                               ("row-group row_start", self.rg_row_start, 0),
+                               ("row-group offset", self.rg_offset, 4),
+                               ("row-group length", self.rg_length, 1)):
+            if col.size and (int(col.min()) < lo or int(col.max()) > MAX_COUNT):
+                bad = int(np.flatnonzero((col < lo) | (col > MAX_COUNT))[0])
+                raise self._fail(f"{label} [{bad}] is {int(col[bad])}, outside "
+                                 f"[{lo}, {MAX_COUNT}]")
+        if n_sh:
+            # Row groups are listed shard by shard: shard s owns the contiguous run
+            # [first_row_group[s], first_row_group[s] + num_row_groups[s]).
+            ends = np.cumsum(self.shard_num_rgs)   # each <= 2**62, n_sh of them: exact
+            if (int(ends[-1]) != n_rg or self.shard_first_rg[0] != 0
+                    or np.any(self.shard_first_rg[1:] != ends[:-1])):
+                raise self._fail("the shard table's first_row_group/num_row_groups do not "
+                                 f"partition the {n_rg} row groups in order")
+        elif n_rg:
+            raise self._fail(f"{n_rg} row groups but no shards")
+        if n_rg:
+            if np.any(self.rg_shard != np.repeat(np.arange(n_sh), self.shard_num_rgs)):
+                bad = int(np.flatnonzero(
+                    self.rg_shard != np.repeat(np.arange(n_sh), self.shard_num_rgs))[0])
+                raise self._fail(f"row group {bad} names shard {int(self.rg_shard[bad])}, but "
+                                 "the shard table places it elsewhere")
+            # The footer is the file's last bytes: its length (4) and "PAR1" (4) at least.
+            if np.any(self.footer_offset + 8 > self.shard_bytes):
+                bad = int(np.flatnonzero(self.footer_offset + 8 > self.shard_bytes)[0])
+                raise self._fail(f"shard {bad}: footer_offset {int(self.footer_offset[bad])} "
+                                 f"does not leave a footer in its {int(self.shard_bytes[bad])} "
+                                 "bytes")
+            end = self.rg_offset + self.rg_length   # each term <= 2**62: no overflow
+            if np.any(end > self.footer_offset[self.rg_shard]):
+                bad = int(np.flatnonzero(end > self.footer_offset[self.rg_shard])[0])
+                raise self._fail(f"row group {bad} (bytes {int(self.rg_offset[bad])}.."
+                                 f"{int(end[bad])}) runs past its shard's footer offset "
+                                 f"{int(self.footer_offset[self.rg_shard[bad]])}")
+            same = self.rg_shard[1:] == self.rg_shard[:-1]
+            if np.any(same & (self.rg_offset[1:] < end[:-1])):
+                bad = int(np.flatnonzero(same & (self.rg_offset[1:] < end[:-1]))[0]) + 1
+                raise self._fail(f"row group {bad} overlaps (or precedes) the one before it "
+                                 "in its shard")
+
+    def check_counts(self) -> None:
+        """Row counts and sizes add up: running sums, per-shard sums, the totals."""
+        t = self.doc["totals"]
+        n_sh, n_rg = len(self.shard_rows), len(self.rg_rows)
+        for label, starts, rows in (("row-group", self.rg_row_start, self.rg_rows),
+                                    ("shard", self.shard_row_start, self.shard_rows)):
+            # starts and rows are each <= 2**62, so a difference never wraps, and the
+            # running sum they describe is exact; its end must be num_samples.
+            if rows.size and (starts[0] != 0 or np.any(np.diff(starts) != rows[:-1])):
+                raise self._fail(f"{label} row_start column is not the running sum of rows")
+            total = int(starts[-1]) + int(rows[-1]) if rows.size else 0
+            if total != t["num_samples"]:
+                raise self._fail(f"{label} row counts add up to {total}, not "
+                                 f"num_samples={t['num_samples']}")
+        if n_rg and (np.any(self.shard_row_start != self.rg_row_start[self.shard_first_rg])
+                     or np.any(self.rg_rows[self.shard_first_rg + self.shard_num_rgs - 1]
+                               + self.rg_row_start[self.shard_first_rg + self.shard_num_rgs - 1]
+                               != self.shard_row_start + self.shard_rows)):
+            raise self._fail("row-group row counts do not add up to their shards' rows")
+        size = _exact_sum(self.shard_bytes)
+        if n_sh and size != t["total_bytes"]:
+            raise self._fail(f"shard sizes add up to {size}, not total_bytes={t['total_bytes']}")
 
     # -- (de)serialisation --------------------------------------------------------------
     @staticmethod
@@ -304,12 +440,48 @@ class Manifest:
         return json.dumps(self.doc, sort_keys=True, indent=1).encode() + b"\n"
 
 
+def require_regular_file(storage, relpath: str, *, error=StorageError) -> None:
+    """Raise ``error`` if local ``relpath`` exists but is not a regular file.
+
+    A FIFO blocks its reader forever, ``/dev/zero`` never ends, a directory is no data: a
+    dataset holds regular files only. Checked with ``stat`` before any open (symlinks to
+    regular files are fine). Object stores have no such files; a missing file is left to
+    the read that follows (it raises the precise not-found error).
+    """
+    if not getattr(storage, "local", False):
+        return
+    path = storage.url(relpath)
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise error(f"{path}: cannot stat ({exc})") from exc
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+                if stat.S_ISSOCK(mode) else "not a regular file")
+        raise error(f"{path} is {kind}, not a regular file; a zephon dataset holds regular "
+                    "files only: restore it from the original or re-convert")
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """Sum of non-negative int64 ``values``; a sum past int64 raises instead of wrapping."""
+    total = int(values.sum()) if values.size else 0
+    if abs(float(values.sum(dtype=np.float64)) - total) > 2.0**40:
+        raise ManifestError(f"side table sizes add up to more than {MAX_COUNT}; the manifest "
+                            "is corrupted or forged: restore it or re-convert")
+    return total
+
+
 def parse_manifest_json(data: bytes, url: str) -> dict:
     """Parse manifest bytes into a dict with a clear error on malformed JSON."""
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{url}: manifest is not valid JSON ({exc}); restore it or re-convert") from exc
+    except (ValueError, RecursionError, MemoryError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integers of over 4300 digits.
+        raise ManifestError(f"{url}: manifest is not valid JSON ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); restore it or re-convert") from exc
     if not isinstance(doc, dict):
         raise ManifestError(f"{url}: manifest must be a JSON object")
     missing = [k for k in ("format", "format_version", "dataset_id", "schema", "writer", "totals",
@@ -321,13 +493,24 @@ def parse_manifest_json(data: bytes, url: str) -> dict:
 
 def load_side_table(storage, doc: dict, kind: str, url: str) -> pa.Table:
     """Fetch one side table named by the manifest, verified against its hash."""
-    ref = doc["tables"].get(kind)
-    if ref is None:
-        raise ManifestError(f"{url}: manifest names no {kind!r} side table")
+    tables = doc.get("tables")
+    ref = tables.get(kind) if isinstance(tables, dict) else None
+    if not isinstance(ref, dict):
+        raise ManifestError(f"{url}: manifest names no {kind!r} side table (tables.{kind} is "
+                            f"{ref!r}); restore the manifest or re-convert")
     path = check_table_path(ref.get("path"))
     if path != f"{INDEX_DIR}/{ref.get('xxh3')}.arrow":
         raise UnsafePathError(f"{url}: side table {path} is not named by its hash {ref.get('xxh3')}")
-    return table_from_ipc(storage.read_file(path, expected_xxh3=ref["xxh3"]), kind)
+    require_regular_file(storage, path, error=ManifestError)
+    try:
+        data = storage.read_file(path, expected_xxh3=ref["xxh3"], what=f"{kind} side table")
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{url}: its {kind} side table {path} is missing ({exc}); restore "
+                            "it or re-convert") from exc
+    try:
+        return table_from_ipc(data, kind)
+    except ManifestError as exc:
+        raise ManifestError(f"{storage.url(path)}: {exc}") from exc
 
 
 def load_manifest(storage, *, check: bool = True) -> Manifest:
@@ -338,6 +521,7 @@ def load_manifest(storage, *, check: bool = True) -> Manifest:
     verified against the hash the manifest records before they are used.
     """
     url = storage.url(MANIFEST_NAME)
+    require_regular_file(storage, MANIFEST_NAME, error=ManifestError)
     try:
         raw = storage.read_file(MANIFEST_NAME)
     except FileNotFoundError as exc:

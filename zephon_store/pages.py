@@ -233,7 +233,8 @@ def read_fixed_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: i
     """
     try:
         return _read_fixed_chunk(buf, base, column, max_def, max_rep, width)
-    except (_Unsupported, IndexError, ValueError, pa.ArrowException):
+    except (_Unsupported, IndexError, ValueError, OverflowError, MemoryError, RecursionError,
+            pa.ArrowException):
         return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+import stat
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,11 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .arrowutil import i64
-from .hashing import xxh3_hex
+from .errors import ManifestError
+from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from .index import Located, as_seqs, locate
-from .manifest import Manifest, load_manifest
+from .manifest import PARSE_ERRORS, Manifest, load_manifest, require_regular_file
 from .pages import read_fixed_chunk
 from .rangefile import RangeFile
+from .shardwriter import row_group_byte_range
 from .storage import Storage
 from .stream import array_view
 
@@ -74,7 +77,8 @@ class Dataset:
 
     def __init__(self, url: str, *, storage_options: dict | None = None, cache=None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
-                 io_threads: int = 8) -> None:
+                 io_threads: int = 8, expect_dataset_id: str | None = None) -> None:
+        check_dataset_id(expect_dataset_id)
         self.url = url
         self.storage_options = storage_options
         self._cache_arg = cache
@@ -83,6 +87,11 @@ class Dataset:
         self._io_threads = io_threads
         self._setup()
         self.manifest: Manifest = load_manifest(self.storage)
+        if expect_dataset_id is not None and self.manifest.dataset_id != expect_dataset_id:
+            raise ManifestError(
+                f"{self.storage.url('manifest.json')} holds dataset {self.manifest.dataset_id},"
+                f" not the expected {expect_dataset_id}: the data at {url} was replaced or the "
+                "URL is wrong; point at the dataset the run was pinned to, or update the pin")
 
     def _setup(self) -> None:
         self.storage = Storage(self.url, storage_options=self.storage_options, retry=self._retry)
@@ -162,13 +171,55 @@ class Dataset:
                            f"shard {m.shard_name(shard)} footer")
         # The footer bytes end with the 4-byte length and "PAR1"; prefixing the leading magic
         # makes a minimal buffer pyarrow parses as a file (offsets inside are not checked).
-        md = pq.read_metadata(pa.BufferReader(b"PAR1" + data))
+        try:
+            md = pq.read_metadata(pa.BufferReader(b"PAR1" + data))
+        except (*PARSE_ERRORS, OSError) as exc:
+            raise self._forged(shard, f"its footer (bytes {start}..{end}, hash verified) does "
+                               f"not parse: {exc}") from exc
+        self._check_footer(shard, md)
         with self._footer_lock:
             self._footers[shard] = md
         return md
 
+    def _forged(self, shard: int, what: str) -> ManifestError:
+        m = self.manifest
+        return ManifestError(
+            f"shard {m.shard_name(shard)} at {self.storage.url(m.shard_path(shard))}: {what}; "
+            f"the manifest disagrees with the shard it names (forged or corrupted): run "
+            f"'zephon verify {self.url}' and re-convert")
+
+    def _check_footer(self, shard: int, md: pq.FileMetaData) -> None:
+        """The footer agrees with the manifest: schema, row groups and their row counts.
+
+        Nothing is decoded from a shard before this passed: a manifest whose schema says
+        int64 over shards holding strings must not hand out strings.
+        """
+        m = self.manifest
+        first, n = int(m.shard_first_rg[shard]), int(m.shard_num_rgs[shard])
+        if md.num_row_groups != n:
+            raise self._forged(shard, f"its footer holds {md.num_row_groups} row groups, the "
+                               f"manifest says {n}")
+        for local in range(n):
+            got, want = md.row_group(local).num_rows, int(m.rg_rows[first + local])
+            if got != want:
+                raise self._forged(shard, f"row group {local} holds {got} rows, the manifest "
+                                   f"says {want}")
+        try:
+            schema = md.schema.to_arrow_schema()
+        except (*PARSE_ERRORS, OSError) as exc:
+            raise self._forged(shard, f"its footer's schema does not convert: {exc}") from exc
+        if not schema.equals(m.storage_schema, check_metadata=False):
+            raise self._forged(shard, f"its schema {schema} differs from the manifest's "
+                               f"{'storage schema' if m.storage else 'schema'} {m.storage_schema}")
+
+    def _check_chunk_ranges(self, rg: int, shard: int, meta) -> None:
+        problem = chunk_range_problem(self.manifest, rg, meta)
+        if problem is not None:
+            raise self._forged(shard, problem)
+
     def _fetch(self, shard: int, start: int, end: int, xxh3: str, what: str) -> bytes:
         rel = self.manifest.shard_path(shard)
+        require_regular_file(self.storage, rel)
         if self.cache is None:
             return self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what)
         return self.cache.get_or_fetch(
@@ -262,6 +313,17 @@ class Dataset:
         # from verified bytes where pages.py can read them exactly, else pyarrow decodes.
         schema, fixed = self._leaves(shard, md)
         meta = md.row_group(local)
+        self._check_chunk_ranges(rg, shard, meta)
+        try:
+            t = self._decode_checked(source, buf, base, md, meta, local, schema, fixed)
+        except (*PARSE_ERRORS, OSError) as exc:
+            # The bytes passed their hash: a manifest that vouches for undecodable bytes.
+            raise self._forged(shard, f"row group {local} (hash verified) does not decode: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        return m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
+
+    def _decode_checked(self, source, buf, base: int, md, meta, local: int,
+                        schema: pa.Schema, fixed: dict) -> pa.Table:
         direct = {}
         for name, (ci, max_def, max_rep, width) in fixed.items():
             col = read_fixed_chunk(buf, base, meta.column(ci), max_def, max_rep, width)
@@ -278,7 +340,7 @@ class Dataset:
             t = pa.Table.from_arrays(
                 [direct[f.name] if f.name in direct else other.column(f.name) for f in schema],
                 schema=schema)
-        return m.to_logical(t)  # storage types -> manifest schema; a no-op for v1 datasets
+        return t
 
     def _leaves(self, shard: int, md: pq.FileMetaData) -> tuple[pa.Schema, dict]:
         """``shard``'s Arrow schema and its top-level fixed-size binary leaves (cached).
@@ -314,8 +376,12 @@ class Dataset:
         m = self.manifest
         buf = self._mmaps.get(shard)
         if buf is None or self._mmaps_pid != os.getpid():
+            path = self.storage.url(m.shard_path(shard))
             try:
-                buf = pa.memory_map(self.storage.url(m.shard_path(shard)), "r").read_buffer()
+                # Opening a FIFO blocks and a device maps endless bytes: regular files only.
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    return None
+                buf = pa.memory_map(path, "r").read_buffer()
             except OSError:
                 return None
             if buf.size != int(m.shard_bytes[shard]):
@@ -423,6 +489,25 @@ class Dataset:
         self.close()
 
 
+def chunk_range_problem(m: Manifest, rg: int, meta: pq.RowGroupMetaData) -> str | None:
+    """Why row group ``rg``'s column chunks (per its footer ``meta``) are not all inside
+    the byte range whose xxh3 the manifest records, or None when they are.
+
+    The decoders read at the footer's offsets; this makes those bytes the hashed ones
+    (on the memory-mapped path the whole shard is addressable).
+    """
+    lo = int(m.rg_offset[rg])
+    hi = lo + int(m.rg_length[rg])
+    if meta.num_columns == 0:
+        return None   # nothing is read
+    start, end = row_group_byte_range(meta)
+    if start < lo or end > hi:
+        return (f"row group {m.rg_local_index(rg)}: the footer places its column chunks at "
+                f"bytes {start}..{end}, outside the hashed range {lo}..{hi} the manifest "
+                "records")
+    return None
+
+
 def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
     """Row ``rows[j]`` of ``tables[inverse[j]]`` for every j, in that order, as one table.
 
@@ -467,14 +552,33 @@ def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 
 def open_dataset(url: str, *, storage_options: dict | None = None, cache=None,
-                 decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None) -> Dataset:
+                 decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
+                 expect_dataset_id: str | None = None) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
     ``cache``: a :class:`zephon_store.cache.ChunkCache`, a directory, ``None`` (a disk
-    cache for remote datasets only) or ``False`` (none).
+    cache for remote datasets only) or ``False`` (none). ``expect_dataset_id``
+    (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
+    :class:`~zephon_store.errors.ManifestError`. The manifest and its side tables are
+    validated on open; each shard's footer is checked against them before its first
+    decode. Use it as a context manager (or call :meth:`Dataset.close`) to stop its threads.
 
     >>> ds = open_dataset("s3://bucket/ds", storage_options={"endpoint_url": "http://127.0.0.1:8333"})  # doctest: +SKIP
     >>> ds.take([0]).to_pylist()   # doctest: +SKIP
     """
     return Dataset(url, storage_options=storage_options, cache=cache,
-                   decode_cache_bytes=decode_cache_bytes, retry=retry)
+                   decode_cache_bytes=decode_cache_bytes, retry=retry,
+                   expect_dataset_id=expect_dataset_id)
+
+
+def check_dataset_id(dataset_id: str | None) -> None:
+    """Raise ValueError unless ``dataset_id`` is ``None`` or ``"xxh3:"`` + 32 hex digits.
+
+    >>> check_dataset_id("xxh3:" + "0" * 32)
+    """
+    if dataset_id is None:
+        return
+    if (not isinstance(dataset_id, str) or not dataset_id.startswith(DATASET_ID_PREFIX)
+            or not HEX_RE.fullmatch(dataset_id[len(DATASET_ID_PREFIX):])):
+        raise ValueError(f"expect_dataset_id must be 'xxh3:' and 32 hex digits (as "
+                         f"'zephon info' prints it), got {dataset_id!r}")

@@ -24,14 +24,17 @@ from .hashing import xxh3_hex
 from .manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
+    PARSE_ERRORS,
     Manifest,
     check_table_path,
     compute_dataset_id,
     parse_manifest_json,
+    require_regular_file,
     schema_from_json,
     shard_path,
     table_from_ipc,
 )
+from .reader import chunk_range_problem
 from .storage import Storage
 
 
@@ -80,6 +83,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     add = report.findings.append
     murl = st.url(MANIFEST_NAME)
     try:
+        require_regular_file(st, MANIFEST_NAME, error=ManifestError)
         doc = parse_manifest_json(st.read_file(MANIFEST_NAME), murl)
     except FileNotFoundError:
         add(Finding(None, "missing_manifest", f"{murl} not found: not a zephon dataset, or its "
@@ -102,12 +106,20 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     except (ZephonError, KeyError, ValueError, pa.ArrowException) as exc:
         add(Finding(None, "manifest", f"{murl}: {exc}"))
         return report
+    # dataset_id was reported above. Shards are checked against the tables only when their
+    # indexes and offsets are safe to follow; counts that do not add up are reported and
+    # each shard's footer is still compared with them.
     try:
-        m.check()
+        m.check_doc()
+        m.check_layout()
     except ManifestError as exc:
-        if "dataset_id" not in str(exc):  # already reported above
-            add(Finding(None, "manifest", str(exc)))
-    shards = range(m.num_shards if m.num_shards == len(m.shard_bytes) else len(m.shard_bytes))
+        add(Finding(None, "manifest", str(exc)))
+        return report
+    try:
+        m.check_counts()
+    except ManifestError as exc:
+        add(Finding(None, "manifest", str(exc)))
+    shards = range(m.num_shards)
     from tqdm import tqdm
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -133,11 +145,14 @@ def _check_json_schema(doc: dict, murl: str, add) -> None:
 def _load_tables(st: Storage, doc: dict, murl: str, add) -> dict | None:
     tables, ok = {}, True
     for kind in ("shards", "row_groups", "provenance"):
-        ref = (doc.get("tables") or {}).get(kind) or {}
+        refs = doc.get("tables")
+        ref = refs.get(kind) if isinstance(refs, dict) else None
+        ref = ref if isinstance(ref, dict) else {}
         try:
             path = check_table_path(ref.get("path"))
             if path != f"{INDEX_DIR}/{ref.get('xxh3')}.arrow":
                 raise UnsafePathError(f"side table {path} is not named by its hash")
+            require_regular_file(st, path, error=ManifestError)
             data = st.read_file(path)
             actual = xxh3_hex(data)
             if actual != ref.get("xxh3"):
@@ -164,6 +179,7 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
         return [Finding(name, "unsafe_path", str(exc))]
     url = st.url(rel)
     try:
+        require_regular_file(st, rel)
         data = st.read_file(rel)
     except FileNotFoundError:
         return [Finding(name, "missing_shard", f"{url} is missing")]
@@ -192,10 +208,11 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
                            "their xxh3"))
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
-    except (pa.ArrowException, OSError) as exc:
+        md = pf.metadata
+        schema = pf.schema_arrow
+    except (*PARSE_ERRORS, OSError) as exc:
         out.append(Finding(name, "footer_unreadable", f"{url}: Parquet footer unreadable: {exc}"))
         return out
-    md = pf.metadata
     if md.num_rows != int(m.shard_rows[s]):
         out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_rows} rows, manifest "
                            f"says {int(m.shard_rows[s])}"))
@@ -208,7 +225,9 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
             if got != want:
                 out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
                                    f" manifest says {want}"))
-    schema = pf.schema_arrow
+            problem = chunk_range_problem(m, first + local, md.row_group(local))
+            if problem is not None:
+                out.append(Finding(name, "row_group_range", f"{url}: {problem}"))
     try:
         want = m.storage_schema
     except ManifestError as exc:
@@ -225,7 +244,7 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
                 # processes at exit ("terminate called without an active exception", exit
                 # 134) after a correct report; the shards are already checked in parallel.
                 m.to_logical(pf.read_row_group(local, use_threads=False))
-            except (ZephonError, pa.ArrowException, OSError) as exc:
+            except (ZephonError, *PARSE_ERRORS, OSError) as exc:
                 out.append(Finding(name, "decode_error", f"{url}: row group {local} does not "
                                    f"decode: {exc}"))
     return out
