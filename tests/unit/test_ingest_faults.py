@@ -268,3 +268,46 @@ def test_broken_link_and_special_files_are_named(tmp_path):
                                          rf"\(a FIFO, socket or device\); move it out of the "
                                          rf"input folder"):
         expand_inputs([str(root)])
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+def _deep(tmp_path, lists: int):
+    path = tmp_path / f"deep{lists}.jsonl"
+    path.write_text('{"a": 1}\n{"x": ' + "[" * lists + "]" * lists + '}\n{"a": 2}\n')
+    return path
+
+
+def test_json_nesting_up_to_the_limit_reads(tmp_path):
+    assert _rows(_deep(tmp_path, 99), InputOptions()) == 3  # 100 levels with the object
+
+
+@pytest.mark.parametrize("lists", [100, 5000, 100_000])  # 100k levels crashed pyarrow (SIGSEGV)
+def test_json_nested_too_deeply_names_line_depth_and_what_to_do(tmp_path, lists):
+    path = _deep(tmp_path, lists)
+    with pytest.raises(InputError) as err:
+        _rows(path, InputOptions())
+    assert str(err.value) == (
+        f"{path} line 2: the record is nested {lists + 1} levels deep, more than the 100 levels "
+        f"ingest reads; flatten it, or keep the deep part as a JSON string, or pass --on-error "
+        f"skip to skip bad records")
+    stats = InputStats()
+    assert _rows(path, InputOptions(on_error="skip"), stats) == 2 and stats.malformed_json == 1
+
+
+def test_messages_name_only_options_the_cli_has():
+    """Every '--flag' an ingest message suggests exists on 'zephon convert'."""
+    import re
+    from pathlib import Path
+
+    from zephon_store.cli.main import build_parser
+
+    parser = build_parser()
+    convert = next(a for a in parser._subparsers._group_actions[0].choices.values()
+                   if a.prog.endswith("convert"))
+    flags = {s for a in convert._actions for s in a.option_strings}
+    src = Path(__file__).parents[2] / "zephon_store" / "ingest"
+    code = "\n".join(line.split("#")[0] for p in src.glob("*.py")
+                     for line in p.read_text().splitlines())  # comments are not messages
+    named = set(re.findall(r"--[a-z][a-z-]+", code))
+    assert named and named <= flags, sorted(named - flags)

@@ -9,16 +9,27 @@ pyarrow 26 has four that matter here, each pinned by a test:
 - a line that is a bare ``null`` becomes a row of nulls, and a parse block holding nothing
   else crashes the process (SIGSEGV): such lines must never reach it (:func:`has_null_lines`);
 - parse blocks that disagree on a column's type can crash it too, so a chunk is parsed as
-  one block.
+  one block;
+- it recurses per nesting level and crashes (SIGSEGV) on a record some thousands of levels
+  deep: a chunk where a line might be deeper than :data:`MAX_DEPTH` takes the exact path,
+  which refuses such lines (:func:`may_be_too_deep`, :func:`json_depth`).
 """
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
+# The deepest record read: the type helpers here and in pyarrow's Python layer recurse two or
+# three frames per level (Python stops at 1,000 frames); no real record type comes near 100.
+MAX_DEPTH = 100
+# pyarrow 26 itself crashed between 3,000 and 20,000 levels (8 MiB stack; threads may have
+# less), so a line that may be deeper than this never reaches it.
+_ARROW_SAFE_DEPTH = 1000
+_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
 _NULL_FIRST = re.compile(rb"[ \t\r\n]*null[ \t\r]*(?:\n|\Z)")
 _NULL_LINE = re.compile(rb"\n[ \t\r]*null[ \t\r]*(?:\n|\Z)")
 
@@ -34,6 +45,45 @@ def has_null_lines(data: bytes) -> bool:
     return bool(_NULL_FIRST.match(data) or _NULL_LINE.search(data))
 
 
+def may_be_too_deep(data: bytes, limit: int = _ARROW_SAFE_DEPTH) -> bool:
+    """True when some line holds more than ``limit`` ``[`` or ``{``, the cheap upper bound of
+    its depth (strings included); only such lines can crash pyarrow.
+
+    >>> may_be_too_deep(b'{"a": [[1]]}\\n'), may_be_too_deep(b"[" * 1001)
+    (False, True)
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    a = np.frombuffer(data, np.uint8)
+    ends = np.append(np.flatnonzero(a == 0x0A), len(a))
+    per_line = np.zeros(len(ends), np.int64)
+    for opener in (0x5B, 0x7B):
+        per_line += np.diff(np.searchsorted(np.flatnonzero(a == opener), ends), prepend=0)
+    return bool(per_line.max() > limit)
+
+
+def record_depth(schema: pa.Schema) -> int:
+    """How deeply a record of ``schema`` nests, the record itself being level 1."""
+    deepest, todo = 1, [(f.type, 2) for f in schema]
+    while todo:
+        t, level = todo.pop()
+        if pa.types.is_nested(t):
+            deepest = max(deepest, level)
+            todo += [(t.field(i).type, level + 1) for i in range(t.num_fields)]
+    return deepest
+
+
+def json_depth(line: bytes) -> int:
+    """How deeply the containers of one JSON line nest (``{}`` is 1), brackets in strings aside.
+
+    >>> json_depth(b'{"a": [1, {"b": "[[["}]}')
+    3
+    """
+    a = np.frombuffer(_STRING.sub(b"", line), np.uint8)
+    steps = (a == 0x5B).astype(np.int64) + (a == 0x7B) - (a == 0x5D) - (a == 0x7D)
+    return int(np.cumsum(steps).max(initial=0))
+
+
 def parse_lines(data: bytes) -> pa.Table:
     """Parse JSON Lines bytes with pyarrow's inference; JSON strings stay strings.
 
@@ -44,6 +94,8 @@ def parse_lines(data: bytes) -> pa.Table:
     [{'a': 1, 't': '2020-01-01', 'l': [None, 2]}]
     """
     table = _read(data)
+    if record_depth(table.schema) > MAX_DEPTH:  # the exact pass names the line
+        raise pa.ArrowInvalid(f"a record is nested more than {MAX_DEPTH} levels deep")
     plain = pa.schema([f.with_type(_untime(f.type)) for f in table.schema])
     if _same(plain, table.schema) and _valid(table):
         return table

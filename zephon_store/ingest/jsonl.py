@@ -13,7 +13,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from ..errors import InputError
-from .arrow_json import has_null_lines, parse_lines
+from .arrow_json import has_null_lines, may_be_too_deep, parse_lines
 from .jsonl_check import check_chunk, kinds_from_schema
 from .lines import LineChunk, bad_record, iter_line_chunks
 from .options import InputFile, InputOptions, InputStats
@@ -32,7 +32,7 @@ def read_jsonl(stream: BinaryIO, file: InputFile, *, options: InputOptions,
         if not _NON_BLANK.search(chunk.data):
             continue
         table = None
-        if not has_null_lines(chunk.data):
+        if not has_null_lines(chunk.data) and not may_be_too_deep(chunk.data):
             try:
                 table = parse_lines(chunk.data)
                 if seen is not None:  # a later chunk may disagree with earlier ones

@@ -15,6 +15,7 @@ import re
 
 import pyarrow as pa
 
+from .arrow_json import MAX_DEPTH, json_depth, may_be_too_deep
 from .lines import LineChunk, bad_record
 from .options import InputFile, InputOptions, InputStats
 
@@ -144,6 +145,13 @@ def check_chunk(chunk: LineChunk, file: InputFile, kinds: Kinds, *, options: Inp
                        f"byte offset {chunk.offset + start + exc.start} (column {exc.start + 1}: "
                        f"{exc.reason})",
                        "fix the bytes, pass --encoding if the file is not UTF-8,",
+                       options=options, stats=stats)
+            continue
+        if may_be_too_deep(raw, MAX_DEPTH) and json_depth(raw) > MAX_DEPTH:
+            bad_record("malformed_json", file, line,
+                       f"the record is nested {json_depth(raw)} levels deep, more than the "
+                       f"{MAX_DEPTH} levels ingest reads",
+                       "flatten it, or keep the deep part as a JSON string,",
                        options=options, stats=stats)
             continue
         reason = None
