@@ -16,6 +16,10 @@ Faults: ``reset_next``, ``http503_next``, ``truncate_next``, ``corrupt_next`` (a
 byte), ``bad_checksum_next`` (a wrong S3 checksum header), ``blackhole_next``, ``latency``,
 ``down``/``down_forever``/``up``.
 
+Disk faults for cache tests: :func:`read_only_folder`, :func:`cache_disk_full` (a real ENOSPC
+from ``/dev/full``) and :func:`cache_folder_vanishes` (the folder removed mid-write), both
+built on :func:`cache_after_mkstemp`.
+
 Counters: ``connections`` (accepted client connections), ``requests`` (parsed requests,
 faulted ones included), ``bytes_down`` (response *body* bytes sent to clients, the 503 XML
 included, headers excluded), ``injected`` (faults fired). ``log`` holds ``(method, target,
@@ -26,9 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import struct
+import subprocess
+import tempfile
 import threading
+import types
 from collections import deque
 
 _SLOWDOWN_BODY = (
@@ -342,3 +350,71 @@ class FaultProxy:
         if not keep:
             cwriter.close()
         return keep
+
+
+# -- disk faults ------------------------------------------------------------------------------
+
+def _skip(reason: str) -> None:
+    import pytest
+
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def read_only_folder(directory):
+    """``directory`` made read-only for this process: mode 0555, or (root ignores modes) a
+    read-only bind mount of it onto itself; skips the test when neither is possible."""
+    d = str(directory)
+    if os.geteuid() != 0:
+        os.chmod(d, 0o555)
+        try:
+            yield
+        finally:
+            os.chmod(d, 0o755)
+        return
+    if subprocess.run(["mount", "--bind", d, d], capture_output=True).returncode != 0:
+        _skip("running as root without mount(8) rights: no way to make a folder read-only")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", d, d],
+                          capture_output=True).returncode != 0:
+            _skip("cannot remount the bind mount read-only")
+        yield
+    finally:
+        subprocess.run(["umount", d], check=True)
+
+
+def cache_after_mkstemp(monkeypatch, then) -> None:
+    """Run ``then(fd) -> fd`` on every temp file :mod:`zephon_store.cache` makes, right after
+    it is made (``monkeypatch``: pytest's fixture)."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kw):
+        fd, path = real(*args, **kw)
+        return then(fd), path
+
+    monkeypatch.setattr("zephon_store.cache.tempfile", types.SimpleNamespace(mkstemp=mkstemp))
+
+
+def cache_disk_full(monkeypatch) -> None:
+    """Every temp file :mod:`zephon_store.cache` writes fails with a real ENOSPC (its fd is
+    swapped for ``/dev/full``), as on a full filesystem; skips where there is no /dev/full."""
+    if not os.path.exists("/dev/full"):
+        _skip("no /dev/full to give a real ENOSPC")
+
+    def full(fd: int) -> int:
+        os.close(fd)
+        return os.open("/dev/full", os.O_WRONLY)
+
+    cache_after_mkstemp(monkeypatch, full)
+
+
+def cache_folder_vanishes(monkeypatch, directory) -> None:
+    """``directory`` (a cache folder) is removed, as by a cleanup job, each time
+    :mod:`zephon_store.cache` has made a temp file in it and before it publishes that."""
+    import shutil
+
+    def remove(fd: int) -> int:
+        shutil.rmtree(directory, ignore_errors=True)   # other threads may be adding files
+        return fd
+
+    cache_after_mkstemp(monkeypatch, remove)

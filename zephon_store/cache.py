@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import socket
@@ -39,6 +40,8 @@ from typing import NamedTuple
 
 from .errors import IntegrityError
 from .hashing import is_hex_hash, xxh3_hex
+
+_log = logging.getLogger(__name__)
 
 ENV_DIR = "ZEPHON_CACHE_DIR"
 ENV_BUDGET = "ZEPHON_CACHE_BUDGET"
@@ -92,6 +95,7 @@ class CacheStats:
     evictions: int = 0
     evicted_bytes: int = 0
     corrupt: int = 0
+    bypassed: int = 0   # operations that failed on the disk and were skipped (see ChunkCache)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -139,7 +143,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    # Gone already, or a folder that went away or turned read-only: nothing left to undo.
+    with contextlib.suppress(OSError):
         os.unlink(path)
 
 
@@ -150,6 +155,13 @@ class ChunkCache:
     :func:`default_budget_bytes`. Over budget, eviction runs down to ``low_water * budget`` so
     the directory scan it needs is paid once per ``(1 - low_water) * budget`` bytes written.
     With ``verify`` (default) every read is hashed and a mismatching entry is dropped.
+
+    The cache never breaks a read: when the disk fails under it (a full filesystem, a
+    read-only or vanished folder, a file where the folder should be), the operation is
+    skipped, counted in ``stats.bypassed`` and logged once per cache object (a warning on the
+    ``zephon_store.cache`` logger naming the folder and the error); :meth:`get_or_fetch`
+    then returns the fetched bytes uncached. Each later operation tries the disk again, so a
+    cache that heals (space freed, folder made again) is used again.
 
     >>> cache = ChunkCache("/tmp/zc", budget_bytes=64 << 20)  # doctest: +SKIP
     >>> cache.set_future([k1, k2, k3])   # the keys the reader needs next, in order  # doctest: +SKIP
@@ -178,6 +190,7 @@ class ChunkCache:
         self._plan_file: str | None = None
         self._plan_finalizer: weakref.finalize | None = None
         self._mutex = threading.Lock()
+        self._warned = False
 
     def __repr__(self) -> str:
         return f"ChunkCache({self.directory!r}, budget_bytes={self.budget_bytes})"
@@ -234,6 +247,19 @@ class ChunkCache:
         with self._mutex:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    def _bypass(self, op: str, exc: OSError) -> None:
+        """The disk failed under ``op``: count it, warn once, and let the caller go on
+        without the cache (the bytes come from storage, verified, as without a cache)."""
+        with self._mutex:
+            self.stats.bypassed += 1
+            first, self._warned = not self._warned, True
+        if first:
+            _log.warning(
+                "disk cache %s is not usable (%s: %s: %s); reading through without caching "
+                "(the data is unaffected, only not kept). Free space or fix the folder, point "
+                "%s at a writable node-local folder, or pass cache=False", self.directory, op,
+                type(exc).__name__, exc, ENV_DIR)
 
     # -- usage bookkeeping (call with the cache lock held) ----------------------------------
 
@@ -295,16 +321,23 @@ class ChunkCache:
         for i, key in enumerate(keys_in_order):
             self._entry_path(key)  # validates
             plan.setdefault(key, i)
-        self._ensure_dirs()
+        # This process's own eviction sees the plan even when the disk refuses it below.
+        self._plan = plan
         if self._plan_file is None:
             name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.plan"
             self._plan_file = os.path.join(self._plans, name)
             self._plan_finalizer = weakref.finalize(self, _unlink_quiet, self._plan_file)
-        fd, tmp = tempfile.mkstemp(dir=self._plans, prefix=_TEMP_PREFIX)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(k + "\n" for k in plan))
-        os.replace(tmp, self._plan_file)
-        self._plan = plan
+        tmp = None
+        try:
+            self._ensure_dirs()
+            fd, tmp = tempfile.mkstemp(dir=self._plans, prefix=_TEMP_PREFIX)
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(k + "\n" for k in plan))
+            os.replace(tmp, self._plan_file)
+        except OSError as exc:
+            if tmp is not None:
+                _unlink_quiet(tmp)
+            self._bypass("publish the read plan", exc)
 
     def clear_future(self) -> None:
         """Forget this process's plan."""
@@ -377,19 +410,26 @@ class ChunkCache:
                 ino = os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            self._bypass("read", exc)
+            return None
         if self.verify and xxh3_hex(data) != key:
             self._count(corrupt=1)
-            with self._cache_lock():
-                # Only drop the damaged file we read, not a good one published meanwhile.
-                with contextlib.suppress(FileNotFoundError):
-                    if os.stat(path).st_ino == ino:
-                        os.unlink(path)
-                        usage = self._read_usage()
-                        if usage is not None:
-                            self._write_usage(usage - len(data))
+            try:
+                with self._cache_lock():
+                    # Only drop the damaged file we read, not a good one published meanwhile.
+                    with contextlib.suppress(FileNotFoundError):
+                        if os.stat(path).st_ino == ino:
+                            os.unlink(path)
+                            usage = self._read_usage()
+                            if usage is not None:
+                                self._write_usage(usage - len(data))
+            except OSError as exc:
+                self._bypass("drop a damaged entry", exc)
             return None
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(path)  # recency for LRU among unplanned keys
+        # Recency for LRU among unplanned keys; only a hint, so a read-only cache skips it.
+        with contextlib.suppress(OSError):
+            os.utime(path)
         return data
 
     def get(self, key: str) -> bytes | None:
@@ -436,6 +476,17 @@ class ChunkCache:
         todo = [i for i, ok in enumerate(done) if ok and not os.path.exists(paths[i])]
         if not todo:
             return done
+        try:
+            self._publish(items, paths, todo)
+        except OSError as exc:
+            self._bypass("write", exc)
+            return [ok and i not in todo for i, ok in enumerate(done)]
+        return done
+
+    def _publish(self, items: list[tuple[str, bytes | bytearray | memoryview]],
+                 paths: list[str], todo: list[int]) -> None:
+        """Write ``items[i]`` for ``i`` in ``todo`` to temp files, then publish them and
+        update the usage under one cache-wide lock (evicting if over budget)."""
         self._ensure_dirs()
         temps: dict[int, str] = {}
         try:
@@ -473,7 +524,6 @@ class ChunkCache:
                 _unlink_quiet(tmp)
             raise
         self._count(puts=published)
-        return done
 
     @contextlib.contextmanager
     def claim_keys(self, keys: Iterable[str]) -> Iterator[set[str]]:
@@ -487,16 +537,25 @@ class ChunkCache:
         >>> with cache.claim_keys(keys) as mine:  # doctest: +SKIP
         ...     cache.put_many((k, fetch(k)) for k in mine)
         """
-        self._ensure_dirs()
+        keys = sorted(set(keys))
+        for key in keys:
+            self._entry_path(key)  # validates
         held: dict[str, tuple[str, int]] = {}
         try:
-            for key in sorted(set(keys)):
-                self._entry_path(key)  # validates
-                path = os.path.join(self._locks, key + ".lock")
-                fd = _try_flock(path)
-                if fd is not None:
-                    held[key] = (path, fd)
-            yield set(held)
+            try:
+                self._ensure_dirs()
+                for key in keys:
+                    path = os.path.join(self._locks, key + ".lock")
+                    fd = _try_flock(path)
+                    if fd is not None:
+                        held[key] = (path, fd)
+                claimed = set(held)
+            except OSError as exc:
+                # No locks on this disk: the caller fetches every key itself (a neighbour
+                # process may fetch some too; the bytes are the same).
+                self._bypass("lock", exc)
+                claimed = set(keys)
+            yield claimed
         finally:
             for path, fd in held.values():
                 _unlink_quiet(path)
@@ -515,11 +574,16 @@ class ChunkCache:
         if data is not None:
             self._count(hits=1)
             return data
-        with self._key_lock(key):
-            data = self._read(key)
-            if data is not None:
-                self._count(hits=1)
-                return data
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._key_lock(key))
+            except OSError as exc:
+                self._bypass("lock", exc)   # fetch without the lock: maybe twice per node
+            else:
+                data = self._read(key)
+                if data is not None:
+                    self._count(hits=1)
+                    return data
             self._count(misses=1, fetches=1)
             data = fetch_fn()
             self.put(key, data)

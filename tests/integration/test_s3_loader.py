@@ -7,14 +7,17 @@ returned; a permanent outage fails within the deadline; a second epoch fetches n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import os
 import time
 
 import numpy as np
 import pytest
 import s3fs
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, cache_disk_full, cache_folder_vanishes, read_only_folder
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import IntegrityError, StorageError, convert, open_dataset
@@ -305,3 +308,41 @@ def test_process_workers_stream_remote_data_in_ranges(corpus, remote, tmp_path):
     # Two workers each read (most of) every shard's row groups in ranges: far fewer GETs
     # than row groups, even counted twice.
     assert gets < ds.manifest.num_row_groups
+
+
+# -- a failing disk cache is bypassed, never fatal --------------------------------------------
+
+@pytest.mark.parametrize("case", ["full", "read_only", "a_file", "deleted_mid_read"])
+def test_a_failing_disk_cache_is_bypassed(corpus, remote, tmp_path, monkeypatch, caplog, case):
+    """Regression (issue 14): a full filesystem, a read-only cache folder, a cache path that
+    is a file, or the folder deleted mid-read made S3 reads fail. Now the cache is bypassed
+    with one warning naming the folder and the error, and the data stays right."""
+    url, bucket, _ = remote
+    steps = 12
+    local = open_dataset(str(corpus / "local"))
+    want = _stream(local, steps)[:2]
+    rows = [0, 5, local.num_samples - 1]
+    cache_dir = tmp_path / "cache"
+    stack = contextlib.ExitStack()
+    if case == "full":
+        cache_disk_full(monkeypatch)
+    elif case == "read_only":
+        # some entries already there (a hit must not try to write either), most missing
+        _open(url, bucket.storage_options, tmp_path).take(rows[:1])
+        stack.enter_context(read_only_folder(cache_dir))
+    elif case == "a_file":
+        cache_dir.write_bytes(b"not a folder")
+    else:   # a cleanup job removes the folder while an entry is being written
+        cache_folder_vanishes(monkeypatch, cache_dir)
+    ds = _open(url, bucket.storage_options, tmp_path)
+    with stack, caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+        assert _stream(ds, steps)[:2] == want
+        assert ds.take(rows).to_pylist() == local.take(rows).to_pylist()
+        if case == "full":
+            assert not any(".tmp-" in n for _, _, f in os.walk(cache_dir) for n in f)
+    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.cache"]
+    assert len(warned) == 1 and ds.cache.stats.bypassed >= 1
+    assert str(cache_dir) in warned[0] and "without caching" in warned[0]
+    assert {"full": "No space left", "a_file": "Not a directory",
+            "read_only": "Read-only file system" if os.geteuid() == 0 else "Permission denied",
+            "deleted_mid_read": "No such file or directory"}[case] in warned[0]

@@ -5,12 +5,14 @@ Assertions count entries, bytes and fetches; nothing is timed.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import random
 import time
 
 import pytest
+from faultproxy import cache_disk_full, cache_folder_vanishes, read_only_folder
 
 from zephon_store.cache import ChunkCache, cache_clear, cache_info, default_cache_dir, parse_size
 from zephon_store.errors import IntegrityError
@@ -226,6 +228,98 @@ def test_default_dir_and_budget_from_environment(tmp_path, monkeypatch):
         parse_size("lots")
     assert cache_info(str(tmp_path / "never-created"))["entries"] == 0
     assert not (tmp_path / "never-created").exists()
+
+
+# -- a failing disk is bypassed, never fatal ------------------------------------------------
+
+def exercise(cache: ChunkCache) -> None:
+    """Every read-path operation; each must give right answers whatever the disk does."""
+    keys = [blob(i) for i in range(4)]
+    cache.set_future([k for k, _ in keys])
+    for key, data in keys[:2]:
+        assert cache.get_or_fetch(key, lambda data=data: data) == data
+    with cache.claim_keys(k for k, _ in keys[2:]) as mine:
+        assert mine == {k for k, _ in keys[2:]}        # no locks: the caller fetches them all
+        cache.put_many(keys[2:])
+    for key, data in keys:
+        assert cache.get(key) in (None, data)
+
+
+def cache_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "zephon_store.cache"]
+
+
+def test_a_cache_path_that_is_a_file_is_bypassed_with_one_warning(tmp_path, caplog):
+    (tmp_path / "c").write_bytes(b"not a folder")
+    cache = ChunkCache(tmp_path / "c")
+    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+        exercise(cache)
+        key, data = blob(9)
+        assert cache.put(key, data) is False and cache.get(key) is None
+    warned = cache_warnings(caplog)
+    assert len(warned) == 1 and cache.stats.bypassed >= 4 and cache.stats.fetches == 2
+    assert str(tmp_path / "c") in warned[0] and "Not a directory" in warned[0]
+    assert "without caching" in warned[0] and "ZEPHON_CACHE_DIR" in warned[0]
+    assert (tmp_path / "c").read_bytes() == b"not a folder"
+
+
+def test_a_full_disk_leaves_no_temp_files_and_heals_when_space_returns(tmp_path, monkeypatch,
+                                                                      caplog):
+    cache = ChunkCache(tmp_path)
+    cache_disk_full(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+        exercise(cache)
+    warned = cache_warnings(caplog)
+    assert len(warned) == 1 and "No space left on device" in warned[0]
+    assert cache.info()["entries"] == 0
+    assert [n for n in files_under(tmp_path / "v1" / "objects") if ".tmp-" in n] == []
+    monkeypatch.undo()   # space freed: the next write is cached again
+    key, data = blob(1)
+    assert cache.put(key, data) is True and cache.get(key) == data
+
+
+def test_a_read_only_cache_still_serves_its_entries(tmp_path, caplog):
+    cache = ChunkCache(tmp_path / "c")
+    (k0, d0), (k1, d1) = blob(0), blob(1)
+    cache.put_many([(k0, d0), (k1, d1)])
+    with open(cache._entry_path(k1), "r+b") as f:   # a damaged entry it cannot drop
+        f.write(b"X")
+    with read_only_folder(tmp_path / "c"), caplog.at_level(logging.WARNING,
+                                                           logger="zephon_store.cache"):
+        exercise(ChunkCache(tmp_path / "c"))
+        ro = ChunkCache(tmp_path / "c")
+        assert ro.get_or_fetch(k0, lambda: b"never fetched") == d0 and ro.stats.fetches == 0
+        assert ro.get(k1) is None and ro.get_or_fetch(k1, lambda: d1) == d1
+        assert ro.stats.corrupt == 2
+    warned = cache_warnings(caplog)
+    assert len(warned) == 2   # once per cache object
+    assert all(str(tmp_path / "c") in w and ("Read-only file system" in w
+                                             or "Permission denied" in w) for w in warned)
+
+
+def test_a_folder_deleted_while_an_entry_is_written(tmp_path, monkeypatch, caplog):
+    cache = ChunkCache(tmp_path / "c")
+    cache_folder_vanishes(monkeypatch, tmp_path / "c")
+    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+        exercise(cache)
+    warned = cache_warnings(caplog)
+    assert len(warned) == 1 and "No such file or directory" in warned[0]
+    monkeypatch.undo()
+    key, data = blob(1)
+    assert cache.get_or_fetch(key, lambda: data) == data and cache.get(key) == data
+
+
+def test_errors_of_the_fetch_are_not_swallowed(tmp_path):
+    (tmp_path / "c").write_bytes(b"")
+    cache = ChunkCache(tmp_path / "c")
+
+    def fetch():
+        raise ConnectionResetError("storage failed, not the cache")
+
+    with pytest.raises(ConnectionResetError):
+        cache.get_or_fetch(blob(0)[0], fetch)
+    with pytest.raises(IntegrityError):      # a caller's wrong key is a bug, not a disk fault
+        cache.put(blob(0)[0], b"other bytes")
 
 
 # -- several processes on one cache directory -----------------------------------------------
