@@ -43,6 +43,7 @@ from .retry import RetryPolicy, call_with_retry, is_checksum_error
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+_UMASK_LOCK = threading.Lock()
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
 # zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
@@ -550,6 +551,49 @@ class Storage:
 
         self._call(rm, url=url, label=relpath, op="DELETE")
 
+    # -- exclusive create (the convert write path's output lock, zephon_store/lock.py) ---------
+
+    def create_exclusive(self, relpath: str, data: bytes) -> bool:
+        """Write ``data`` at ``relpath`` only if nothing is there; False if something is.
+
+        Locally ``O_CREAT | O_EXCL``; on S3 one PUT with ``If-None-Match: *`` (AWS S3 and
+        SeaweedFS answer 412 when the key exists). A store that ignores the header overwrites:
+        callers that need certainty read the object back (zephon_store.lock does).
+        """
+        path = self._path(relpath)
+        url = self.url(relpath)
+
+        def create() -> bool:
+            try:
+                if self.local:
+                    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                else:
+                    self.fs.pipe_file(path, bytes(data), mode="create")
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if _precondition_failed(exc):
+                    return False
+                raise
+
+        return self._call(create, url=url, label=relpath, op="PUT (if absent)")
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """True for S3's 412 answer to ``If-None-Match: *`` (s3fs raises it as a plain OSError)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        code = str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+        if code in ("PreconditionFailed", "412") or "pre-conditions" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
 
 def _pread(path: str, start: int, end: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
@@ -578,10 +622,35 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file here: 0o666 less the process umask (0644 under
+    022). Published files get it; mkstemp's 0600 would hide a shared dataset from its users."""
+    try:
+        with open("/proc/self/status") as f:   # Linux: read the umask without changing it
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:   # elsewhere the only way to read it is to set it
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _temp_beside(target: str) -> tuple[int, str]:
+    """A temp file beside ``target`` with the mode a normal file would get."""
     parent = os.path.dirname(target) or "."
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(target)}.",
+                               suffix=".tmp")
+    try:
+        os.fchmod(fd, _file_mode())
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
 
 
 def _local_atomic_write(target: str, data: bytes | bytearray | memoryview) -> None:
@@ -603,6 +672,7 @@ def _local_publish(src: str, target: str, *, move: bool) -> None:
     if move:
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
         try:
+            os.chmod(src, _file_mode())   # staged files may be private (mkstemp: 0600)
             os.replace(src, target)
             _fsync_dir(os.path.dirname(target) or ".")
             return

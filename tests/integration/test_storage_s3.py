@@ -103,6 +103,34 @@ def test_local_writes_leave_no_temp_files(tmp_path):
     assert st.read_file("shards/x.bin") == b"two"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_published_files_get_the_mode_of_a_normal_file(tmp_path, umask):
+    """Regression (issue 14): the atomic write's mkstemp left manifest.json and side tables
+    at 0600, so another user could not read a shared dataset; a staged file published by
+    rename kept whatever mode it was staged with."""
+    import stat
+    import tempfile
+
+    def staged(data: bytes) -> str:
+        fd, path = tempfile.mkstemp(dir=tmp_path)   # 0600, like any mkstemp'd staging file
+        os.write(fd, data)
+        os.close(fd)
+        return path
+
+    old = os.umask(umask)
+    try:
+        st = Storage(str(tmp_path / "ds"))
+        st.write_atomic("manifest.json", b"{}")
+        st.write_atomic("manifest.json", b"{ }")                       # over an existing one
+        st.write_file_from_local("shards/a.parquet", staged(b"a"), move=True)   # rename
+        st.write_file_from_local("index/b.arrow", staged(b"b"))                 # copy
+    finally:
+        os.umask(old)
+    for rel in ("manifest.json", "shards/a.parquet", "index/b.arrow"):
+        mode = stat.S_IMODE(os.stat(tmp_path / "ds" / rel).st_mode)
+        assert mode == 0o666 & ~umask, (rel, oct(mode))
+
+
 @pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "s3://other/x", "a/../../b", "a//b", ""])
 def test_paths_outside_the_root_are_rejected(tmp_path, bad):
     st = Storage(str(tmp_path))

@@ -9,13 +9,15 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputError, InputNotFoundError
+from ..retry import RetryPolicy, call_with_retry
+from ..storage import is_local_url, resolve
 from . import localtree
 from .containers import DecompressedReader
 from .localtree import HIDDEN, MAGIC, hidden_below_glob
 from .options import DEFAULT_OPTIONS, InputFile, InputOptions
+from .source import open_raw, remote_fs, retried
 
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 KIND_SUFFIXES = {
@@ -97,27 +99,27 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
 
 
 def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int, tuple | None]]:
-    if "://" not in pattern and "::" not in pattern:
-        pattern = os.path.expanduser(pattern)
-    fs, path = fsspec.core.url_to_fs(pattern, **storage_options)
-    if isinstance(fs, LocalFileSystem):
+    if is_local_url(pattern):
+        _, path = resolve(os.path.expanduser(pattern), storage_options)
         return _expand_local(path)
+    fs, path, policy = remote_fs(pattern, storage_options)
     if MAGIC.search(path):
         out = []
-        for name, info in fs.glob(path, detail=True).items():
+        listing = retried(lambda: fs.glob(path, detail=True), policy, "LIST", pattern)
+        for name, info in listing.items():
             if hidden_below_glob(name, path):
                 continue
             if info.get("type") == "directory":
-                out.extend(_walk(fs, name))
+                out.extend(_walk(fs, name, policy))
             else:
                 out.append((_url(fs, name), int(info.get("size") or 0), None))
         return out
     try:
-        info = fs.info(path)
+        info = call_with_retry(lambda: fs.info(path), policy, what=f"HEAD {pattern}", url=pattern)
     except FileNotFoundError:
         return []
     if info.get("type") == "directory":
-        return _walk(fs, path)
+        return _walk(fs, path, policy)
     return [(_url(fs, path), int(info.get("size") or 0), None)]
 
 
@@ -134,10 +136,13 @@ def _expand_local(path: str) -> list[localtree.Found]:
     return []
 
 
-def _walk(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, int, None]]:
+def _walk(fs: fsspec.AbstractFileSystem, root: str,
+          policy: RetryPolicy) -> list[tuple[str, int, None]]:
     root = root.rstrip("/")
     out = []
-    for name, info in fs.find(root, detail=True, withdirs=False).items():
+    listing = retried(lambda: fs.find(root, detail=True, withdirs=False), policy, "LIST",
+                      _url(fs, root))
+    for name, info in listing.items():
         rel = name[len(root):].lstrip("/") if name.startswith(root) else name
         if any(part.startswith(HIDDEN) for part in rel.split("/")):
             continue
@@ -153,13 +158,13 @@ def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
 def open_stream(file: InputFile, storage_options: dict | None = None) -> Iterator[BinaryIO]:
     """Open ``file`` for reading as one decompressed byte stream (multi-member gzip and
     multi-frame zstd included). A truncated or corrupt container raises
-    :class:`~zephon_store.errors.InputError` from ``read`` (see :mod:`.containers`).
+    :class:`~zephon_store.errors.InputError` from ``read`` (see :mod:`.containers`); a remote
+    file is read in retried ranges (see :mod:`.source`).
 
     >>> with open_stream(InputFile("/d/a.jsonl.gz", "jsonl", "gzip", 0)) as f:  # doctest: +SKIP
     ...     head = f.read(100)
     """
-    fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
-    with fs.open(path, "rb") as raw:
+    with open_raw(file, storage_options) as raw:
         yield raw if file.compression is None else DecompressedReader(raw, file)
 
 
