@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from ..errors import InputError, ZephonError
 from .options import InputFile, InputOptions, InputStats
 from .schema import normalize_batch
+from .source import open_raw
 
 _READ_ERRORS = (pa.ArrowException, OSError, ValueError)
 
@@ -32,10 +32,11 @@ def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dic
         raise InputError(
             f"{file.url}: Parquet compresses its pages itself and cannot be read through "
             f"{file.compression}; decompress the file first", path=file.url)
-    fs, path = fsspec.core.url_to_fs(file.url, **(storage_options or {}))
-    with fs.open(path, "rb") as raw:
+    with open_raw(file, storage_options) as raw:
         try:
             pf = pq.ParquetFile(raw, page_checksum_verification=True)
+        except ZephonError:
+            raise  # storage gave up after retries (pyarrow passes our errors through)
         except _READ_ERRORS as exc:
             raise InputError(f"{file.url}: not a readable Parquet file ({exc}); check that it "
                              f"is Parquet and complete, or pass --format", path=file.url) from exc
@@ -47,6 +48,8 @@ def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dic
                                              use_threads=True):
                     if batch.num_rows:
                         yield normalize_batch(batch)
+            except ZephonError:
+                raise
             except _READ_ERRORS as exc:
                 what = "a page fails its CRC checksum" if "CRC checksum" in str(exc) \
                     else "cannot read Parquet"
