@@ -11,15 +11,20 @@ byte-identical for any ``workers``:
    as ``shards/<hash>.parquet`` (rename locally, one PUT on object stores), then a receipt.
 
 ``manifest.json`` is published last. Killing the converter at any moment and rerunning the
-same command reuses every parsed input and every published shard (the staging folder is
-keyed by a hash of the inputs and options) and finishes with identical output.
+same command reuses every parsed input and every published shard whose bytes still hash to
+its name (the staging folder is keyed by a hash of the output, inputs and options) and
+finishes with identical output; a damaged shard or side table is rewritten.
+
+One convert at a time per output: the output's lock (:mod:`lock`) is taken before anything
+else. The output (and its staging) is never read as an input, and an output that holds a
+different dataset is replaced only with ``overwrite=True``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -29,15 +34,25 @@ import numpy as np
 import pyarrow as pa
 
 from .encoding import ElementNullError
-from .errors import InputError
+from .errors import DiskFullError, InputError
 from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from .ingest.schema import conform_batch
 from .layout import Cutter, ShardPlan
+from .lock import output_lock
 from .manifest import shard_path
-from .publish import publish_manifest
+from .publish import publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
-from .staging import Pool, atomic_write_json, job_dir, job_key
+from .staging import (
+    Pool,
+    atomic_write_json,
+    finish_job,
+    job_dir,
+    job_key,
+    open_job,
+    remove_stale_jobs,
+    temp_name,
+)
 from .storage import Storage
 
 
@@ -87,6 +102,7 @@ def convert(
     parse_fn: ParseFn | None = None,
     extra_manifest: dict | None = None,
     restream: Callable | None = None,
+    overwrite: bool = False,
 ) -> ConvertResult:
     """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
 
@@ -95,6 +111,9 @@ def convert(
 
     ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
     inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).
+    An output holding a different dataset raises
+    :class:`~zephon_store.errors.OutputExistsError` unless ``overwrite``; another convert
+    into the same output raises :class:`~zephon_store.errors.OutputLockedError`.
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
@@ -108,14 +127,38 @@ def convert(
     if progress is None:
         progress = sys.stderr.isatty()
 
-    files = expand_inputs(list(inputs), storage_options=in_so, options=input_options)
     out = Storage(output, storage_options=storage_options)
-    job = job_key(files, options, input_options, parse_fn, extra_manifest)
-    staging = job_dir(output, out, job, staging_dir)
-    os.makedirs(os.path.join(staging, "parsed"), exist_ok=True)
-    os.makedirs(os.path.join(staging, "done"), exist_ok=True)
-    os.makedirs(os.path.join(staging, "tmp"), exist_ok=True)
+    # First: a second convert (or an S3 output without credentials) fails before any work.
+    with output_lock(out):
+        files = expand_inputs(list(inputs), storage_options=in_so, options=input_options,
+                              exclude=_own_roots(out, staging_dir))
+        job = job_key(files, options, input_options, parse_fn, extra_manifest, out.root_url)
+        staging = job_dir(output, out, job, staging_dir)
+        active = _on_disk(staging, lambda: open_job(staging, out.root_url))
+        try:
+            remove_stale_jobs(staging, out.root_url)
+            metas, plans, infos, schema, reuse = _stage_and_write(
+                files, out, staging, options, input_options, in_so, parse_fn, workers,
+                storage_options, progress, restream)
+            result = publish_manifest(out, files, metas, plans, infos, schema, options,
+                                      input_options, extra_manifest, overwrite=overwrite)
+        except BaseException:
+            os.close(active)  # the staged work stays for a rerun
+            raise
+        finish_job(staging, active)
+    inputs_reused, shards_reused = reuse
+    return ConvertResult(
+        url=output, dataset_id=result.dataset_id, num_samples=result.num_samples,
+        num_shards=result.num_shards, num_row_groups=result.num_row_groups,
+        total_bytes=result.total_bytes, input_files=len(files),
+        input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
+        inputs_reused=inputs_reused, skipped=result.doc["skipped"],
+        skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
+        seconds=round(time.perf_counter() - t0, 3))
 
+
+def _stage_and_write(files, out, staging, options, input_options, in_so, parse_fn, workers,
+                     storage_options, progress, restream):
     with Pool(workers) as pool:
         metas, inputs_reused = _parse_all(files, staging, input_options, in_so, parse_fn, pool,
                                           progress)
@@ -128,20 +171,39 @@ def convert(
             # A global pass over the parsed stream (token packing) that re-stages the rows.
             metas, schema = restream(files, metas, staging, pool)
         plans = _plan(metas, staging, options)
-        infos, shards_reused = _write_all(plans, metas, staging, schema, options, output,
+        infos, shards_reused = _write_all(plans, metas, staging, schema, options, out.root_url,
                                           storage_options, pool, progress)
+    return metas, plans, infos, schema, (inputs_reused, shards_reused)
 
-    result = publish_manifest(out, files, metas, plans, infos, schema, options, input_options,
-                               extra_manifest)
-    shutil.rmtree(staging, ignore_errors=True)
-    return ConvertResult(
-        url=output, dataset_id=result.dataset_id, num_samples=result.num_samples,
-        num_shards=result.num_shards, num_row_groups=result.num_row_groups,
-        total_bytes=result.total_bytes, input_files=len(files),
-        input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
-        inputs_reused=inputs_reused, skipped=result.doc["skipped"],
-        skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
-        seconds=round(time.perf_counter() - t0, 3))
+
+def _own_roots(out: Storage, staging_dir: str | None) -> list[str]:
+    """What a convert into ``out`` must never read as input: the output and its staging."""
+    roots = [out.root_url] + ([os.path.abspath(staging_dir)] if staging_dir else [])
+    # A local path may reach the same folder through a symlink; name it both ways.
+    return roots + [os.path.realpath(r) for r in roots if "://" not in r]
+
+
+def _on_disk(path: str, fn):
+    """Run ``fn`` (it writes under ``path``); a full disk becomes a clear DiskFullError."""
+    try:
+        return fn()
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC or "No space left on device" in str(exc):
+            raise DiskFullError(
+                errno.ENOSPC, f"no space left on device ({exc}); staging is under {path}: free "
+                "space on that disk (or stage elsewhere: staging_dir=, or $ZEPHON_CACHE_DIR for "
+                "remote outputs), then rerun the same command to resume") from exc
+        raise
+
+
+def staged_complete(staging: str, meta: dict) -> bool:
+    """True when every file a staged meta stands for is still there (a cleanup killed half way
+    by an older version could leave the meta without its data)."""
+    base = staged_base(staging, meta)
+    needed = [base + ".sizes.npy"] + ([base + ".arrow"] if meta.get("rows") else [])
+    return all(os.path.exists(p) for p in needed)
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
@@ -156,9 +218,9 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
     tasks, metas, reused = [], [None] * len(files), 0
     for i, f in enumerate(files):
         meta_path = os.path.join(staging, "parsed", f"{i:06d}.json")
-        if os.path.exists(meta_path):
-            with open(meta_path) as fh:
-                metas[i] = json.load(fh)
+        meta = _load_json(meta_path)
+        if meta is not None and staged_complete(staging, meta):
+            metas[i] = meta
             reused += 1
         else:
             tasks.append((i, f, staging, input_options, so, parse_fn))
@@ -173,13 +235,26 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
     return metas, reused
 
 
+def _load_json(path: str):
+    """The JSON at ``path``, or None when it is absent or unreadable (then redo the work)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
 def _parse_one(task) -> dict:
+    return _on_disk(task[2], lambda: _parse_staged(task))
+
+
+def _parse_staged(task) -> dict:
     i, f, staging, input_options, so, parse_fn = task
     stats = InputStats()
     base = os.path.join(staging, "parsed", f"{i:06d}")
     rows, sizes, schema = 0, [], None
     writer = None
-    tmp = f"{base}.arrow.tmp{os.getpid()}"
+    tmp = temp_name(f"{base}.arrow")
     try:
         for batch in parse_fn(f, input_options, so, stats):
             if batch.num_rows == 0:
@@ -205,7 +280,9 @@ def _parse_one(task) -> dict:
             "--on-error skip to ignore empty inputs", path=f.url)
     if writer is not None:
         os.replace(tmp, f"{base}.arrow")
-    np.save(f"{base}.sizes.npy", np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
+    sizes_tmp = temp_name(f"{base}.sizes") + ".npy"
+    np.save(sizes_tmp, np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
+    os.replace(sizes_tmp, f"{base}.sizes.npy")
     meta = {
         "index": i, "url": f.url, "rows": rows, "input_bytes": f.size,
         "schema_b64": _schema_b64(schema) if schema is not None else None,
@@ -286,12 +363,10 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
     tasks, reused = [], 0
     out = Storage(output, storage_options=so)
     for p in plans:
-        receipt = os.path.join(staging, "done", f"{p.index:06d}.json")
-        if os.path.exists(receipt):
-            with open(receipt) as fh:
-                info = ShardInfo.from_dict(json.load(fh))
-            rel = shard_path(info.name)
-            if out.exists(rel) and out.size(rel) == info.bytes:
+        receipt = _load_json(os.path.join(staging, "done", f"{p.index:06d}.json"))
+        if receipt is not None:
+            info = ShardInfo.from_dict(receipt)
+            if stored_intact(out, shard_path(info.name), info.bytes, info.name):
                 infos[p.index] = info
                 reused += 1
                 continue
@@ -307,6 +382,10 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
 
 
 def _write_one(task):
+    return _on_disk(task[2], lambda: _write_staged(task))
+
+
+def _write_staged(task):
     plan, pieces, staging, bases, schema_b64, options, output, so = task
     import base64
 
@@ -317,14 +396,14 @@ def _write_one(task):
             readers[i] = pa.ipc.open_file(pa.memory_map(bases[i] + ".arrow")).read_all()
         parts.append(conform_batch(readers[i].slice(local, n), schema))
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    tmp = os.path.join(staging, "tmp", f"{plan.index:06d}.parquet")
+    tmp = temp_name(os.path.join(staging, "tmp", f"{plan.index:06d}")) + ".parquet"
     try:
         info = write_shard(table, plan.row_group_rows, tmp, options)
     except ElementNullError as exc:
         raise _input_error(exc, pieces, bases) from exc
     out = Storage(output, storage_options=so)
     rel = shard_path(info.name)
-    if not (out.exists(rel) and out.size(rel) == info.bytes):
+    if not stored_intact(out, rel, info.bytes, info.name):  # absent or damaged: (re)write
         out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)

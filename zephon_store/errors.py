@@ -111,3 +111,19 @@ class RetriesExhaustedError(StorageError):
 
 class StorageOptionsError(ZephonError, ValueError):
     """``storage_options`` hold a key or value the storage backend does not accept."""
+
+
+class OutputLockedError(ZephonError, RuntimeError):
+    """Another convert (or gc) holds the output's lock; the message names its pid, host and
+    start time, and the lock file to remove if that process is gone."""
+
+
+class OutputExistsError(ZephonError, FileExistsError):
+    """The output already holds a different dataset; pass ``overwrite=True`` to replace it."""
+
+
+class DiskFullError(StorageError):
+    """A local disk filled up (ENOSPC) while staging or writing; the message names the path.
+
+    ``errno`` is ``errno.ENOSPC``, so ``except OSError`` code that checks it keeps working.
+    """

@@ -1,7 +1,9 @@
 """Publish a conversion: side tables, then ``manifest.json`` last.
 
 The manifest's presence means every shard and table it names is complete; it is written
-with one atomic operation after everything it references (formats/SPEC.md).
+with one atomic operation after everything it references (formats/SPEC.md). An output that
+already holds a *different* dataset is replaced only with ``overwrite=True``; then, after the
+new manifest is in place, what only the old one referenced is removed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from . import __version__, arrowutil
-from .hashing import xxh3_hex
+from .errors import OutputExistsError, ZephonError
+from .hashing import xxh3_file, xxh3_hex
 from .ingest.options import SKIP_KINDS
 from .manifest import (
     INDEX_DIR,
@@ -23,6 +26,9 @@ from .manifest import (
     ROW_GROUP_TABLE_SCHEMA,
     SHARD_TABLE_SCHEMA,
     Manifest,
+    load_manifest,
+    parse_manifest_json,
+    shard_path,
     table_to_ipc,
 )
 from .storage import Storage
@@ -45,8 +51,53 @@ def _relative(url: str, root: str) -> str:
     return url
 
 
+def stored_intact(out: Storage, relpath: str, nbytes: int, xxh3: str) -> bool:
+    """True when ``relpath`` holds exactly ``nbytes`` bytes whose xxh3 is ``xxh3``.
+
+    The only test for reusing a stored shard or side table: a file of the right size can still
+    hold wrong bytes (a damaged disk, an interrupted or concurrent writer), and reusing it
+    would publish a manifest that fails ``verify``.
+    """
+    try:
+        if out.size(relpath) != nbytes:
+            return False
+        if out.local:
+            return xxh3_file(out.url(relpath)) == xxh3
+        return xxh3_hex(out.read_file(relpath)) == xxh3
+    except FileNotFoundError:
+        return False
+
+
+def referenced_paths(m: Manifest) -> set[str]:
+    """Every root-relative path ``m`` names: its shards and side tables."""
+    paths = {shard_path(m.shard_name(s)) for s in range(len(m.shard_bytes))}
+    paths.update(ref["path"] for ref in (m.doc.get("tables") or {}).values())
+    return paths
+
+
+def _previous(out: Storage) -> dict | ZephonError | None:
+    """The manifest document at ``out``: None when absent, the error when it does not parse."""
+    try:
+        raw = out.read_file(MANIFEST_NAME)
+    except FileNotFoundError:
+        return None
+    try:
+        return parse_manifest_json(raw, out.url(MANIFEST_NAME))
+    except ZephonError as exc:
+        return exc
+
+
+def _owned(out: Storage) -> set[str] | None:
+    """What the manifest at ``out`` references; None when it cannot be loaded (then nothing
+    is removed on its account: ``zephon gc`` can once a readable manifest is in place)."""
+    try:
+        return referenced_paths(load_manifest(out, check=False))
+    except (ZephonError, ValueError, KeyError, pa.ArrowException):
+        return None
+
+
 def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
-                      extra) -> Manifest:
+                      extra, *, overwrite: bool = False) -> Manifest:
     sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
     rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
     row_start, rg_index = 0, 0
@@ -76,13 +127,12 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
         "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
         "provenance": prov,
     }
-    refs = {}
+    refs, blobs = {}, {}
     for kind, table in tables.items():
         data = table_to_ipc(table)
         h = xxh3_hex(data)
         rel = f"{INDEX_DIR}/{h}.arrow"
-        if not (out.exists(rel) and out.size(rel) == len(data)):
-            out.write_atomic(rel, data)
+        blobs[rel] = (data, h)
         refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
     skipped = {kind: 0 for kind in SKIP_KINDS}
     skipped["empty_inputs"] = 0
@@ -107,10 +157,41 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
     )
     m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
     m.check()
+    old = _previous(out)
+    replacing = old is not None and (not isinstance(old, dict)
+                                     or old.get("dataset_id") != m.dataset_id)
+    old_owned = _owned(out) if replacing else None
+    if replacing and not overwrite:
+        _refuse(out, old, old_owned, m)
+    for rel, (data, h) in blobs.items():
+        if not stored_intact(out, rel, len(data), h):
+            out.write_atomic(rel, data)
     _remove_stale_temps(out)
     # Written last: its presence means every shard and table it names is complete.
     out.write_atomic(MANIFEST_NAME, m.to_json())
+    if old_owned is not None:
+        for rel in sorted(old_owned - referenced_paths(m)):
+            out.delete(rel)
     return m
+
+
+def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
+            new: Manifest) -> None:
+    """Refuse to replace another dataset; first remove the shards only this run wrote, so the
+    old dataset is left as it was (the job's staging stays for a rerun with overwrite)."""
+    if old_owned is not None:
+        for rel in sorted(referenced_paths(new) - old_owned):
+            if rel.startswith("shards/"):
+                out.delete(rel)
+    if isinstance(old, dict):
+        samples = (old.get("totals") or {}).get("num_samples")
+        what = (f"a different dataset (dataset_id {old.get('dataset_id')}, {samples} samples; "
+                f"this conversion is {new.dataset_id})")
+    else:
+        what = f"a manifest that does not parse ({old})"
+    raise OutputExistsError(
+        f"{out.root_url} already holds {what}; pass overwrite=True (--overwrite) to replace it "
+        "(what only the old manifest references is then removed), or choose another output")
 
 
 def _provenance(files, metas, plans, root) -> pa.Table:

@@ -1,16 +1,28 @@
 """The converter's staging folder and worker pool.
 
 A conversion stages parsed inputs and per-shard receipts in a folder keyed by a hash of
-its inputs and options (the "job"), so rerunning the same command after a crash reuses
-them; a different input or option is a different job and never reuses stale work.
+its output, inputs and options (the "job"), so rerunning the same command after a crash
+reuses them; a different input or option is a different job and never reuses stale work.
+
+Where: ``OUT/.zephon-staging/<job>`` for a local output, else
+``$ZEPHON_CACHE_DIR/staging/<job>`` (or ``staging_dir/<job>``). A job folder is only used
+under the output's lock (:mod:`zephon_store.lock`) and holds ``.active`` flock-ed while a
+convert runs in it, so ``zephon cache clear`` never removes a live one. Every temp file in it
+carries the writing process's pid and a random part. A finished job's folder is first renamed
+to ``.<job>.trash.<pid>`` and then removed, so a crash during cleanup never leaves a
+half-deleted folder that a rerun would take for staged work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import shutil
+import signal
 import sys
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, is_dataclass
@@ -21,6 +33,9 @@ from .manifest import canonical_json
 from .storage import Storage
 
 STAGING_DIRNAME = ".zephon-staging"
+_ACTIVE = ".active"
+_OWNER = "output.json"
+_TRASH = ".trash."
 
 
 def _stamp(url: str) -> int | None:
@@ -34,8 +49,10 @@ def _stamp(url: str) -> int | None:
         return None
 
 
-def job_key(files, options, input_options, parse_fn, extra) -> str:
+def job_key(files, options, input_options, parse_fn, extra, output: str = "") -> str:
     desc = {
+        # Two outputs of the same inputs stage apart (S3 outputs share the user cache).
+        "output": output,
         "inputs": [[f.url, f.size, f.kind, f.compression, _stamp(f.url)] for f in files],
         "write": options.to_dict(),
         "input": asdict(input_options) if is_dataclass(input_options) else repr(input_options),
@@ -57,8 +74,13 @@ def job_dir(output: str, out: Storage, job: str, base: str | None) -> str:
     return os.path.join(default_cache_dir(), "staging", job)
 
 
+def temp_name(path: str) -> str:
+    """A name beside ``path`` no other process or thread uses: ``path.<pid>.<random>.tmp``."""
+    return f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+
+
 def atomic_write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temp_name(path)
     with open(tmp, "w") as f:
         json.dump(obj, f, sort_keys=True)
         f.flush()
@@ -66,15 +88,141 @@ def atomic_write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+# -- the job folder -------------------------------------------------------------------------
+
+def open_job(path: str, output: str) -> int:
+    """Create the job folder ``path`` for ``output`` and mark it active; returns the marker's
+    fd (its ``flock`` lasts as long as this process holds it: :func:`finish_job` or death)."""
+    import fcntl
+
+    for sub in ("parsed", "done", "tmp"):
+        os.makedirs(os.path.join(path, sub), exist_ok=True)
+    owner = os.path.join(path, _OWNER)
+    if not os.path.exists(owner):
+        atomic_write_json(owner, {"output": output})
+    fd = os.open(os.path.join(path, _ACTIVE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _owner_of(job: str) -> str | None:
+    try:
+        with open(os.path.join(job, _OWNER)) as fh:
+            return json.load(fh).get("output")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _remove_tree(path: str) -> None:
+    """Rename ``path`` out of the way (one atomic step), then delete it."""
+    parent, name = os.path.split(path)
+    trash = os.path.join(parent, f".{name.lstrip('.')}{_TRASH}{os.getpid()}.{uuid.uuid4().hex[:6]}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _rmdir_if_empty(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def remove_stale_jobs(job_path: str, output: str) -> int:
+    """Delete the other job folders of ``output`` (other option sets, killed cleanups) beside
+    ``job_path``; only call it under the output's lock. Returns how many were removed."""
+    from .lock import is_locked
+
+    parent = os.path.dirname(job_path)
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return 0
+    in_output = os.path.basename(parent) == STAGING_DIRNAME  # OUT/.zephon-staging: all ours
+    removed = 0
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == job_path or not os.path.isdir(path):
+            continue
+        if is_locked(os.path.join(path, _ACTIVE)):
+            continue  # a live process: another output's job, or a cleanup still running
+        if in_output or _TRASH in name or _owner_of(path) == output:
+            _remove_tree(path)
+            removed += 1
+    return removed
+
+
+def finish_job(job_path: str, fd: int | None) -> None:
+    """Remove a finished job's folder (and ``.zephon-staging/`` itself once it is empty)."""
+    _remove_tree(job_path)
+    if fd is not None:
+        os.close(fd)
+    parent = os.path.dirname(job_path)
+    if os.path.basename(parent) == STAGING_DIRNAME:
+        _rmdir_if_empty(parent)
+
+
+def staging_root(directory: str | None = None) -> str:
+    """Where jobs of remote outputs stage: ``<cache dir>/staging``."""
+    from .cache import default_cache_dir
+
+    return os.path.join(directory or default_cache_dir(), "staging")
+
+
+def staging_info(directory: str | None = None) -> dict:
+    """``{"staging_dir", "staging_jobs", "staging_bytes"}`` of the cache's staging folder."""
+    root = staging_root(directory)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        names = []
+    return {"staging_dir": root, "staging_jobs": len(names),
+            "staging_bytes": sum(_tree_bytes(os.path.join(root, n)) for n in names)}
+
+
+def staging_clear(directory: str | None = None) -> dict:
+    """Remove every staged job in the cache not in use by a running convert.
+
+    Returns ``{"cleared_staging_jobs", "cleared_staging_bytes", "staging_in_use"}``.
+    """
+    from .lock import is_locked
+
+    root = staging_root(directory)
+    cleared, freed, busy = 0, 0, 0
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if is_locked(os.path.join(path, _ACTIVE)):
+                busy += 1
+                continue
+            freed += _tree_bytes(path)
+            _remove_tree(path)
+            cleared += 1
+    return {"cleared_staging_jobs": cleared, "cleared_staging_bytes": freed,
+            "staging_in_use": busy}
+
+
+def _tree_bytes(path: str) -> int:
+    size = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(dirpath, f)).st_size
+    return size
+
+
 def _die_with_parent() -> None:
-    """Pool worker initializer: exit when the converter dies, even by SIGKILL.
+    """Pool worker initializer: exit when the converter dies, even by SIGKILL; ignore SIGINT.
 
     Otherwise a killed conversion leaves idle workers behind forever. Linux only (prctl
-    PR_SET_PDEATHSIG); elsewhere the workers exit when their task queue closes.
+    PR_SET_PDEATHSIG); elsewhere the workers exit when their task queue closes. A terminal's
+    Ctrl-C reaches the whole process group: the parent alone handles it (one line, exit 130)
+    and stops the workers, which would otherwise each print a KeyboardInterrupt traceback.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         try:
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -110,9 +258,18 @@ class Pool:
             self._ex = ThreadPoolExecutor(self.threads, thread_name_prefix="zephon-convert")
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self._ex is not None:
-            self._ex.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._ex is None:
+            return
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.workers > 1:
+            # Do not wait for running tasks (a large input can take minutes): stop now.
+            processes = list((getattr(self._ex, "_processes", None) or {}).values())
+            self._ex.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                with contextlib.suppress(Exception):
+                    p.kill()
+            return
+        self._ex.shutdown(cancel_futures=True)
 
     def map(self, fn, items: list) -> Iterator:
         if self._ex is None:

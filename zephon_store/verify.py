@@ -45,6 +45,8 @@ class Finding:
     shard: str | None
     kind: str
     message: str
+    # "warning" findings (orphans) are reported but leave ``ok`` True and the exit code 0.
+    severity: str = "error"
 
 
 @dataclass
@@ -57,7 +59,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        return not any(f.severity == "error" for f in self.findings)
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "dataset_id": self.dataset_id,
@@ -128,7 +130,23 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
                           disable=not progress, leave=False):
             report.findings.extend(found)
             report.shards_checked += 1
+    _check_orphans(st, m, add)
     return report
+
+
+def _check_orphans(st: Storage, m: Manifest, add) -> None:
+    from .gc import find_orphans
+
+    try:
+        orphans = find_orphans(st, m)
+    except (OSError, ZephonError) as exc:
+        add(Finding(None, "orphan", f"{st.root_url}: could not list shards/ and index/ to look "
+                    f"for unreferenced files: {exc}", severity="warning"))
+        return
+    for rel in orphans:
+        add(Finding(None, "orphan", f"{st.url(rel)} is not referenced by the manifest (left by "
+                    f"an interrupted or replaced conversion); 'zephon gc {st.root_url}' removes "
+                    "it", severity="warning"))
 
 
 def _check_json_schema(doc: dict, murl: str, add) -> None:

@@ -1,4 +1,5 @@
-"""``zephon cache info|clear``: the node-local disk cache of remote row groups."""
+"""``zephon cache info|clear``: the node-local disk cache of remote row groups, and the
+staging folders of conversions into remote outputs (``<cache dir>/staging``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from .common import emit
 
 
 def add_cache_parser(sub) -> None:
-    p = sub.add_parser("cache", help="inspect or clear the local cache of remote bytes")
+    p = sub.add_parser("cache", help="inspect or clear the local cache of remote bytes and "
+                       "conversion staging")
     p.add_argument("action", choices=["info", "clear"])
     p.add_argument("--dir", default=None, help="cache directory (default: $ZEPHON_CACHE_DIR or "
                    "the user cache directory)")
@@ -15,18 +17,24 @@ def add_cache_parser(sub) -> None:
 
 def cmd_cache(args) -> int:
     from ..cache import cache_clear, cache_info
+    from ..staging import staging_clear, staging_info
 
     if args.action == "info":
-        info = cache_info(args.dir)
+        info = {**cache_info(args.dir), **staging_info(args.dir)}
         if args.json:
             emit(info)
         else:
             for k, v in info.items():
-                print(f"{k:10} {v}")
+                print(f"{k:14} {v}")
         return 0
     freed = cache_clear(args.dir)
+    staged = staging_clear(args.dir)
     if args.json:
-        emit({"cleared_bytes": freed})
+        emit({"cleared_bytes": freed, **staged})
     else:
-        print(f"cleared {freed} bytes")
+        print(f"cleared {freed} bytes of cached row groups")
+        print(f"cleared {staged['cleared_staging_jobs']} staged conversion(s), "
+              f"{staged['cleared_staging_bytes']} bytes"
+              + (f" ({staged['staging_in_use']} in use by a running convert, kept)"
+                 if staged["staging_in_use"] else ""))
     return 0

@@ -1,4 +1,4 @@
-"""``zephon``: convert, verify, info, get, plan, cache.
+"""``zephon``: convert, verify, info, get, plan, cache, gc.
 
 Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
 
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: put the tokenizer's EOS token after each document")
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace a different dataset already at --output (what only its "
+                        "manifest references is removed after the new one is published)")
     add_storage_options(c)
     c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
                    help="storage options for the inputs (default: --storage-options)")
@@ -101,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_options(g)
 
     from .cache_cmd import add_cache_parser
+    from .gc_cmd import add_gc_parser
     from .plan_cmd import add_plan_parser
 
     add_plan_parser(sub)
     add_cache_parser(sub)
+    add_gc_parser(sub)
     return p
 
 
@@ -171,7 +176,8 @@ def cmd_convert(args) -> int:
     result = convert(args.inputs, args.output, options=wopts, input_options=iopts,
                      workers=args.workers, storage_options=args.storage_options,
                      input_storage_options=args.input_storage_options,
-                     progress=None if not args.json else False, **kwargs)
+                     progress=None if not args.json else False, overwrite=args.overwrite,
+                     **kwargs)
     if args.json:
         emit(result.to_dict())
     else:
@@ -248,6 +254,12 @@ def _cmd_plan(args) -> int:
     return cmd_plan(args)
 
 
+def _cmd_gc(args) -> int:
+    from .gc_cmd import cmd_gc
+
+    return cmd_gc(args)
+
+
 def _cmd_cache(args) -> int:
     from .cache_cmd import cmd_cache
 
@@ -255,7 +267,7 @@ def _cmd_cache(args) -> int:
 
 
 COMMANDS = {"convert": cmd_convert, "verify": cmd_verify, "info": cmd_info, "get": cmd_get,
-            "plan": _cmd_plan, "cache": _cmd_cache}
+            "plan": _cmd_plan, "cache": _cmd_cache, "gc": _cmd_gc}
 
 if __name__ == "__main__":  # pragma: no cover
     entry()

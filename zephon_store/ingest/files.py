@@ -61,12 +61,15 @@ def detect_kind(url: str, format: str | None = None) -> str:
 
 
 def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None = None,
-                  options: InputOptions = DEFAULT_OPTIONS) -> list[InputFile]:
+                  options: InputOptions = DEFAULT_OPTIONS,
+                  exclude: Sequence[str] = ()) -> list[InputFile]:
     """Expand paths, globs, directories and URLs into input files, sorted by URL, duplicates removed.
 
     Directories are walked recursively; in a walk or below a glob's wildcard, names starting
     with ``.`` or ``_`` (``.git``, ``_SUCCESS``, ``.crc``) are skipped unless the pattern spells
-    the dot or underscore itself. A named file is always taken. Local symbolic links are
+    the dot or underscore itself. A named file is always taken. Nothing under a root in
+    ``exclude`` (the convert's own output and staging) or under a zephon dataset (a folder
+    holding ``manifest.json`` and ``index/``) is ever an input. Local symbolic links are
     followed (a loop is an :class:`~zephon_store.errors.InputError`), and one local file
     reached under several names is one input, under the first name in sorted order.
 
@@ -78,7 +81,7 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
         inputs = [inputs]
     found: dict[str, tuple[int, tuple[int, int] | None]] = {}
     for pattern in inputs:
-        matches = _expand_one(pattern, storage_options or {})
+        matches = _drop_datasets(_expand_one(pattern, storage_options or {}), exclude)
         if not matches:
             raise InputNotFoundError(
                 f"{pattern} matched no input files (names starting with '.' or '_' are skipped); "
@@ -148,6 +151,17 @@ def _walk(fs: fsspec.AbstractFileSystem, root: str,
             continue
         out.append((_url(fs, name), int(info.get("size") or 0), None))
     return out
+
+
+def _drop_datasets(matches: list, exclude: Sequence[str]) -> list:
+    """``matches`` (tuples starting with a URL) minus those under ``exclude`` or a dataset."""
+    roots = {r.rstrip("/") for r in exclude}
+    for url, *_ in matches:
+        folder, name = url.rsplit("/", 1) if "/" in url else ("", url)
+        if name == "manifest.json" and any(u.startswith(f"{folder}/index/") for u, *_ in matches):
+            roots.add(folder)
+    return [m for m in matches
+            if not any(m[0] == r or m[0].startswith(r + "/") for r in roots)]
 
 
 def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:

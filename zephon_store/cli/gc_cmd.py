@@ -1,0 +1,32 @@
+"""``zephon gc URL``: remove files under shards/ and index/ that the manifest does not name.
+
+Exit codes: 0 done (also when there was nothing to remove), 1 an error (no manifest, a
+convert holds the output's lock, storage), 2 usage error.
+"""
+
+from __future__ import annotations
+
+from .common import add_storage_options, emit
+
+
+def add_gc_parser(sub) -> None:
+    p = sub.add_parser("gc", help="remove unreferenced shards and side tables (orphans)")
+    p.add_argument("url")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove "
+                   "nothing")
+    p.add_argument("--json", action="store_true")
+    add_storage_options(p)
+
+
+def cmd_gc(args) -> int:
+    from ..gc import gc
+
+    result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options)
+    if args.json:
+        emit(result.to_dict())
+        return 0
+    for rel in result.removed:
+        print(f"{'would remove' if result.dry_run else 'removed'} {rel}")
+    verb = "would remove" if result.dry_run else "removed"
+    print(f"{verb} {len(result.removed)} file(s), {result.bytes} bytes, from {result.url}")
+    return 0

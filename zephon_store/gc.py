@@ -1,0 +1,65 @@
+"""Orphans: files under ``shards/`` and ``index/`` that the manifest does not reference.
+
+They are left by a convert that was killed and then run with other options, by a convert
+into an output that held another dataset before ``--overwrite`` existed, or by hand. They
+are harmless to readers (nothing names them) but cost storage. ``verify`` reports them as
+warnings (``kind: "orphan"``); :func:`gc` removes them, under the output's lock so it never
+runs while a convert is writing shards its coming manifest will name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .errors import ManifestError
+from .lock import output_lock
+from .manifest import INDEX_DIR, MANIFEST_NAME, SHARD_DIR, Manifest, load_manifest
+from .publish import referenced_paths
+from .storage import Storage
+
+
+@dataclass
+class GcResult:
+    """What :func:`gc` removed (or, with ``dry_run``, would remove); ``to_dict()`` is the CLI's
+    ``--json`` output."""
+
+    url: str
+    dry_run: bool
+    removed: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def find_orphans(st: Storage, m: Manifest) -> list[str]:
+    """Root-relative paths under ``shards/`` and ``index/`` that ``m`` does not reference."""
+    kept = referenced_paths(m)
+    return [rel for sub in (SHARD_DIR, INDEX_DIR) for rel in st.listdir(sub) if rel not in kept]
+
+
+def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) -> GcResult:
+    """Remove the orphans of the dataset at ``url``; with ``dry_run`` only list them.
+
+    Takes the output's lock (:class:`~zephon_store.errors.OutputLockedError` while a convert
+    runs) and needs a manifest that loads (``ManifestError`` otherwise: without it every file
+    would look unreferenced).
+
+    >>> gc("s3://bucket/ds", dry_run=True).removed   # doctest: +SKIP
+    ['shards/3f2a….parquet']
+    """
+    st = Storage(url, storage_options=storage_options)
+    if not st.exists(MANIFEST_NAME):
+        raise ManifestError(f"{st.url(MANIFEST_NAME)} not found: gc only cleans a published "
+                            "dataset (without a manifest every file would look unreferenced)")
+    with output_lock(st, command="gc"):
+        orphans = find_orphans(st, load_manifest(st))
+        result = GcResult(url=st.root_url, dry_run=dry_run, removed=orphans,
+                          bytes=sum(st.size(rel) for rel in orphans))
+        if not dry_run:
+            for rel in orphans:
+                st.delete(rel)
+    return result
+
+
+__all__ = ["GcResult", "find_orphans", "gc"]
