@@ -24,21 +24,65 @@ class Located:
     row_in_shard: np.ndarray
 
 
+def _out_of_range(bad: int | str, num_samples: int) -> SeqOutOfRangeError:
+    return SeqOutOfRangeError(
+        f"sequence number {bad} is out of range; valid sequence numbers are "
+        f"0..{num_samples - 1} (the dataset holds {num_samples} samples)")
+
+
 def as_seqs(seqs, num_samples: int) -> np.ndarray:
-    """Validate and convert sequence numbers to int64; out of range -> SeqOutOfRangeError."""
+    """Validate and convert sequence numbers to int64; out of range -> SeqOutOfRangeError.
+
+    Integers of any width are checked before conversion (a uint64 or a 23-digit number is
+    out of range, never wrapped to a negative); booleans and non-integers raise TypeError.
+
+    >>> as_seqs(np.array([3], dtype=np.uint64), 10).tolist()
+    [3]
+    """
     arr = np.asarray(seqs)
+    if arr.dtype == object:
+        # Python ints past int64 (numpy keeps them as objects): check them as Python ints.
+        flat = arr.reshape(-1).tolist()
+        if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))
+               for v in flat):
+            bad = next(v for v in flat if isinstance(v, (bool, np.bool_))
+                       or not isinstance(v, (int, np.integer)))
+            raise TypeError(f"sequence numbers must be integers (not bool), got {bad!r}")
+        for v in flat:
+            if not 0 <= int(v) < num_samples:
+                raise _out_of_range(int(v), num_samples)
+        return np.array(flat, dtype=np.int64)
     if arr.dtype.kind not in "iu":
         if arr.size == 0:
             arr = arr.astype(np.int64)
         else:
-            raise TypeError(f"sequence numbers must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False).reshape(-1)
-    if arr.size and (arr.min() < 0 or arr.max() >= num_samples):
-        bad = int(arr[(arr < 0) | (arr >= num_samples)][0])
-        raise SeqOutOfRangeError(
-            f"sequence number {bad} is out of range; valid sequence numbers are "
-            f"0..{num_samples - 1} (the dataset holds {num_samples} samples)")
-    return arr
+            raise TypeError(f"sequence numbers must be integers (not bool), got dtype "
+                            f"{arr.dtype}")
+    arr = arr.reshape(-1)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())   # Python ints: no wrap for uint64
+        if lo < 0 or hi >= num_samples:
+            raise _out_of_range(lo if lo < 0 else hi, num_samples)
+    return arr.astype(np.int64, copy=False)
+
+
+def parse_seq(text: str, *, num_samples: int) -> int:
+    """A sequence number typed by a user (``zephon get 17``), validated.
+
+    Raises ValueError when ``text`` is not a plain base-10 integer, and
+    :class:`~zephon_store.errors.SeqOutOfRangeError` (naming the valid range) when it lies
+    outside ``[0, num_samples)``, however many digits it has.
+
+    >>> parse_seq("17", num_samples=100)
+    17
+    """
+    stripped = text.strip() if isinstance(text, str) else ""
+    digits = stripped[1:] if stripped[:1] in "+-" else stripped
+    if not digits.isdigit() or not digits.isascii():
+        raise ValueError(f"a sequence number must be a base-10 integer, got {text!r}")
+    if len(digits) > 40:   # past any int64 (and Python's 4300-digit int() limit)
+        raise _out_of_range(stripped, num_samples)
+    return int(as_seqs([int(stripped)], num_samples)[0])
 
 
 class RowGroupFinder:

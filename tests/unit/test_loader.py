@@ -180,6 +180,13 @@ def test_endless_loader_has_no_len(ds) -> None:
     ({"num_workers": -1}, "num_workers"),
     ({"prefetch": 0}, "prefetch"),
     ({"max_steps": 3, "epochs": 1}, "max_steps or epochs"),
+    ({"max_steps": -1}, "max_steps"),
+    ({"max_steps": 1.5}, "max_steps"),
+    ({"max_steps": True}, "max_steps"),
+    ({"epochs": -1}, "epochs"),
+    ({"epochs": float("nan")}, "epochs"),
+    ({"epochs": float("inf")}, "epochs"),
+    ({"epochs": "2"}, "epochs"),
 ])
 def test_bad_arguments(ds, kw, match) -> None:
     with pytest.raises(ValueError, match=match):

@@ -214,6 +214,10 @@ def test_missing_or_extra_keys_raise(ds, edit) -> None:
     ("cursor", -1, "cursor"),
     ("cursor", 1.5, "cursor"),
     ("cursor", True, "cursor"),
+    ("cursor", 10**30, "cursor"),
+    ("cursor", 2**63, "cursor"),
+    ("cursor", 2**63 - 1, "cursor"),     # no room left for one step of positions
+    ("cursor", "12", "cursor"),
     ("seed", 8, "seed"),
     ("order", {"seed": 7}, "order"),
 ])

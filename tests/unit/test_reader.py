@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -124,3 +126,69 @@ def test_getitem_gives_fixed_size_numeric_lists_as_numpy(tmp_path):
         assert isinstance(rec["tokens"], np.ndarray) and rec["tokens"].dtype == np.int32
         assert rec["tokens"].tolist() == windows[s].tolist()
         assert rec["k"] == s and isinstance(rec["k"], int)
+
+
+@pytest.mark.parametrize("bad", [True, False, np.True_])
+def test_bools_are_not_sequence_numbers(ds_and_records, bad):
+    ds, _ = ds_and_records
+    with pytest.raises(TypeError, match="bool"):
+        ds[bad]
+    with pytest.raises(TypeError, match="bool"):
+        ds.take([bad])
+    with pytest.raises(TypeError, match="bool"):
+        ds.take(np.array([bad, bad]))
+
+
+@pytest.mark.parametrize("seqs", [
+    np.array([2**63 + 5], dtype=np.uint64),
+    [2**64 - 1],
+    [10**22],
+    [-(10**22)],
+])
+def test_huge_sequence_numbers_are_out_of_range_not_wrapped(ds_and_records, seqs):
+    ds, _ = ds_and_records
+    with pytest.raises(SeqOutOfRangeError, match=r"0\.\.1049") as err:
+        ds.take(seqs)
+    assert str(int(np.asarray(seqs, dtype=object)[0])) in str(err.value)
+
+
+def test_uint64_sequence_numbers_in_range_read(ds_and_records):
+    ds, records = ds_and_records
+    got = ds.take(np.array([3, 1049], dtype=np.uint64)).to_pylist()
+    assert got == [records[3], records[1049]]
+
+
+def test_parse_seq_for_the_cli():
+    from zephon_store.index import parse_seq
+
+    assert parse_seq("17", num_samples=1050) == 17
+    assert parse_seq(" 1049 ", num_samples=1050) == 1049
+    with pytest.raises(SeqOutOfRangeError, match=r"12345678901234567890123.*0\.\.1049"):
+        parse_seq("12345678901234567890123", num_samples=1050)
+    with pytest.raises(SeqOutOfRangeError, match="-1"):
+        parse_seq("-1", num_samples=1050)
+    for bad in ("", "1.5", "x", "1e3", "True"):
+        with pytest.raises(ValueError, match="sequence number"):
+            parse_seq(bad, num_samples=1050)
+
+
+def test_gather_of_more_than_2_gib_of_text_works():
+    """A take whose text passes 2 GiB (32-bit string offsets) comes back in chunks."""
+    from zephon_store.reader import gather_rows
+
+    size = 64 << 20   # two row groups of two 64 MiB strings each, read 34 times over
+    tables = [pa.table({"text": pa.array(["ab"[g] * size, "cd"[g] * size]),
+                        "k": pa.array([10 * g, 10 * g + 1])}) for g in range(2)]
+    inverse = np.array([0, 1] * 17)
+    rows = np.array([0, 1, 1, 0] * 8 + [1, 1])
+    got = gather_rows(tables, inverse, rows)
+    assert got.schema == tables[0].schema and got.num_rows == 34
+    assert got.column("text").num_chunks > 1
+    assert got.column("k").to_pylist() == (10 * inverse + rows).tolist()
+    firsts = []
+    for chunk in got.column("text").chunks:   # each value's first byte, read in place
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset:][:len(chunk)]
+        firsts += [chr(b) for b in np.frombuffer(chunk.buffers()[2], np.uint8)[offsets]]
+    assert firsts == ["abcd"[2 * r + g] for g, r in zip(inverse, rows)]
+    lengths = pc.binary_length(got.column("text"))
+    assert pc.min(lengths).as_py() == size == pc.max(lengths).as_py()

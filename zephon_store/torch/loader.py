@@ -17,6 +17,8 @@ so it counts consumed samples, never prefetched ones.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 import queue
 import threading
@@ -27,13 +29,14 @@ import numpy as np
 import torch
 
 from ..coalesce import CoalesceOptions
+from ..errors import StateMismatchError
 from ..order import OrderOptions
 from ..pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..prefetch import DEFAULT_PREFETCH_BYTES
 from ..reader import Dataset, open_dataset
 from ..stream import RankStream, Topology
 from .dataset import ZephonIterableDataset
-from .state import LoaderState, check_state
+from .state import MAX_CURSOR, LoaderState, check_state
 
 log = logging.getLogger("zephon_store")
 
@@ -105,6 +108,15 @@ class ZephonLoader:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if max_steps is not None and epochs is not None:
             raise ValueError("pass max_steps or epochs, not both")
+        if max_steps is not None and (not isinstance(max_steps, numbers.Integral)
+                                      or isinstance(max_steps, (bool, np.bool_))
+                                      or max_steps < 0):
+            raise ValueError(f"max_steps must be an int >= 0 (None: endless), got {max_steps!r}")
+        if epochs is not None and (isinstance(epochs, (bool, np.bool_))
+                                   or not isinstance(epochs, numbers.Real)
+                                   or not math.isfinite(epochs) or epochs < 0):
+            raise ValueError(f"epochs must be a finite number >= 0 (None: endless), got "
+                             f"{epochs!r}")
         ws, rk = detect_topology()
         self.topology = Topology(global_batch, ws if world_size is None else world_size,
                                  rk if rank is None else rank)
@@ -129,6 +141,8 @@ class ZephonLoader:
         self._max_cursor = None
         if epochs is not None:
             self._max_cursor = int(epochs * n)
+            if self._max_cursor >= MAX_CURSOR:
+                raise ValueError(f"epochs={epochs!r} of {n} samples is past 2**63 positions")
         self._max_steps = max_steps
         self._check_working_set()
 
@@ -163,6 +177,10 @@ class ZephonLoader:
         Changing world size, global batch or num_workers is allowed (and logged).
         """
         st = check_state(state, dataset_id=self.dataset_id, order=self.order)
+        if st.cursor + self.topology.global_batch > MAX_CURSOR:
+            raise StateMismatchError(
+                f"loader state 'cursor' {st.cursor} leaves no room for a step of "
+                f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
         self.cursor = st.cursor
         n = self.dataset.num_samples
         log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "

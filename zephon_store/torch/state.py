@@ -18,6 +18,8 @@ KEY_SEED = "seed"
 KEY_ORDER = "order"
 KEY_CURSOR = "cursor"
 STATE_KEYS = (KEY_VERSION, KEY_DATASET_ID, KEY_SEED, KEY_ORDER, KEY_CURSOR)
+# Positions are int64 (numpy) everywhere: a cursor and the step after it must fit.
+MAX_CURSOR = 2**63
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions) -> LoaderS
             + ", ".join(f"{k}: checkpoint {a!r} vs loader {b!r}" for k, (a, b) in diff.items())
             + "; the sample order would change. Use the checkpoint's options to resume.")
     cursor = _plain(state[KEY_CURSOR])
-    if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
-        raise StateMismatchError(f"loader state 'cursor' must be an int >= 0, got {cursor!r}")
+    if not isinstance(cursor, int) or isinstance(cursor, bool) or not 0 <= cursor < MAX_CURSOR:
+        raise StateMismatchError(f"loader state 'cursor' must be an int in [0, 2**63), got "
+                                 f"{cursor!r}; the checkpoint is corrupted")
     return LoaderState(dataset_id=dataset_id, order=saved, cursor=cursor)
