@@ -35,6 +35,7 @@ KINDS = {
     "jsonl": (".jsonl", lambda i: json.dumps({"id": i, "text": f"record {i} " + "x" * (i % 37)}) + "\n",
               InputOptions()),
     "text": (".txt", lambda i: f"line {i} " + "y" * (i % 41) + "\n", InputOptions(text_mode="line")),
+    "textfile": (".txt", lambda i: f"line {i} " + "y" * (i % 41) + "\n", InputOptions()),
     "csv": (".csv", lambda i: f'{i},"value {i}, ' + "z" * (i % 29) + '"\n', InputOptions()),
 }
 
@@ -63,7 +64,7 @@ def test_truncated_container_always_raises(tmp_path, kind, compression, on_error
     whole = tmp_path / f"whole{suffix}{SUFFIX[compression]}"
     whole.write_bytes(data)
     options = InputOptions(**{**options.__dict__, "on_error": on_error})
-    assert _rows(whole, options) == 4000
+    assert _rows(whole, options) == (1 if kind == "textfile" else 4000)
     for cut in (len(data) // 3, len(data) - 1, 7):
         path = tmp_path / f"cut{cut}{suffix}{SUFFIX[compression]}"
         path.write_bytes(data[:cut])
@@ -107,6 +108,18 @@ def test_members_padding_and_garbage_after_the_end(tmp_path, compression):
                                          rf"{len(joined)} \(after 9000 decompressed bytes\) come "
                                          rf"bytes that start no new one \(6a 75 6e 6b 20 61\)"):
         list(read_input(f))
+
+
+def test_convert_of_a_truncated_input_fails_even_in_skip_mode(tmp_path):
+    from zephon_store.converter import convert
+
+    data = COMPRESS["zstd"](_payload("jsonl"))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl.zst").write_bytes(data[: len(data) // 3])
+    with pytest.raises(InputError, match="a.jsonl.zst: truncated compressed stream"):
+        convert([str(tmp_path / "in")], str(tmp_path / "out"), progress=False,
+                input_options=InputOptions(on_error="skip"))
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_empty_compressed_file_is_an_empty_input(tmp_path):
