@@ -253,6 +253,29 @@ def test_a_short_deadline_names_url_attempts_and_elapsed_time(dataset, s3_bucket
     assert "1 s retry deadline" in msg and '"retry": {"deadline"' in msg
 
 
+def test_a_long_retry_logs_one_warning(tmp_path, monkeypatch, caplog):
+    """Retrying quietly for a minute would look like a hang: one warning per operation."""
+    import logging
+
+    st = Storage(str(tmp_path), retry=RetryPolicy(max_attempts=4, base_delay=0.0))
+    st.write_atomic("shards/a.bin", b"0123456789")
+    monkeypatch.setattr("zephon_store.storage._WARN_RETRYING_AFTER_S", 0.0)
+    calls = []
+
+    def flaky(path, start, end):
+        calls.append(1)
+        if len(calls) < 4:
+            raise ConnectionResetError("peer reset")
+        return b"23"
+
+    monkeypatch.setattr("zephon_store.storage._pread", flaky)
+    with caplog.at_level(logging.WARNING, logger="zephon_store.storage"):
+        assert st.read_range("shards/a.bin", 2, 4) == b"23"
+    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.storage"]
+    assert len(warned) == 1 and st.stats.retries == 3
+    assert "still retrying" in warned[0] and f"{tmp_path}/shards/a.bin" in warned[0]
+
+
 def test_unknown_storage_options_are_named_before_any_request(s3_bucket):
     for bad, named in [({"endpont_url": "http://x"}, "did you mean 'endpoint_url'"),
                        ({"retries": 3}, "'retries'"),
