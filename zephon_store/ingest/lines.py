@@ -62,8 +62,8 @@ def iter_line_chunks(stream: BinaryIO, file: InputFile, *, options: InputOptions
     """Cut ``stream`` into chunks of whole lines of about ``chunk_bytes``, valid UTF-8.
 
     Bad bytes are reported here with their line and byte offset (or the line is blanked in
-    skip mode). Neither pyarrow.json nor pyarrow.csv can be relied on for that: pyarrow.json
-    copies invalid UTF-8 into string columns unchecked. ``want_text`` also keeps the decoded str.
+    skip mode). pyarrow.json cannot be relied on for that: it copies invalid UTF-8 into string
+    columns unchecked. ``want_text`` also keeps the decoded str.
     """
     size = chunk_bytes or CHUNK_BYTES
     transcode = not is_utf8(options.encoding)

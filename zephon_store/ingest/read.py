@@ -25,7 +25,10 @@ def read_input(file: InputFile, *, options: InputOptions = DEFAULT_OPTIONS,
     ``options.on_error="skip"`` are dropped and counted in ``stats``. Batches of one file may
     differ in type where a later chunk widened a column (int64 then double); unify them with
     :func:`unify_schemas` and :func:`conform_batch` as for different files. A file with no
-    records yields no batches.
+    records yields no batches. A truncated or damaged container (or a Parquet page failing its
+    CRC) always raises, whatever ``on_error`` says. Remote files are read in ranges retried per
+    the ``"retry"`` storage option; a :class:`~zephon_store.errors.StorageError` naming the
+    file is raised when that budget runs out.
 
     >>> stats = InputStats()
     >>> for batch in read_input(files[0], options=InputOptions(on_error="skip"),
