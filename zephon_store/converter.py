@@ -50,6 +50,7 @@ from .staging import (
     job_dir,
     job_key,
     open_job,
+    read_json,
     remove_stale_jobs,
     temp_name,
 )
@@ -218,7 +219,7 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
     tasks, metas, reused = [], [None] * len(files), 0
     for i, f in enumerate(files):
         meta_path = os.path.join(staging, "parsed", f"{i:06d}.json")
-        meta = _load_json(meta_path)
+        meta = read_json(meta_path)
         if meta is not None and staged_complete(staging, meta):
             metas[i] = meta
             reused += 1
@@ -233,15 +234,6 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
             bar.set_postfix(samples=rows,
                             samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
     return metas, reused
-
-
-def _load_json(path: str):
-    """The JSON at ``path``, or None when it is absent or unreadable (then redo the work)."""
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 def _parse_one(task) -> dict:
@@ -363,7 +355,7 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
     tasks, reused = [], 0
     out = Storage(output, storage_options=so)
     for p in plans:
-        receipt = _load_json(os.path.join(staging, "done", f"{p.index:06d}.json"))
+        receipt = read_json(os.path.join(staging, "done", f"{p.index:06d}.json"))
         if receipt is not None:
             info = ShardInfo.from_dict(receipt)
             if stored_intact(out, shard_path(info.name), info.bytes, info.name):

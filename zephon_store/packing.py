@@ -441,16 +441,16 @@ class PackWindows:
         self.extra = extra
 
     def __call__(self, files, metas, staging, pool):
-        from .converter import staged_base
-        from .staging import atomic_write_json
+        from .converter import staged_base, staged_complete
+        from .staging import atomic_write_json, read_json
 
         folder = os.path.join(staging, "packed")
         os.makedirs(folder, exist_ok=True)
         done_path = os.path.join(folder, "done.json")
         schema = window_schema(self.window - 1, self.doc_starts)
-        if os.path.exists(done_path):
-            with open(done_path) as fh:
-                done = json.load(fh)
+        done = read_json(done_path)
+        # Reused only when every staged file it names is still there (see staged_complete).
+        if done is not None and all(staged_complete(staging, m) for m in done["metas"]):
             self.extra["packing"].update(done["totals"])
             return done["metas"], schema
 
@@ -472,9 +472,8 @@ class PackWindows:
             meta_path = os.path.join(folder, f"{i:06d}.json")
             if hi <= lo:
                 out[i] = dict(kept, rows=0, schema_b64=None)
-            elif os.path.exists(meta_path):
-                with open(meta_path) as fh:
-                    out[i] = json.load(fh)
+            elif (meta := read_json(meta_path)) is not None and staged_complete(staging, meta):
+                out[i] = meta
             else:
                 tasks.append((i, lo, hi, w, self.doc_starts, paths, file_starts.tolist(), staging,
                               kept))

@@ -79,6 +79,15 @@ def temp_name(path: str) -> str:
     return f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
 
 
+def read_json(path: str):
+    """The staged JSON at ``path``, or None when it is absent or unreadable (redo the work)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
 def atomic_write_json(path: str, obj) -> None:
     tmp = temp_name(path)
     with open(tmp, "w") as f:
@@ -106,11 +115,8 @@ def open_job(path: str, output: str) -> int:
 
 
 def _owner_of(job: str) -> str | None:
-    try:
-        with open(os.path.join(job, _OWNER)) as fh:
-            return json.load(fh).get("output")
-    except (OSError, ValueError, AttributeError):
-        return None
+    doc = read_json(os.path.join(job, _OWNER))
+    return doc.get("output") if isinstance(doc, dict) else None
 
 
 def _remove_tree(path: str) -> None:
