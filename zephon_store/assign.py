@@ -36,6 +36,7 @@ import numpy as np
 
 __all__ = [
     "positions_for_rank",
+    "tail_positions_for_rank",
     "step_is_lane_aligned",
     "rank_lanes",
     "node_lanes",
@@ -125,6 +126,29 @@ def positions_for_rank(cursor: int, global_batch: int, world_size: int, rank: in
             return cursor + np.flatnonzero(residues == rank).astype(np.int64)
     start = cursor + rank * per_rank
     return np.arange(start, start + per_rank, dtype=np.int64)
+
+
+def tail_positions_for_rank(cursor: int, end: int, world_size: int, rank: int) -> np.ndarray:
+    """The positions rank ``rank`` consumes in a last, short step ``[cursor, end)``.
+
+    A run bounded by ``end`` (the loader's ``epochs`` with ``drop_last=False``) ends with
+    a step of ``end - cursor`` positions, fewer than a global batch. They are split into
+    contiguous slices as evenly as they go: rank ``r`` takes
+    ``[cursor + r*R // W, cursor + (r+1)*R // W)``, so slice sizes differ by at most one
+    and a rank may get none when ``R < W``. The slices partition the step: exactly once.
+
+    >>> [tail_positions_for_rank(100, 105, 2, r).tolist() for r in range(2)]
+    [[100, 101], [102, 103, 104]]
+    """
+    if not 0 <= cursor <= end:
+        raise ValueError(f"need 0 <= cursor <= end, got cursor={cursor}, end={end}")
+    if world_size <= 0:
+        raise ValueError(f"world_size must be > 0, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    r = end - cursor
+    return np.arange(cursor + rank * r // world_size, cursor + (rank + 1) * r // world_size,
+                     dtype=np.int64)
 
 
 def rank_lanes(rank: int, world_size: int, lanes: int) -> np.ndarray:

@@ -332,7 +332,11 @@ class BatchPipeline:
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
                 whole = [not first and 2 * slots[rg].rows >= int(rg_rows[rg])
                          for rg in step.row_groups]
-                batch = self._assemble(step, decoded, whole)
+                if decoded:
+                    batch = self._assemble(step, decoded, whole)
+                else:   # a short last step can leave a rank no rows: an empty batch
+                    batch = self.stream.finish(
+                        step.ids, self.stream.select(self.dataset.schema.empty_table()))
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)

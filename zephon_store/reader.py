@@ -81,7 +81,7 @@ class Dataset:
     def __init__(self, url: str, *, storage_options: dict | None = None, cache=None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
                  io_threads: int = 8, expect_dataset_id: str | None = None) -> None:
-        check_dataset_id(expect_dataset_id)
+        check_dataset_id(expect_dataset_id)   # a malformed pin fails before any I/O
         self.url = url
         self.storage_options = storage_options
         self._cache_arg = cache
@@ -90,10 +90,20 @@ class Dataset:
         self._io_threads = io_threads
         self._setup()
         self.manifest: Manifest = load_manifest(self.storage)
-        if expect_dataset_id is not None and self.manifest.dataset_id != expect_dataset_id:
+        if expect_dataset_id is not None:
+            self.expect_id(expect_dataset_id)
+
+    def expect_id(self, dataset_id: str) -> None:
+        """Raise :class:`~zephon_store.errors.ManifestError` unless this is dataset
+        ``dataset_id`` (``"xxh3:<32 hex>"``; ValueError if malformed).
+
+        >>> ds.expect_id("xxh3:9f0c...")   # doctest: +SKIP
+        """
+        check_dataset_id(dataset_id)
+        if self.manifest.dataset_id != dataset_id:
             raise ManifestError(
                 f"{self.storage.url('manifest.json')} holds dataset {self.manifest.dataset_id},"
-                f" not the expected {expect_dataset_id}: the data at {url} was replaced or the "
+                f" not the expected {dataset_id}: the data at {self.url} was replaced or the "
                 "URL is wrong; point at the dataset the run was pinned to, or update the pin")
 
     def _setup(self) -> None:

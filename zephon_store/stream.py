@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .arrowutil import np_view
-from .assign import positions_for_rank
+from .assign import positions_for_rank, tail_positions_for_rank
 from .order import Order, OrderOptions
 
 SEQ_KEY = "_seq"
@@ -64,8 +64,12 @@ class RankStream:
     """
 
     def __init__(self, dataset, options: OrderOptions, topology: Topology, *,
-                 columns: list[str] | None = None, with_seq: bool = False) -> None:
+                 columns: list[str] | None = None, with_seq: bool = False,
+                 end: int | None = None) -> None:
         self.dataset = dataset
+        # Positions at or past ``end`` are never read: a step that would cross it is the
+        # short last step (assign.tail_positions_for_rank). None: no end, full steps only.
+        self.end = end
         self.order = make_order(dataset, options)
         self.topology = topology
         self.columns = columns
@@ -80,6 +84,9 @@ class RankStream:
     def positions(self, cursor: int) -> np.ndarray:
         """Positions this rank consumes in the global step starting at ``cursor``."""
         t = self.topology
+        if self.end is not None and cursor + t.global_batch > self.end:
+            return tail_positions_for_rank(min(cursor, self.end), self.end, t.world_size,
+                                           t.rank)
         return positions_for_rank(cursor, t.global_batch, t.world_size, t.rank,
                                   lanes=self.order.effective_lanes,
                                   epoch_size=self.order.num_samples)
@@ -114,9 +121,13 @@ class RankStream:
         t = self.topology
         steps = max(1, _IDS_BLOCK_POSITIONS // t.local_batch)
         cursors = [cursor + j * t.global_batch for j in range(steps)]
-        ids = self.order.sample_at(np.concatenate([self.positions(c) for c in cursors]))
-        b = t.local_batch
-        block = {c: ids[j * b:(j + 1) * b].copy() for j, c in enumerate(cursors)}
+        if self.end is not None:
+            cursors = [c for c in cursors if c < self.end] or [cursor]
+        parts = [self.positions(c) for c in cursors]
+        ids = self.order.sample_at(np.concatenate(parts))
+        # Steps hold local_batch ids each, except a short last step.
+        bounds = np.cumsum([0] + [p.size for p in parts]).tolist()
+        block = {c: ids[bounds[j]:bounds[j + 1]].copy() for j, c in enumerate(cursors)}
         if len(self._ids_memo) > 4 * steps:
             self._ids_memo.clear()  # steps nobody came for (e.g. another worker's)
         self._ids_memo.update(block)

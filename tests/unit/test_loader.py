@@ -210,3 +210,63 @@ def test_thread_and_worker_paths_agree_over_a_restart_schedule(ds) -> None:
     run = run_segments(make, [Segment(2, 7, num_workers=2), Segment(4, 11),
                               Segment(3, 9, num_workers=1)], global_batch=B)
     assert_matches_reference(run.steps, ref)
+
+
+def test_epochs_drop_the_last_partial_batch_by_default_and_warn_once(ds, caplog) -> None:
+    lo = loader(ds, epochs=1)
+    with caplog.at_level("WARNING", logger="zephon_store"):
+        batches = seqs(lo)
+        seqs(lo)
+    assert len(batches) == N // B
+    dropped = [r for r in caplog.records if "drop" in r.getMessage()]
+    assert len(dropped) == 1 and str(N % B) in dropped[0].getMessage()
+
+
+@pytest.mark.parametrize("world,workers", [(1, 0), (2, 0), (4, 0), (3, 0), (2, 2)])
+def test_drop_last_false_yields_every_sample_exactly_once(ds, world, workers) -> None:
+    """The final step holds the N % B remaining positions, split exactly among the ranks
+    (some ranks may get fewer or none), and the cursor ends at exactly N."""
+    per_rank = []
+    for rank in range(world):
+        lo = loader(ds, epochs=1, drop_last=False, world_size=world, rank=rank,
+                    num_workers=workers)
+        assert len(lo) == -(-N // B)
+        per_rank.append(seqs(lo))
+        assert lo.state_dict()["cursor"] == N
+        assert seqs(lo) == []     # nothing after the end
+    steps = len(per_rank[0])
+    assert all(len(p) == steps for p in per_rank)    # every rank takes the same steps
+    ids = [i for p in per_rank for batch in p for i in batch]
+    assert sorted(ids) == list(range(N))
+    last = [len(p[-1]) for p in per_rank]
+    assert sum(last) == N % B and max(last) - min(last) <= 1
+
+
+def test_drop_last_false_resumes_exactly_into_the_partial_step(ds, order) -> None:
+    lo = loader(ds, epochs=1.5, drop_last=False)
+    it = iter(lo)
+    first = [next(it)["_seq"].tolist() for _ in range(10)]
+    state = lo.state_dict()
+    rest = seqs(_resumed(ds, state))
+    got = [i for b in first + rest for i in b]
+    assert got == order.sample_at(range(int(1.5 * N))).tolist()
+
+
+def _resumed(ds, state):
+    lo = loader(ds, epochs=1.5, drop_last=False)
+    lo.load_state_dict(state)
+    return lo
+
+
+def test_expect_dataset_id_on_the_loader(ds) -> None:
+    from zephon_store import ManifestError
+
+    url = ds.url
+    assert ZephonLoader(url, global_batch=B, world_size=1, rank=0,
+                        expect_dataset_id=ds.dataset_id).dataset_id == ds.dataset_id
+    with pytest.raises(ManifestError, match="xxh3:0000"):
+        ZephonLoader(url, global_batch=B, world_size=1, rank=0,
+                     expect_dataset_id="xxh3:" + "0" * 32)
+    with pytest.raises(ManifestError, match="xxh3:0000"):
+        ZephonLoader(ds, global_batch=B, world_size=1, rank=0,
+                     expect_dataset_id="xxh3:" + "0" * 32)

@@ -25,7 +25,9 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
     """Yields ``(i, batch)``: the local batch index (from ``start_cursor``) and the batch.
 
     ``num_batches=None`` is an endless stream (epochs follow each other, each a fresh
-    permutation). Usually driven by :class:`zephon_store.torch.ZephonLoader`.
+    permutation). ``end``: no position at or past it is read; the step that would cross it
+    is short (``drop_last=False`` of :class:`zephon_store.torch.ZephonLoader`, which
+    usually drives this).
     """
 
     def __init__(self, dataset, *, order: OrderOptions, topology: Topology, start_cursor: int = 0,
@@ -33,9 +35,10 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
                  with_seq: bool = False, transform: Callable[[dict], dict] | None = None,
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  decode_ahead_bytes: int | None = None,
-                 coalesce: CoalesceOptions | None = None) -> None:
+                 coalesce: CoalesceOptions | None = None, end: int | None = None) -> None:
         super().__init__()
-        self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq)
+        self.stream = RankStream(dataset, order, topology, columns=columns, with_seq=with_seq,
+                                 end=end)
         self.start_cursor = start_cursor
         self.num_batches = num_batches
         self.transform = transform

@@ -73,7 +73,13 @@ class ZephonLoader:
 
     Arguments: ``global_batch`` samples per step over all ranks (``world_size`` must divide
     it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
-    ``max_steps``/``epochs`` bound the stream (default endless); ``columns`` selects columns;
+    ``max_steps``/``epochs`` bound the stream (default endless; ``epochs`` may be
+    fractional, the run ends at position ``int(epochs * num_samples)``); ``drop_last``
+    (default True) drops the positions of that end that do not fill a global batch (logged
+    once as a warning), ``drop_last=False`` reads them in a short last step split as evenly
+    as they go among the ranks (a rank may get an empty batch; every rank takes the same
+    number of steps), and the cursor ends exactly at the end; ``expect_dataset_id``
+    (``"xxh3:..."``) refuses any other dataset (ManifestError); ``columns`` selects columns;
     ``with_seq`` adds ``_seq`` (int64 global sample ids) to every batch; ``transform`` maps a
     decoded batch dict; ``collate`` replaces the numpy->tensor conversion; ``prefetch``
     batches are made ahead of the loop by process workers, or by a thread when there is a
@@ -97,7 +103,8 @@ class ZephonLoader:
                  multiprocessing_context: str | None = None, pin_memory: bool = False,
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  decode_ahead_bytes: int | None = None,
-                 coalesce: CoalesceOptions | None = None) -> None:
+                 coalesce: CoalesceOptions | None = None, drop_last: bool = True,
+                 expect_dataset_id: str | None = None) -> None:
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -120,8 +127,17 @@ class ZephonLoader:
         ws, rk = detect_topology()
         self.topology = Topology(global_batch, ws if world_size is None else world_size,
                                  rk if rank is None else rank)
-        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(
-            dataset, storage_options=storage_options, cache=cache)
+        if isinstance(dataset, Dataset):
+            self.dataset = dataset
+            if expect_dataset_id is not None:
+                dataset.expect_id(expect_dataset_id)
+        else:
+            self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
+                                        expect_dataset_id=expect_dataset_id)
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last must be a bool, got {drop_last!r}")
+        self.drop_last = drop_last
+        self._warned_drop = False
         self.order = order
         self.num_workers = num_workers
         self.prefetch = prefetch
@@ -199,25 +215,45 @@ class ZephonLoader:
         if self._max_steps is not None:
             limits.append(self._max_steps)
         if self._max_cursor is not None:
-            limits.append(max(0, (self._max_cursor - start) // b))
+            left = max(0, self._max_cursor - start)
+            limits.append(left // b if self.drop_last else -(-left // b))
         return min(limits) if limits else None
+
+    @property
+    def _end(self) -> int | None:
+        """The position the run stops at, when its last step may be short (drop_last=False)."""
+        return None if self.drop_last else self._max_cursor
 
     def _iter_dataset(self, start: int) -> ZephonIterableDataset:
         return ZephonIterableDataset(
             self.dataset, order=self.order, topology=self.topology, start_cursor=start,
             num_batches=self._num_batches(start), columns=self.columns, with_seq=self.with_seq,
             transform=self.transform, prefetch_bytes=self.prefetch_bytes,
-            decode_ahead_bytes=self.decode_ahead_bytes, coalesce=self.coalesce)
+            decode_ahead_bytes=self.decode_ahead_bytes, coalesce=self.coalesce, end=self._end)
+
+    def _warn_dropped(self, start: int) -> None:
+        left = 0 if self._max_cursor is None else max(0, self._max_cursor - start)
+        dropped = left % self.topology.global_batch
+        if self.drop_last and dropped and not self._warned_drop:
+            self._warned_drop = True
+            log.warning(
+                "zephon: the run ends at position %d (epochs); its last %d positions are "
+                "fewer than global_batch=%d and are dropped (drop_last=True, the default). "
+                "Pass drop_last=False to read them in a short last step.",
+                self._max_cursor, dropped, self.topology.global_batch)
 
     def __iter__(self) -> Iterator:
         start = self.cursor
+        self._warn_dropped(start)
         source = self._iter_dataset(start)
         batches = self._threaded(source) if self.num_workers == 0 else self._processes(source)
         b = self.topology.global_batch
+        end = self._end if self._end is not None else MAX_CURSOR
         for i, batch in batches:
             # Consumed means handed to the training loop: advance before yielding so a
-            # state_dict() taken right after this batch resumes with the next one.
-            self.cursor = start + (i + 1) * b
+            # state_dict() taken right after this batch resumes with the next one. A short
+            # last step (drop_last=False) ends the cursor exactly at the end.
+            self.cursor = min(start + (i + 1) * b, end)
             yield self.collate(batch) if self.collate is not None else batch
 
     def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
