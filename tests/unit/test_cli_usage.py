@@ -66,3 +66,19 @@ def test_convert_csv_delimiter_flag(tmp_path, capsys):
     out = str(tmp_path / "ds")
     assert main(["convert", str(src), "--output", out, "--csv-delimiter", ";", "--json"]) == 0
     assert open_dataset(out).take([0, 1]).to_pylist() == [{"a": "1", "b": "x"}, {"a": "2", "b": "y"}]
+
+
+def test_convert_csv_newlines_in_values_flag(tmp_path, capsys):
+    src = tmp_path / "m.csv"
+    src.write_text('a,b\n1,"two\nlines"\n3,z\n')
+    on, off = str(tmp_path / "on"), str(tmp_path / "off")
+    assert main(["convert", str(src), "--output", on, "--json"]) == 0
+    assert open_dataset(on).take([0]).to_pylist() == [{"a": "1", "b": "two\nlines"}]
+    argv = ["convert", str(src), "--output", off, "--no-csv-newlines-in-values", "--json"]
+    assert main(argv) == 1
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_get_non_integer_is_a_usage_error(ds_path, capsys):
+    assert main(["get", ds_path, "1.5"]) == 2
+    assert "base-10 integer" in capsys.readouterr().err

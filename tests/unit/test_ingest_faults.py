@@ -211,7 +211,7 @@ def test_csv_multiline_fields_follow_the_option(tmp_path):
     assert _csv_rows(path)[0] == want
     with pytest.raises(InputError, match=r"q\.csv line 2: unterminated quote: the record that "
                                          r"starts on this line is still inside a quoted field at "
-                                         r"the end of the line \(csv_newlines_in_values is off"):
+                                         r"the end of the line \(--no-csv-newlines-in-values"):
         _csv_rows(path, csv_newlines_in_values=False)
     got, stats = _csv_rows(path, csv_newlines_in_values=False, on_error="skip")
     # Each line is a record of its own: lines with an open quote are bad, lines with the wrong

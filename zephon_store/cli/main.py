@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "latin-1, cp1252, shift_jis, ...; default utf-8)")
     c.add_argument("--csv-delimiter", default=",", metavar="CHAR",
                    help="CSV field delimiter, one character (default ',')")
+    c.add_argument("--csv-newlines-in-values", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="CSV: a quoted field may span lines (default); with --no-csv-newlines-"
+                        "in-values a newline always ends a record (docs/inputs.md)")
     c.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                    help="records per parsed batch (default 65536; memory, not output, depends "
                         "on it)")
@@ -99,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("get", help="print the records at global sequence numbers")
     g.add_argument("url")
-    g.add_argument("seqs", nargs="+", type=int, metavar="SEQ")
+    g.add_argument("seqs", nargs="+", metavar="SEQ")
     g.add_argument("--json", action="store_true", help="one JSON object per line")
     add_storage_options(g)
 
@@ -163,6 +167,7 @@ def cmd_convert(args) -> int:
     iopts = build_options(InputOptions, format=args.format, text_mode=args.text_mode,
                           on_error=args.on_error, text_column=args.text_column,
                           encoding=args.encoding, csv_delimiter=args.csv_delimiter,
+                          csv_newlines_in_values=args.csv_newlines_in_values,
                           batch_rows=args.batch_rows)
     kwargs = {}
     if args.tokenizer or args.seq_len:
@@ -236,11 +241,16 @@ def cmd_info(args) -> int:
 
 
 def cmd_get(args) -> int:
+    from ..index import parse_seq
     from ..reader import open_dataset
 
-    ds = open_dataset(args.url, storage_options=args.storage_options)
-    rows = ds.take(args.seqs).to_pylist()
-    for seq, row in zip(args.seqs, rows):
+    with open_dataset(args.url, storage_options=args.storage_options) as ds:
+        try:
+            seqs = [parse_seq(t, num_samples=ds.num_samples) for t in args.seqs]
+        except ValueError as exc:   # not an integer; out of range is SeqOutOfRangeError
+            raise UsageError(str(exc)) from exc
+        rows = ds.take(seqs).to_pylist()
+    for seq, row in zip(seqs, rows):
         if args.json:
             emit(row)
         else:

@@ -127,7 +127,7 @@ def _records(lines: Iterator[Line], file: InputFile, delimiter: str, *, options:
                     yield taken[0][0], row, taken
                 continue
             reason = ("unterminated quote: the record that starts on this line is still inside "
-                      "a quoted field at the end of the line (csv_newlines_in_values is off)")
+                      "a quoted field at the end of the line (--no-csv-newlines-in-values)")
         bad_record("bad_row", file, taken[0][0], reason, _QUOTE_HINT, options=options,
                    stats=stats)
         # Skip mode: drop only the first line and read the others again as new records.
