@@ -280,7 +280,8 @@ def _exhausted(what: str, url: str | None, policy: RetryPolicy, attempts: int, e
     budget = (f"the {policy.deadline:g} s retry deadline" if elapsed >= policy.deadline else
               f"max_attempts={policy.max_attempts}")
     return RetriesExhaustedError(
-        f"{what}: gave up after {attempts} attempts in {elapsed:.1f} s ({budget} ran out); last "
+        f"{what}: gave up after {attempts} attempt{'s' if attempts != 1 else ''} in "
+        f"{elapsed:.1f} s ({budget} ran out); last "
         f"error: {type(exc).__name__}: {exc}. The storage is unreachable or failing: check the "
         f"endpoint and network, or allow more time with the storage option "
         f'{{"retry": {{"deadline": SECONDS}}}} (or open_dataset(..., retry=RetryPolicy('

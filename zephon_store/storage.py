@@ -113,6 +113,12 @@ def retry_policy(storage_options: dict[str, Any] | None) -> RetryPolicy:
             f'{{"{RETRY_OPTION}": {{"deadline": 300, "max_delay": 10}}}})') from None
 
 
+# botocore create_client() arguments users pass at the top level; s3fs wants them in
+# client_kwargs.
+_CLIENT_KWARGS = frozenset({"region_name", "verify", "api_version", "aws_access_key_id",
+                            "aws_secret_access_key", "aws_session_token"})
+
+
 @functools.lru_cache(maxsize=1)
 def _s3_option_names() -> frozenset[str]:
     """Every key ``S3FileSystem`` accepts: its own parameters, the fsspec listing-cache ones
@@ -138,6 +144,8 @@ def _check_s3_options(opts: dict[str, Any]) -> None:
         if key not in accepted:
             close = difflib.get_close_matches(str(key), accepted, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            if key in _CLIENT_KWARGS:
+                hint = " (it is a botocore client setting: put it in client_kwargs)"
             raise StorageOptionsError(
                 f"unknown storage option {key!r} for s3://{hint}; accepted: "
                 f"{', '.join(sorted(accepted))}. Credentials and the endpoint can also come "

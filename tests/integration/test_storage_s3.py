@@ -279,6 +279,7 @@ def test_a_long_retry_logs_one_warning(tmp_path, monkeypatch, caplog):
 def test_unknown_storage_options_are_named_before_any_request(s3_bucket):
     for bad, named in [({"endpont_url": "http://x"}, "did you mean 'endpoint_url'"),
                        ({"retries": 3}, "'retries'"),
+                       ({"region_name": "eu-west-1"}, "put it in client_kwargs"),
                        ({"config_kwargs": {"read_timout": 1}}, "read_timout"),
                        ({"client_kwargs": "x"}, "must be an object"),
                        ({"retry": {"deadlin": 5}}, "unknown retry option 'deadlin'")]:
