@@ -141,8 +141,9 @@ def convert(
             metas, plans, infos, schema, reuse = _stage_and_write(
                 files, out, staging, options, input_options, in_so, parse_fn, workers,
                 storage_options, progress, restream)
-            result = publish_manifest(out, files, metas, plans, infos, schema, options,
-                                      input_options, extra_manifest, overwrite=overwrite)
+            result = _on_disk(staging, lambda: publish_manifest(
+                out, files, metas, plans, infos, schema, options, input_options,
+                extra_manifest, overwrite=overwrite))
         except BaseException:
             os.close(active)  # the staged work stays for a rerun
             raise
@@ -193,9 +194,10 @@ def _on_disk(path: str, fn):
     except OSError as exc:
         if exc.errno == errno.ENOSPC or "No space left on device" in str(exc):
             raise DiskFullError(
-                errno.ENOSPC, f"no space left on device ({exc}); staging is under {path}: free "
-                "space on that disk (or stage elsewhere: staging_dir=, or $ZEPHON_CACHE_DIR for "
-                "remote outputs), then rerun the same command to resume") from exc
+                errno.ENOSPC, f"no space left on device ({exc}); free space on that disk "
+                f"(this job stages under {path}; stage elsewhere with staging_dir=, or "
+                "$ZEPHON_CACHE_DIR for remote outputs), then rerun the same command to resume"
+            ) from exc
         raise
 
 

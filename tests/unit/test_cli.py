@@ -114,3 +114,19 @@ def test_convert_dictionary_flag(tmp_path, capsys, flag, want):
     assert main(argv) == 0
     capsys.readouterr()
     assert open_dataset(str(tmp_path / "ds")).manifest.doc["writer"]["use_dictionary"] == want
+
+
+def test_convert_into_another_dataset_needs_overwrite(tmp_path, capsys):
+    write_jsonl_corpus(tmp_path / "a", files=1, records=30, seed=1)
+    write_jsonl_corpus(tmp_path / "b", files=1, records=40, seed=2)
+    out = str(tmp_path / "ds")
+    assert main(["convert", str(tmp_path / "a"), "--output", out, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["dataset_id"]
+    assert main(["convert", str(tmp_path / "b"), "--output", out, "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and first in err and len(err.strip().splitlines()) == 1
+    assert main(["convert", str(tmp_path / "b"), "--output", out, "--overwrite", "--json"]) == 0
+    capsys.readouterr()
+    assert open_dataset(out).num_samples == 40
+    assert main(["gc", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == []  # nothing of 'a' was left
