@@ -21,8 +21,9 @@ from .errors import RetriesExhaustedError, ZephonError
 
 T = TypeVar("T")
 
-# A minute: about what an object store's brown-out or a network flap lasts, and what the
-# docs promised; the first outages that stopped training lasted 2, 5 and 20 s.
+# A minute: what docs/storage.md had promised, and three times the longest outage (20 s)
+# that stopped a loader in the fault runs of issue 14. A job that must ride out longer
+# outages says so (the "retry" storage option); failing later hides a dead endpoint longer.
 DEFAULT_DEADLINE = 60.0
 
 # Matched by name along each exception's MRO, so neither botocore nor aiohttp has to be
