@@ -149,6 +149,20 @@ def test_loader_rides_out_an_outage_with_the_default_policy(corpus, remote, tmp_
         assert ds.storage.stats.retries >= 3
 
 
+def test_the_cli_sets_the_retry_deadline_through_storage_options(remote, capsys):
+    """--storage-options '{"retry": {...}}' reaches the RetryPolicy; running out names the URL,
+    the attempts and the seconds spent."""
+    url, bucket, _ = remote
+    with FaultProxy(int(bucket.server.endpoint_url.rsplit(":", 1)[1])) as proxy:
+        so = dict(bucket.options_via(proxy.endpoint_url, read_timeout=0.5, connect_timeout=0.5),
+                  retry={"deadline": 0.5, "base_delay": 0.05, "max_delay": 0.1})
+        proxy.down_forever()
+        assert main(["info", url, "--json", "--storage-options", json.dumps(so)]) == 1
+    err = capsys.readouterr().err
+    assert f"GET {url}/manifest.json: gave up after" in err and " attempts in " in err
+    assert "0.5 s retry deadline ran out" in err
+
+
 def test_checksum_errors_on_manifest_and_side_tables_are_retried(corpus, remote, tmp_path):
     """Regression (issue 14): botocore's FlexibleChecksumError on a whole-object GET
     (manifest.json, a side table) was treated as permanent and killed open_dataset."""
