@@ -40,7 +40,7 @@ from .ingest.schema import conform_batch
 from .layout import Cutter, ShardPlan
 from .lock import output_lock
 from .manifest import shard_path
-from .publish import publish_manifest, stored_intact
+from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
 from .staging import (
@@ -133,6 +133,7 @@ def convert(
     with output_lock(out):
         files = expand_inputs(list(inputs), storage_options=in_so, options=input_options,
                               exclude=_own_roots(out, staging_dir))
+        check_output(out, files, options, overwrite=overwrite)
         job = job_key(files, options, input_options, parse_fn, extra_manifest, out.root_url)
         staging = job_dir(output, out, job, staging_dir)
         active = _on_disk(staging, lambda: open_job(staging, out.root_url))

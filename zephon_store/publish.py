@@ -8,6 +8,7 @@ new manifest is in place, what only the old one referenced is removed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import asdict, is_dataclass
@@ -96,6 +97,26 @@ def _owned(out: Storage) -> set[str] | None:
         return None
 
 
+def inputs_doc(files) -> dict:
+    """The manifest's ``inputs`` object for ``files``."""
+    return {"count": len(files), "bytes": int(sum(f.size for f in files))}
+
+
+def check_output(out: Storage, files, options, *, overwrite: bool) -> None:
+    """Refuse at once, before any work, when ``out`` certainly holds another dataset: its
+    manifest does not parse, or records other inputs or writer options (both are hashed into
+    ``dataset_id``). Other differences show only at publish (:func:`publish_manifest`)."""
+    if overwrite:
+        return
+    old = _previous(out)
+    if old is None:
+        return
+    writer = json.loads(json.dumps(options.to_dict()))
+    if not isinstance(old, dict) or old.get("writer") != writer or old.get("inputs") != inputs_doc(
+            files):
+        _refuse(out, old, None, None)
+
+
 def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
                       extra, *, overwrite: bool = False) -> Manifest:
     sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
@@ -146,7 +167,7 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
         totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
                 "total_bytes": int(sum(sh_cols["bytes"]))},
         table_refs=refs,
-        inputs={"count": len(files), "bytes": int(sum(f.size for f in files))},
+        inputs=inputs_doc(files),
         skipped=skipped,
         # How inputs were read is recorded but not hashed: the shard bytes it produced are,
         # and a new (defaulted) reader option must not change the id of identical data.
@@ -176,17 +197,19 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
 
 
 def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
-            new: Manifest) -> None:
+            new: Manifest | None) -> None:
     """Refuse to replace another dataset; first remove the shards only this run wrote, so the
     old dataset is left as it was (the job's staging stays for a rerun with overwrite)."""
-    if old_owned is not None:
+    if old_owned is not None and new is not None:
         for rel in sorted(referenced_paths(new) - old_owned):
             if rel.startswith("shards/"):
                 out.delete(rel)
     if isinstance(old, dict):
         samples = (old.get("totals") or {}).get("num_samples")
+        this = (f"this conversion is {new.dataset_id}" if new is not None else
+                "this conversion has other inputs or writer options")
         what = (f"a different dataset (dataset_id {old.get('dataset_id')}, {samples} samples; "
-                f"this conversion is {new.dataset_id})")
+                f"{this})")
     else:
         what = f"a manifest that does not parse ({old})"
     raise OutputExistsError(

@@ -190,9 +190,18 @@ def test_converting_a_different_dataset_into_an_output_is_refused(two_corpora, t
     out = tmp_path / "ds"
     first = convert([str(a)], str(out), options=SMALL)
     before = tree_digest(out)
+    # Other inputs: refused before anything is parsed or staged.
     with pytest.raises(FileExistsError) as e:
         convert([str(b)], str(out), options=SMALL)
     assert "overwrite" in str(e.value) and first.dataset_id in str(e.value)
+    assert tree_digest(out) == before and not _staging(out).exists()
+    # Same sizes and options, other bytes: found at publish, and the new shards go again.
+    edited = tmp_path / "edited"
+    shutil.copytree(a, edited)
+    part = edited / "part-000.jsonl"
+    part.write_bytes(part.read_bytes().replace(b"alpha", b"ALPHA", 1))
+    with pytest.raises(FileExistsError, match="overwrite"):
+        convert([str(edited)], str(out), options=SMALL)
     assert tree_digest(out) == before  # untouched: no new shards left behind either
     assert open_dataset(str(out)).dataset_id == first.dataset_id
 
