@@ -32,9 +32,6 @@ from .stream import array_view
 
 DEFAULT_DECODE_CACHE_BYTES = 256 << 20
 _MAX_MAPPED_SHARDS = 256  # open memory maps kept per Dataset (one file descriptor each)
-# Bytes of one chunk of a gathered result, at most (estimated): a string chunk's 32-bit
-# offsets address 2 GiB, and the estimate may be off by a factor of two.
-_MAX_CHUNK_BYTES = 1 << 30
 
 
 class _LRU:
@@ -535,31 +532,17 @@ def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -
     >>> gather_rows([t, u], np.array([1, 0, 0]), np.array([1, 2, 0])).column("x").to_pylist()
     [11, 2, 0]
     """
-    if rows.size > 1:
-        per_row = np.array([t.nbytes / max(1, t.num_rows) for t in tables])
-        if float(per_row.max()) * rows.size > _MAX_CHUNK_BYTES:
-            # Cut the request where the estimated bytes pass each multiple of the limit.
-            sizes = np.cumsum(per_row[inverse])
-            cuts = np.searchsorted(sizes, np.arange(_MAX_CHUNK_BYTES, sizes[-1],
-                                                    _MAX_CHUNK_BYTES))
-            bounds = np.unique(np.concatenate([[0], cuts, [rows.size]])).tolist()
-            if len(bounds) > 2:
-                return pa.concat_tables([_gather_fitting(tables, inverse[a:b], rows[a:b])
-                                         for a, b in zip(bounds[:-1], bounds[1:])])
-    return _gather_fitting(tables, inverse, rows)
-
-
-def _gather_fitting(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
     try:
         return _gather_rows(tables, inverse, rows)
     except pa.ArrowInvalid as exc:
         if "overflow" not in str(exc) or rows.size < 2:
             raise
-    # The estimate missed (a few huge rows among small ones) and Arrow refused a chunk past
-    # 2 GiB ("offset overflow"): halve the request until each half fits.
+    # Arrow refused a chunk past 2 GiB ("offset overflow"): halve the request until each
+    # half fits. Trying first costs nothing on the usual path (an estimate of the result's
+    # size cost ~40 us a call); the rare huge take pays one failed attempt.
     half = rows.size // 2
-    return pa.concat_tables([_gather_fitting(tables, inverse[:half], rows[:half]),
-                             _gather_fitting(tables, inverse[half:], rows[half:])])
+    return pa.concat_tables([gather_rows(tables, inverse[:half], rows[:half]),
+                             gather_rows(tables, inverse[half:], rows[half:])])
 
 
 def _gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
