@@ -214,7 +214,10 @@ class Manifest:
         """All side tables; provenance is fetched on first use (readers do not need it)."""
         for kind in TABLE_SCHEMAS:
             if kind not in self._tables and self._loader is not None:
-                self._tables[kind] = self._loader(kind)
+                table = self._loader(kind)
+                if kind == "provenance":
+                    self.check_provenance(table)
+                self._tables[kind] = table
         return self._tables
 
     # -- facts -------------------------------------------------------------------------
@@ -390,6 +393,32 @@ class Manifest:
                 bad = int(np.flatnonzero(same & (self.rg_offset[1:] < end[:-1]))[0]) + 1
                 raise self._fail(f"row group {bad} overlaps (or precedes) the one before it "
                                  "in its shard")
+
+    def check_provenance(self, table: pa.Table) -> None:
+        """The provenance table points into the shard table and covers every sample once:
+        each piece's rows lie inside its shard (shard -1: an input that gave no rows)."""
+        shard = column_np(table.column("shard"))
+        rows = column_np(table.column("num_rows"))
+        start = column_np(table.column("row_start"))
+        n_sh = len(self.shard_rows)
+        for label, col in (("num_rows", rows), ("row_start", start),
+                           ("input_bytes", column_np(table.column("input_bytes"))),
+                           ("input_row_start", column_np(table.column("input_row_start")))):
+            if col.size and (int(col.min()) < 0 or int(col.max()) > MAX_COUNT):
+                raise self._fail(f"provenance {label} holds a value outside [0, {MAX_COUNT}]")
+        if shard.size and (int(shard.min()) < -1 or int(shard.max()) >= n_sh):
+            raise self._fail(f"provenance names a shard outside [-1, {n_sh})")
+        used = shard >= 0
+        if np.any(~used & (rows != 0)):
+            raise self._fail("provenance gives rows to an input without a shard")
+        s = shard[used]
+        lo = self.shard_row_start[s]
+        if np.any((start[used] < lo) | (start[used] + rows[used] > lo + self.shard_rows[s])):
+            raise self._fail("provenance places rows outside their shard")
+        total = _exact_sum(rows)
+        if total != self.num_samples:
+            raise self._fail(f"provenance covers {total} rows, not num_samples="
+                             f"{self.num_samples}")
 
     def check_counts(self) -> None:
         """Row counts and sizes add up: running sums, per-shard sums, the totals."""

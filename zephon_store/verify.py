@@ -119,6 +119,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
         return report
     try:
         m.check_counts()
+        m.check_provenance(tables["provenance"])
     except ManifestError as exc:
         add(Finding(None, "manifest", str(exc)))
     shards = range(m.num_shards)

@@ -47,13 +47,14 @@ def _doc(ds):
     return json.loads((ds / "manifest.json").read_text())
 
 
-def forge(ds, *, doc=None, shards=None, row_groups=None):
+def forge(ds, *, doc=None, shards=None, row_groups=None, provenance=None):
     """Rewrite side tables and/or the JSON, then re-seal every hash and the dataset_id.
 
     The result is self-consistent as far as hashes go: only validation can refuse it.
     """
     d = _doc(ds)
-    for kind, edit in (("shards", shards), ("row_groups", row_groups)):
+    for kind, edit in (("shards", shards), ("row_groups", row_groups),
+                       ("provenance", provenance)):
         if edit is None:
             continue
         ref = d["tables"][kind]
@@ -110,6 +111,17 @@ def test_row_group_pointing_at_another_or_no_shard(ds, shard):
         values[0] = shard
     forge(ds, row_groups=set_col("shard", edit))
     refused(ds)
+
+
+@pytest.mark.parametrize("column,delta", [("shard", 999), ("shard", -5), ("num_rows", 10**6),
+                                          ("row_start", -1)])
+def test_provenance_pointing_outside_the_shards(ds, column, delta):
+    def edit(values):
+        values[0] += delta
+    forge(ds, provenance=set_col(column, edit))
+    with pytest.raises(ManifestError, match="provenance"):
+        _ = open_dataset(str(ds)).manifest.tables
+    assert any("provenance" in f.message for f in verify(str(ds)).findings)
 
 
 def _bump(name, index, delta, kind="row_groups"):
