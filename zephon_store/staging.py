@@ -260,9 +260,25 @@ class Pool:
             # deadlock.
             self._ex = ProcessPoolExecutor(self.workers, initializer=_die_with_parent,
                                            mp_context=multiprocessing.get_context("spawn"))
+            self._start_workers()
         elif self.threads > 1:
             self._ex = ThreadPoolExecutor(self.threads, thread_name_prefix="zephon-convert")
         return self
+
+    def _start_workers(self) -> None:
+        """Start every worker now, with SIGINT ignored: the disposition survives fork + exec,
+        so a Ctrl-C that lands while a worker is still importing cannot print its traceback
+        (the initializer's own SIG_IGN comes only after the imports)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for _ in range(self.workers):  # each submit without an idle worker spawns one
+                self._ex.submit(int)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._ex is None:
