@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 
 import numpy as np
@@ -159,8 +160,9 @@ def test_the_cli_sets_the_retry_deadline_through_storage_options(remote, capsys)
         proxy.down_forever()
         assert main(["info", url, "--json", "--storage-options", json.dumps(so)]) == 1
     err = capsys.readouterr().err
-    assert f"GET {url}/manifest.json: gave up after" in err and " attempts in " in err
-    assert "0.5 s retry deadline ran out" in err
+    # one attempt may take the whole budget on a loaded machine: "1 attempt" then
+    assert re.search(rf"GET {re.escape(url)}/manifest\.json: gave up after \d+ attempts? in "
+                     rf"[0-9.]+ s \(the 0\.5 s retry deadline ran out\)", err), err
 
 
 def test_checksum_errors_on_manifest_and_side_tables_are_retried(corpus, remote, tmp_path):
