@@ -69,9 +69,7 @@ def job_dir(output: str, out: Storage, job: str, base: str | None) -> str:
         return os.path.join(base, job)
     if out.local:
         return os.path.join(out.root_url, STAGING_DIRNAME, job)
-    from .cache import default_cache_dir
-
-    return os.path.join(default_cache_dir(), "staging", job)
+    return os.path.join(staging_root(), job)
 
 
 def temp_name(path: str) -> str:
@@ -90,11 +88,16 @@ def read_json(path: str):
 
 def atomic_write_json(path: str, obj) -> None:
     tmp = temp_name(path)
-    with open(tmp, "w") as f:
-        json.dump(obj, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # -- the job folder -------------------------------------------------------------------------
