@@ -12,7 +12,9 @@ input is parsed).
   (``If-None-Match: *``; AWS S3 and SeaweedFS honour it) and read back to check its owner
   token. A lock left by a convert that died on *this* host (its pid is gone) is taken over;
   one from another host is reported and must be removed by hand once that host's process is
-  known to be gone (an object store cannot tell whether a remote process is alive).
+  known to be gone (an object store cannot tell whether a remote process is alive). Taking
+  over is best effort: two processes of one host taking over the same dead lock in the same
+  few milliseconds could both succeed (S3 has no conditional DELETE).
 
 The lock holds ``{"pid", "host", "since", "token", "command"}``; the error a second convert
 gets names them: ``another convert (pid P on host H, since T) holds OUT; wait for it, or
@@ -144,8 +146,11 @@ def _acquire_remote(out: Storage, holder: dict) -> None:
             return
         if (held is not None and held.get("host") == holder["host"]
                 and not _pid_alive(held.get("pid"))):
-            _warn_takeover(out, held)
-            out.delete(LOCK_NAME)
+            # Delete only the very lock found stale: another process of this host may have
+            # taken it over since (S3 has no conditional DELETE; this narrows the window).
+            if _read_remote(out)[1] == held:
+                _warn_takeover(out, held)
+                out.delete(LOCK_NAME)
             continue
         raise _locked_error(out, held)
     raise _locked_error(out, _read_remote(out)[1])
