@@ -205,6 +205,11 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
     protocol, path = fsspec.core.split_protocol(url)
     opts = dict(storage_options or {})
     retry_policy(opts)  # a bad "retry" option fails here for every protocol
+    if "::" in url:
+        # A chained URL (simplecache::s3://b/k) is fsspec's to build; its options are keyed
+        # by protocol ({"s3": {...}, "simplecache": {...}}).
+        opts.pop(RETRY_OPTION, None)
+        return fsspec.core.url_to_fs(url, **opts)
     if protocol in _LOCAL_PROTOCOLS:
         from fsspec.implementations.local import LocalFileSystem
 

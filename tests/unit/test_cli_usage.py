@@ -82,3 +82,9 @@ def test_convert_csv_newlines_in_values_flag(tmp_path, capsys):
 def test_get_non_integer_is_a_usage_error(ds_path, capsys):
     assert main(["get", ds_path, "1.5"]) == 2
     assert "base-10 integer" in capsys.readouterr().err
+
+
+def test_unknown_storage_option_is_a_usage_error(ds_path, capsys):
+    assert main(["info", "s3://bucket/ds", "--storage-options", '{"endpoint": "x"}']) == 2
+    err = capsys.readouterr().err
+    assert "'endpoint'" in err and "Traceback" not in err

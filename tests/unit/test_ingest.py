@@ -444,3 +444,15 @@ def test_conflicts_far_apart_in_one_chunk_raise_cleanly(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError, match="far.jsonl line 50001: column 'y' is an object here"):
         read_all(one(path))
+
+
+def test_chained_url_inputs_are_read(tmp_path):
+    """``simplecache::memory://...``: fsspec builds chained filesystems; resolve hands them on."""
+    import fsspec
+
+    from zephon_store import convert, open_dataset
+
+    fsspec.filesystem("memory").pipe("/chained/a.jsonl", b'{"x": 1}\n{"x": 2}\n')
+    out = str(tmp_path / "ds")
+    assert convert(["simplecache::memory://chained/a.jsonl"], out).num_samples == 2
+    assert open_dataset(out).take([0, 1]).to_pylist() == [{"x": 1}, {"x": 2}]
