@@ -46,8 +46,9 @@ _TABLE_PATH_RE = re.compile(r"index/[0-9a-f]{32}\.arrow")
 MAX_COUNT = 2**62 - 1
 # What a malformed manifest or side table makes Python, numpy or Arrow raise while it is
 # parsed; each is turned into a ManifestError naming the file.
+# (OSError too: pyarrow raises it for an invalid flatbuffer even when reading memory.)
 PARSE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
-                MemoryError, RecursionError, binascii.Error, pa.ArrowException)
+                MemoryError, RecursionError, OSError, binascii.Error, pa.ArrowException)
 # Fields left out of dataset_id: who wrote the bytes, and from where, is not what they are.
 _NOT_HASHED = ("dataset_id", "created_by")
 

@@ -183,7 +183,7 @@ class Dataset:
         # makes a minimal buffer pyarrow parses as a file (offsets inside are not checked).
         try:
             md = pq.read_metadata(pa.BufferReader(b"PAR1" + data))
-        except (*PARSE_ERRORS, OSError) as exc:
+        except PARSE_ERRORS as exc:
             raise self._forged(shard, f"its footer (bytes {start}..{end}, hash verified) does "
                                f"not parse: {exc}") from exc
         self._check_footer(shard, md)
@@ -216,7 +216,7 @@ class Dataset:
                                    f"says {want}")
         try:
             schema = md.schema.to_arrow_schema()
-        except (*PARSE_ERRORS, OSError) as exc:
+        except PARSE_ERRORS as exc:
             raise self._forged(shard, f"its footer's schema does not convert: {exc}") from exc
         if not schema.equals(m.storage_schema, check_metadata=False):
             raise self._forged(shard, f"its schema {schema} differs from the manifest's "
@@ -326,7 +326,7 @@ class Dataset:
         self._check_chunk_ranges(rg, shard, meta)
         try:
             t = self._decode_checked(source, buf, base, md, meta, local, schema, fixed)
-        except (*PARSE_ERRORS, OSError) as exc:
+        except PARSE_ERRORS as exc:
             # The bytes passed their hash: a manifest that vouches for undecodable bytes.
             raise self._forged(shard, f"row group {local} (hash verified) does not decode: "
                                f"{type(exc).__name__}: {exc}") from exc
