@@ -313,6 +313,14 @@ class Manifest:
             raise ManifestError(f"{self.url}: format_version {version} manifest lacks its "
                                 "'storage' object; the manifest is corrupted, re-convert")
         _ = self.storage_schema  # raises ManifestError if storage does not fit schema
+        writer = doc.get("writer")
+        if not isinstance(writer, dict):
+            raise self._fail("'writer' is not an object")
+        for key in ("row_group_bytes", "row_group_rows"):   # readers size buffers by them
+            v = writer.get(key)
+            if v is not None and (type(v) is not int or not 1 <= v <= MAX_COUNT):
+                raise self._fail(f"writer.{key} is {v!r}, not null or an integer in "
+                                 f"[1, {MAX_COUNT}]")
         totals = doc.get("totals")
         if not isinstance(totals, dict):
             raise self._fail("'totals' is not an object")

@@ -195,6 +195,9 @@ def test_row_counts_that_wrap_around_int64(ds):
     lambda d: d.__setitem__("format_version", True),
     lambda d: d.__setitem__("storage", {"id": "fixed_size_binary_le"}),
     lambda d: d.__setitem__("storage", []),
+    lambda d: d.__setitem__("writer", []),
+    lambda d: d["writer"].__setitem__("row_group_bytes", "1 MiB"),
+    lambda d: d["writer"].__setitem__("row_group_rows", -3),
 ])
 def test_malformed_json_fields_raise_manifest_error(ds, edit):
     forge(ds, doc=edit)
