@@ -10,7 +10,7 @@ import re
 
 import xxhash
 
-HEX_RE = re.compile(r"^[0-9a-f]{32}$")
+HEX_RE = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would pass a trailing "\n"
 DATASET_ID_PREFIX = "xxh3:"
 _CHUNK = 8 << 20
 #: Above this many bytes python-xxhash's hasher object releases the GIL while it hashes
@@ -49,4 +49,4 @@ def xxh3_file(path: str, start: int = 0, end: int | None = None) -> str:
 
 def is_hex_hash(s: str) -> bool:
     """True when ``s`` looks like a 32-hex-digit xxh3-128 value."""
-    return bool(HEX_RE.match(s))
+    return isinstance(s, str) and HEX_RE.fullmatch(s) is not None

@@ -346,7 +346,7 @@ class Manifest:
         and to read, whatever the counts say (:meth:`check_counts`).
         """
         names = self._shard_names
-        ok = pc.match_substring_regex(names, HEX_RE.pattern)   # RE2: `$` is the very end
+        ok = pc.match_substring_regex(names, f"^{HEX_RE.pattern}$")   # RE2: `$` is the very end
         if len(ok) and not pc.all(ok, skip_nulls=False).as_py():
             shard_path(names.filter(pc.invert(ok))[0].as_py())  # UnsafePathError naming it
         t = self.doc["totals"]

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -466,8 +467,7 @@ class Storage:
 
         def fetch() -> bytes:
             if self.local:
-                with open(path, "rb") as f:
-                    return f.read()
+                return _read_all(path)
             return self.fs.cat_file(path)
 
         return self._read_verified(fetch, url=url, label=what or relpath, op="GET",
@@ -608,8 +608,29 @@ def _precondition_failed(exc: BaseException) -> bool:
     return False
 
 
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file.
+
+    O_NONBLOCK so a FIFO put in a dataset's place cannot block the open; the type is checked
+    on the descriptor, so nothing can swap the file between the check and the read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StorageError(f"{path} is not a regular file (a FIFO, device, socket or "
+                           "directory); a dataset holds regular files only: restore it from the "
+                           "original or re-convert")
+    return fd
+
+
+def _read_all(path: str) -> bytes:
+    with os.fdopen(_open_regular(path), "rb") as f:
+        return f.read()
+
+
 def _pread(path: str, start: int, end: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    fd = _open_regular(path)
     try:
         chunks = []
         pos = start

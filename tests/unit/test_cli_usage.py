@@ -88,3 +88,12 @@ def test_unknown_storage_option_is_a_usage_error(ds_path, capsys):
     assert main(["info", "s3://bucket/ds", "--storage-options", '{"endpoint": "x"}']) == 2
     err = capsys.readouterr().err
     assert "'endpoint'" in err and "Traceback" not in err
+
+
+def test_python_dash_m_runs_the_cli(ds_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "zephon_store.cli", "info", ds_path, "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["num_samples"] == 40

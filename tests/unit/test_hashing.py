@@ -31,3 +31,11 @@ def test_xxh3_hex_of_a_slice_and_of_a_wide_view_hashes_the_bytes():
     # A view of 8-byte items: the size test counts bytes, not items.
     wide = memoryview(np.frombuffer(data, dtype=np.int64))
     assert xxh3_hex(wide) == xxhash.xxh3_128_hexdigest(data)
+
+
+def test_is_hex_hash_is_a_whole_string_match():
+    from zephon_store.hashing import is_hex_hash
+
+    h = "0" * 32
+    assert is_hex_hash(h)
+    assert not is_hex_hash(h + "\n") and not is_hex_hash(h + "0") and not is_hex_hash(None)

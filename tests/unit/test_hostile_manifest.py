@@ -333,3 +333,16 @@ def test_pristine_dataset_still_reads(ds):
 
 def test_integrity_error_is_a_zephon_error():
     assert issubclass(IntegrityError, ZephonError)
+
+
+def test_storage_reads_refuse_a_fifo_without_blocking(tmp_path):
+    """The descriptor's own type is checked (O_NONBLOCK open): no window between check and read."""
+    from zephon_store.errors import StorageError
+    from zephon_store.storage import Storage
+
+    os.mkfifo(tmp_path / "f")
+    st = Storage(str(tmp_path))
+    with pytest.raises(StorageError, match="not a regular file"):
+        st.read_file("f")
+    with pytest.raises(StorageError, match="not a regular file"):
+        st.read_range("f", 0, 4)

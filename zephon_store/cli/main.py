@@ -215,8 +215,8 @@ def cmd_verify(args) -> int:
 def cmd_info(args) -> int:
     from ..reader import open_dataset
 
-    ds = open_dataset(args.url, storage_options=args.storage_options)
-    m = ds.manifest
+    with open_dataset(args.url, storage_options=args.storage_options) as ds:
+        m = ds.manifest
     info = {
         "url": args.url, "dataset_id": m.dataset_id, "format_version": m.doc["format_version"],
         "num_samples": m.num_samples, "num_shards": m.num_shards,

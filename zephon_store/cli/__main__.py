@@ -1,0 +1,5 @@
+"""``python -m zephon_store.cli``: the ``zephon`` command without the console script."""
+
+from .main import entry
+
+entry()
