@@ -588,7 +588,9 @@ def open_dataset(url: str, *, storage_options: dict | None = None, cache=None,
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
     ``cache``: a :class:`zephon_store.cache.ChunkCache`, a directory, ``None`` (a disk
-    cache for remote datasets only) or ``False`` (none). ``expect_dataset_id``
+    cache for remote datasets only) or ``False`` (none). ``retry``: a
+    :class:`~zephon_store.retry.RetryPolicy` (default: the ``"retry"`` storage option, else a
+    60 s budget per read). ``expect_dataset_id``
     (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
     :class:`~zephon_store.errors.ManifestError`. The manifest and its side tables are
     validated on open; each shard's footer is checked against them before its first
