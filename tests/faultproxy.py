@@ -384,7 +384,7 @@ def read_only_folder(directory):
 
 
 def cache_after_mkstemp(monkeypatch, then) -> None:
-    """Run ``then(fd) -> fd`` on every temp file :mod:`zephon_store.cache` makes, right after
+    """Run ``then(fd) -> fd`` on every temp file :mod:`zephon_store.io.cache` makes, right after
     it is made (``monkeypatch``: pytest's fixture)."""
     real = tempfile.mkstemp
 
@@ -392,11 +392,11 @@ def cache_after_mkstemp(monkeypatch, then) -> None:
         fd, path = real(*args, **kw)
         return then(fd), path
 
-    monkeypatch.setattr("zephon_store.cache.tempfile", types.SimpleNamespace(mkstemp=mkstemp))
+    monkeypatch.setattr("zephon_store.io.cache.tempfile", types.SimpleNamespace(mkstemp=mkstemp))
 
 
 def cache_disk_full(monkeypatch) -> None:
-    """Every temp file :mod:`zephon_store.cache` writes fails with a real ENOSPC (its fd is
+    """Every temp file :mod:`zephon_store.io.cache` writes fails with a real ENOSPC (its fd is
     swapped for ``/dev/full``), as on a full filesystem; skips where there is no /dev/full."""
     if not os.path.exists("/dev/full"):
         _skip("no /dev/full to give a real ENOSPC")
@@ -410,7 +410,7 @@ def cache_disk_full(monkeypatch) -> None:
 
 def cache_folder_vanishes(monkeypatch, directory) -> None:
     """``directory`` (a cache folder) is removed, as by a cleanup job, each time
-    :mod:`zephon_store.cache` has made a temp file in it and before it publishes that."""
+    :mod:`zephon_store.io.cache` has made a temp file in it and before it publishes that."""
     import shutil
 
     def remove(fd: int) -> int:

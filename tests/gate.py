@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from zephon_store.converter import _default_parse
+from zephon_store.write.convert import _default_parse
 
 
 def gated_parse(f, options, storage_options, stats):

@@ -129,7 +129,7 @@ def reference_ids(args: argparse.Namespace, dataset, order, samples: int) -> lis
 
 def prove(steps: list[dict], reference: list[int], *, num_samples: int, lanes: int) -> dict:
     """Compare a consumed stream with the reference; every count is 0 when it holds."""
-    from zephon_store.assign import positions_for_rank
+    from zephon_store.order.assign import positions_for_rank
 
     mismatched, gaps, overlaps = [], 0, 0
     consumed: Counter = Counter()
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.global_batch}", file=sys.stderr)
         return 2
     from zephon_store.order import Order
-    from zephon_store.reader import open_dataset
+    from zephon_store.read.dataset import open_dataset
     sys.path.insert(0, HERE)
     from elastic_worker import order_options
 

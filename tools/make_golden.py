@@ -26,9 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from zephon_store import convert, open_dataset  # noqa: E402
+from zephon_store.format.manifest import FORMAT_VERSION  # noqa: E402
 from zephon_store.ingest import InputOptions  # noqa: E402
-from zephon_store.manifest import FORMAT_VERSION  # noqa: E402
-from zephon_store.shardwriter import WriteOptions  # noqa: E402
+from zephon_store.write.shardwriter import WriteOptions  # noqa: E402
 
 
 def _text_inputs(d: str) -> list[str]:

@@ -33,45 +33,65 @@ from .errors import (  # noqa: E402
     ZephonError,
 )
 
+# The public API: every name a user needs, importable from here. Internal modules live in
+# the layer folders (docs/design.md) and may move; these names do not.
+_LAZY = {
+    "ChunkCache": ("io.cache", "ChunkCache"),
+    "CoalesceOptions": ("io.coalesce", "CoalesceOptions"),
+    "Dataset": ("read.dataset", "Dataset"),
+    "InputOptions": ("ingest.options", "InputOptions"),
+    "LoaderState": ("load.state", "LoaderState"),
+    "Order": ("order.order", "Order"),
+    "OrderOptions": ("order.order", "OrderOptions"),
+    "PackingOptions": ("write.packing", "PackingOptions"),
+    "RetryPolicy": ("io.retry", "RetryPolicy"),
+    "WriteOptions": ("write.shardwriter", "WriteOptions"),
+    "cache_clear": ("io.cache", "cache_clear"),
+    "cache_info": ("io.cache", "cache_info"),
+    "check_state": ("load.state", "check_state"),
+    "convert": ("write.convert", "convert"),
+    "gc": ("write.gc", "gc"),
+    "open_dataset": ("read.dataset", "open_dataset"),
+    "verify": ("read.verify", "verify"),
+}
+
 __all__ = [
-    "__version__",
-    "convert",
-    "open_dataset",
-    "verify",
-    "gc",
-    "RetryPolicy",
-    "WriteOptions",
-    "InputOptions",
-    "OrderOptions",
-    "ZephonError",
     "AccessDeniedError",
+    "ChunkCache",
+    "CoalesceOptions",
+    "Dataset",
     "DiskFullError",
     "InputError",
     "InputNotFoundError",
+    "InputOptions",
     "IntegrityError",
+    "LoaderState",
     "ManifestError",
     "MissingExtraError",
+    "Order",
+    "OrderOptions",
     "OutputExistsError",
     "OutputLockedError",
+    "PackingOptions",
     "RetriesExhaustedError",
+    "RetryPolicy",
     "SeqOutOfRangeError",
     "ShardNotFoundError",
     "StateMismatchError",
     "StorageError",
     "StorageOptionsError",
     "UnsafePathError",
+    "WriteOptions",
+    "ZephonError",
+    "__version__",
+    "cache_clear",
+    "cache_info",
+    "check_state",
+    "convert",
+    "gc",
+    "open_dataset",
+    "verify",
 ]
-
-_LAZY = {
-    "convert": ("converter", "convert"),
-    "open_dataset": ("reader", "open_dataset"),
-    "verify": ("verify", "verify"),
-    "gc": ("gc", "gc"),
-    "RetryPolicy": ("retry", "RetryPolicy"),
-    "WriteOptions": ("shardwriter", "WriteOptions"),
-    "InputOptions": ("ingest", "InputOptions"),
-    "OrderOptions": ("order", "OrderOptions"),
-}
 
 
 def __getattr__(name: str):
@@ -82,3 +102,7 @@ def __getattr__(name: str):
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(f"{__name__}.{mod}"), attr)
     raise AttributeError(f"module 'zephon_store' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -17,8 +17,8 @@ from tests.helpers import write_jsonl_corpus
 from zephon_store import convert
 from zephon_store.cli.main import main
 from zephon_store.errors import AccessDeniedError, OutputLockedError
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 
@@ -93,8 +93,8 @@ def test_kill9_at_several_points_under_faults_then_rerun_is_identical(s3_bucket,
 
 
 def test_s3_lock_refuses_a_second_convert_and_takes_over_a_dead_one(s3_bucket, src, tmp_path):
-    from zephon_store.lock import LOCK_NAME, output_lock
-    from zephon_store.storage import Storage
+    from zephon_store.io.storage import Storage
+    from zephon_store.write.lock import LOCK_NAME, output_lock
 
     url, so = f"{s3_bucket.url}/ds", s3_bucket.storage_options
     small = WriteOptions(target_shard_bytes=16 << 10, row_group_bytes=4 << 10)
@@ -124,7 +124,7 @@ _parsed: list[str] = []
 
 
 def _recording_parse(f, options, storage_options, stats):
-    from zephon_store.converter import _default_parse
+    from zephon_store.write.convert import _default_parse
 
     _parsed.append(f.url)
     yield from _default_parse(f, options, storage_options, stats)

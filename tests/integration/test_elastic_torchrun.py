@@ -33,9 +33,9 @@ from stateful_helper import (
     small_dataset,
 )
 
-from zephon_store.assign import positions_for_rank
 from zephon_store.order import Order, OrderOptions
-from zephon_store.reader import open_dataset
+from zephon_store.order.assign import positions_for_rank
+from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration

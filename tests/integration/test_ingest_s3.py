@@ -13,11 +13,11 @@ import s3fs
 import zstandard
 from faultproxy import FaultProxy
 
-from zephon_store.converter import convert
 from zephon_store.errors import StorageError
 from zephon_store.ingest import expand_inputs, open_stream, read_input
 from zephon_store.ingest import source as source_mod
-from zephon_store.reader import open_dataset
+from zephon_store.read.dataset import open_dataset
+from zephon_store.write.convert import convert
 
 pytestmark = pytest.mark.integration
 

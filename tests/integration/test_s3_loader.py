@@ -22,12 +22,12 @@ from faultproxy import FaultProxy, cache_disk_full, cache_folder_vanishes, read_
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import IntegrityError, StorageError, convert, open_dataset
-from zephon_store.cache import ChunkCache
 from zephon_store.cli.main import main
+from zephon_store.io.cache import ChunkCache
+from zephon_store.io.retry import RetryPolicy
 from zephon_store.order import OrderOptions
-from zephon_store.retry import RetryPolicy
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch")
@@ -265,7 +265,7 @@ def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_
 
 def test_loader_coalesce_option_reaches_the_prefetcher(corpus, remote, tmp_path):
     """ZephonLoader(coalesce=CoalesceOptions(max_bytes=1)): one row group per GET, same stream."""
-    from zephon_store.coalesce import CoalesceOptions
+    from zephon_store.io.coalesce import CoalesceOptions
 
     def one_per_get(ds, steps):
         loader = ZephonLoader(ds, global_batch=B, order=SEQ, world_size=1, rank=0,
@@ -351,12 +351,12 @@ def test_a_failing_disk_cache_is_bypassed(corpus, remote, tmp_path, monkeypatch,
     else:   # a cleanup job removes the folder while an entry is being written
         cache_folder_vanishes(monkeypatch, cache_dir)
     ds = _open(url, bucket.storage_options, tmp_path)
-    with stack, caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+    with stack, caplog.at_level(logging.WARNING, logger="zephon_store.io.cache"):
         assert _stream(ds, steps)[:2] == want
         assert ds.take(rows).to_pylist() == local.take(rows).to_pylist()
         if case == "full":
             assert not any(".tmp-" in n for _, _, f in os.walk(cache_dir) for n in f)
-    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.cache"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.io.cache"]
     assert len(warned) == 1 and ds.cache.stats.bypassed >= 1
     assert str(cache_dir) in warned[0] and "without caching" in warned[0]
     assert {"full": "No space left", "a_file": "Not a directory",

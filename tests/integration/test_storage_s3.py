@@ -14,6 +14,7 @@ import time
 import pytest
 from faultproxy import FaultProxy
 
+from zephon_store._util.hashing import xxh3_hex
 from zephon_store.errors import (
     IntegrityError,
     MissingExtraError,
@@ -23,9 +24,8 @@ from zephon_store.errors import (
     StorageOptionsError,
     UnsafePathError,
 )
-from zephon_store.hashing import xxh3_hex
-from zephon_store.retry import RetryPolicy
-from zephon_store.storage import AccessDeniedError, Storage
+from zephon_store.io.retry import RetryPolicy
+from zephon_store.io.storage import AccessDeniedError, Storage
 
 pytestmark = pytest.mark.integration
 
@@ -259,7 +259,7 @@ def test_a_long_retry_logs_one_warning(tmp_path, monkeypatch, caplog):
 
     st = Storage(str(tmp_path), retry=RetryPolicy(max_attempts=4, base_delay=0.0))
     st.write_atomic("shards/a.bin", b"0123456789")
-    monkeypatch.setattr("zephon_store.storage._WARN_RETRYING_AFTER_S", 0.0)
+    monkeypatch.setattr("zephon_store.io.storage._WARN_RETRYING_AFTER_S", 0.0)
     calls = []
 
     def flaky(path, start, end):
@@ -268,10 +268,10 @@ def test_a_long_retry_logs_one_warning(tmp_path, monkeypatch, caplog):
             raise ConnectionResetError("peer reset")
         return b"23"
 
-    monkeypatch.setattr("zephon_store.storage._pread", flaky)
-    with caplog.at_level(logging.WARNING, logger="zephon_store.storage"):
+    monkeypatch.setattr("zephon_store.io.storage._pread", flaky)
+    with caplog.at_level(logging.WARNING, logger="zephon_store.io.storage"):
         assert st.read_range("shards/a.bin", 2, 4) == b"23"
-    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.storage"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "zephon_store.io.storage"]
     assert len(warned) == 1 and st.stats.retries == 3
     assert "still retrying" in warned[0] and f"{tmp_path}/shards/a.bin" in warned[0]
 

@@ -55,7 +55,7 @@ def packed(tmp_path_factory):
     """(root with tokenizer.json, dataset URL, every window [N, L+1], doc_starts per window)."""
     root = str(tmp_path_factory.mktemp("titan"))
     url = make_packed_dataset(root, seq_len=SEQ_LEN, windows=40)
-    from zephon_store.reader import open_dataset
+    from zephon_store.read.dataset import open_dataset
 
     ds = open_dataset(url)
     table = ds.take(range(ds.num_samples))

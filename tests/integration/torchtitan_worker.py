@@ -33,9 +33,9 @@ def make_packed_dataset(root: str, *, seq_len: int = 32, windows: int = 400) -> 
     ``windows`` windows of ``seq_len + 1`` tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from zephon_store.converter import convert
-    from zephon_store.packing import PackingOptions, packing_convert_kwargs
-    from zephon_store.shardwriter import WriteOptions
+    from zephon_store.write.convert import convert
+    from zephon_store.write.packing import PackingOptions, packing_convert_kwargs
+    from zephon_store.write.shardwriter import WriteOptions
 
     files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))
     texts = [open(f, encoding="utf-8", errors="replace").read() for f in files[:20]]

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_store.assign import (
+from zephon_store.order import Order, OrderOptions
+from zephon_store.order.assign import (
     batch_owner,
     batches_for_worker,
     node_lanes,
@@ -16,7 +17,6 @@ from zephon_store.assign import (
     step_cursor,
     step_is_lane_aligned,
 )
-from zephon_store.order import Order, OrderOptions
 
 
 @st.composite

@@ -14,9 +14,9 @@ import time
 import pytest
 from faultproxy import cache_disk_full, cache_folder_vanishes, read_only_folder
 
-from zephon_store.cache import ChunkCache, cache_clear, cache_info, default_cache_dir, parse_size
+from zephon_store._util.hashing import xxh3_hex
 from zephon_store.errors import IntegrityError
-from zephon_store.hashing import xxh3_hex
+from zephon_store.io.cache import ChunkCache, cache_clear, cache_info, default_cache_dir, parse_size
 
 
 def blob(i: int, size: int = 100) -> tuple[str, bytes]:
@@ -246,13 +246,13 @@ def exercise(cache: ChunkCache) -> None:
 
 
 def cache_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "zephon_store.cache"]
+    return [r.getMessage() for r in caplog.records if r.name == "zephon_store.io.cache"]
 
 
 def test_a_cache_path_that_is_a_file_is_bypassed_with_one_warning(tmp_path, caplog):
     (tmp_path / "c").write_bytes(b"not a folder")
     cache = ChunkCache(tmp_path / "c")
-    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+    with caplog.at_level(logging.WARNING, logger="zephon_store.io.cache"):
         exercise(cache)
         key, data = blob(9)
         assert cache.put(key, data) is False and cache.get(key) is None
@@ -267,7 +267,7 @@ def test_a_full_disk_leaves_no_temp_files_and_heals_when_space_returns(tmp_path,
                                                                       caplog):
     cache = ChunkCache(tmp_path)
     cache_disk_full(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+    with caplog.at_level(logging.WARNING, logger="zephon_store.io.cache"):
         exercise(cache)
     warned = cache_warnings(caplog)
     assert len(warned) == 1 and "No space left on device" in warned[0]
@@ -285,7 +285,7 @@ def test_a_read_only_cache_still_serves_its_entries(tmp_path, caplog):
     with open(cache._entry_path(k1), "r+b") as f:   # a damaged entry it cannot drop
         f.write(b"X")
     with read_only_folder(tmp_path / "c"), caplog.at_level(logging.WARNING,
-                                                           logger="zephon_store.cache"):
+                                                           logger="zephon_store.io.cache"):
         exercise(ChunkCache(tmp_path / "c"))
         ro = ChunkCache(tmp_path / "c")
         assert ro.get_or_fetch(k0, lambda: b"never fetched") == d0 and ro.stats.fetches == 0
@@ -300,7 +300,7 @@ def test_a_read_only_cache_still_serves_its_entries(tmp_path, caplog):
 def test_a_folder_deleted_while_an_entry_is_written(tmp_path, monkeypatch, caplog):
     cache = ChunkCache(tmp_path / "c")
     cache_folder_vanishes(monkeypatch, tmp_path / "c")
-    with caplog.at_level(logging.WARNING, logger="zephon_store.cache"):
+    with caplog.at_level(logging.WARNING, logger="zephon_store.io.cache"):
         exercise(cache)
     warned = cache_warnings(caplog)
     assert len(warned) == 1 and "No such file or directory" in warned[0]

@@ -11,7 +11,7 @@ from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.cli.main import main
 from zephon_store.order import Order, OrderOptions
-from zephon_store.shardwriter import WriteOptions
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,8 @@ def test_plan_rejects_indivisible_batch(ds_path, capsys):
 
 
 def test_cache_info_and_clear(tmp_path, capsys):
-    from zephon_store.cache import ChunkCache
-    from zephon_store.hashing import xxh3_hex
+    from zephon_store._util.hashing import xxh3_hex
+    from zephon_store.io.cache import ChunkCache
 
     cache = ChunkCache(str(tmp_path / "c"))
     cache.put(xxh3_hex(b"abc"), b"abc")

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.cli.main import main
-from zephon_store.shardwriter import WriteOptions
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")

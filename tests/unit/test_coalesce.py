@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import IntegrityError, convert, open_dataset
-from zephon_store.cache import ChunkCache
-from zephon_store.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
 from zephon_store.errors import RetriesExhaustedError
-from zephon_store.prefetch import Prefetcher
-from zephon_store.retry import RetryPolicy
-from zephon_store.shardwriter import WriteOptions
+from zephon_store.io.cache import ChunkCache
+from zephon_store.io.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
+from zephon_store.io.prefetch import Prefetcher
+from zephon_store.io.retry import RetryPolicy
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @st.composite
@@ -319,7 +319,7 @@ def test_a_range_that_ran_out_of_retries_is_not_retried_again_alone(local_ds, tm
     def down(*_args):
         raise ConnectionResetError("the store is down")
 
-    monkeypatch.setattr("zephon_store.storage._pread", down)
+    monkeypatch.setattr("zephon_store.io.storage._pread", down)
     before = ds.storage.stats.requests
     with pytest.raises(RetriesExhaustedError) as e:
         ds.fetch_row_group_bytes(rgs[1])

@@ -14,8 +14,8 @@ import pytest
 from tests.helpers import tree_digest, write_jsonl_corpus
 from zephon_store import InputError, convert, open_dataset
 from zephon_store.ingest import InputOptions
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 SMALL = WriteOptions(target_shard_bytes=48 << 10, row_group_bytes=8 << 10)
 

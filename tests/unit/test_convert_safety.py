@@ -17,8 +17,8 @@ from tests.helpers import tree_digest, write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.cli.main import main
 from zephon_store.errors import ZephonError
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 SMALL = WriteOptions(target_shard_bytes=16 << 10, row_group_bytes=4 << 10)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,7 +44,7 @@ def _staging(out):
 
 def _crash_at_publish(monkeypatch):
     """Make the next convert die right before its manifest (staging and shards stay)."""
-    import zephon_store.converter as conv
+    import zephon_store.write.convert as conv
 
     def boom(*a, **k):
         raise KeyboardInterrupt("simulated crash before publish")
@@ -55,8 +55,8 @@ def _crash_at_publish(monkeypatch):
 # -- 1. locking ---------------------------------------------------------------------------------
 
 def test_second_convert_fails_while_the_lock_is_held_naming_holder(src, tmp_path):
-    from zephon_store.lock import LOCK_NAME, output_lock
-    from zephon_store.storage import Storage
+    from zephon_store.io.storage import Storage
+    from zephon_store.write.lock import LOCK_NAME, output_lock
 
     out = tmp_path / "ds"
     with output_lock(Storage(str(out))):
@@ -71,7 +71,7 @@ def test_second_convert_fails_while_the_lock_is_held_naming_holder(src, tmp_path
 
 
 def test_lock_left_by_a_killed_convert_is_taken_over(src, tmp_path, caplog):
-    from zephon_store.lock import LOCK_NAME
+    from zephon_store.write.lock import LOCK_NAME
 
     out = tmp_path / "ds"
     out.mkdir()
@@ -246,9 +246,9 @@ def test_verify_reports_orphans_as_warnings_and_gc_removes_them(src, tmp_path, c
 
 
 def test_gc_refuses_while_a_convert_holds_the_lock(src, tmp_path, capsys):
-    from zephon_store.gc import gc
-    from zephon_store.lock import output_lock
-    from zephon_store.storage import Storage
+    from zephon_store.io.storage import Storage
+    from zephon_store.write.gc import gc
+    from zephon_store.write.lock import output_lock
 
     out = tmp_path / "ds"
     convert([str(src)], str(out), options=SMALL)
@@ -265,7 +265,7 @@ def test_gc_refuses_while_a_convert_holds_the_lock(src, tmp_path, capsys):
 # -- 12 and 15: staging hygiene ----------------------------------------------------------------------
 
 def test_crash_during_staging_cleanup_reruns_as_a_noop(src, tmp_path, monkeypatch):
-    import zephon_store.converter as conv
+    import zephon_store.write.convert as conv
 
     out = tmp_path / "ds"
     kept = tmp_path / "kept"
@@ -328,7 +328,7 @@ def test_ctrl_c_with_workers_prints_one_line_and_exits_130(src, tmp_path):
 
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    script = ("import sys; import zephon_store.converter as c; from tests.gate import gated_parse; "
+    script = ("import sys; import zephon_store.write.convert as c; from tests.gate import gated_parse; "
               "from zephon_store.cli.main import main; real = c.convert; "
               "c.convert = lambda *a, **k: real(*a, parse_fn=gated_parse, **k); "
               "sys.exit(main(sys.argv[1:]))")
@@ -351,7 +351,7 @@ def test_ctrl_c_with_workers_prints_one_line_and_exits_130(src, tmp_path):
 
 @pytest.mark.parametrize("where", ["staging", "shard"])
 def test_disk_full_names_the_path_and_what_to_do(src, tmp_path, monkeypatch, where):
-    import zephon_store.converter as conv
+    import zephon_store.write.convert as conv
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")

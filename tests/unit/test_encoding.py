@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_store import ManifestError, convert, open_dataset
-from zephon_store import encoding as enc_mod
-from zephon_store.encoding import (
+from zephon_store.errors import InputError, ZephonError
+from zephon_store.format import encoding as enc_mod
+from zephon_store.format.encoding import (
     FIXED_SIZE_BINARY_LE,
     ElementNullError,
     encodable,
@@ -22,10 +23,9 @@ from zephon_store.encoding import (
     to_logical,
     to_storage,
 )
-from zephon_store.errors import InputError, ZephonError
-from zephon_store.manifest import compute_dataset_id
-from zephon_store.shardwriter import WriteOptions, write_shard
-from zephon_store.verify import verify
+from zephon_store.format.manifest import compute_dataset_id
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions, write_shard
 
 NUMERIC = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
            pa.uint64(), pa.float16(), pa.float32(), pa.float64()]

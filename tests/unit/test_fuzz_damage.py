@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from zephon_store import ZephonError, convert, open_dataset
 from zephon_store.cli.main import main
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 torch = pytest.importorskip("torch")
 from zephon_store.torch import ZephonLoader  # noqa: E402

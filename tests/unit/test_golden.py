@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from zephon_store import open_dataset
-from zephon_store.manifest import FORMAT_VERSION
-from zephon_store.verify import verify
+from zephon_store.format.manifest import FORMAT_VERSION
+from zephon_store.read.verify import verify
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "formats" / "golden"
 CASES = [(v.name, name) for v in sorted(GOLDEN.glob("v*"))

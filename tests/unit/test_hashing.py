@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from zephon_store.hashing import _RELEASE_GIL_BYTES, xxh3_file, xxh3_hex
+from zephon_store._util.hashing import _RELEASE_GIL_BYTES, xxh3_file, xxh3_hex
 
 
 @pytest.mark.parametrize("size", [0, 1, _RELEASE_GIL_BYTES - 1, _RELEASE_GIL_BYTES,
@@ -34,7 +34,7 @@ def test_xxh3_hex_of_a_slice_and_of_a_wide_view_hashes_the_bytes():
 
 
 def test_is_hex_hash_is_a_whole_string_match():
-    from zephon_store.hashing import is_hex_hash
+    from zephon_store._util.hashing import is_hex_hash
 
     h = "0" * 32
     assert is_hex_hash(h)

@@ -21,10 +21,15 @@ from zephon_store import (
     convert,
     open_dataset,
 )
-from zephon_store.hashing import xxh3_hex
-from zephon_store.manifest import compute_dataset_id, shard_path, table_from_ipc, table_to_ipc
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store._util.hashing import xxh3_hex
+from zephon_store.format.manifest import (
+    compute_dataset_id,
+    shard_path,
+    table_from_ipc,
+    table_to_ipc,
+)
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +236,7 @@ def test_schema_that_disagrees_with_the_shards(ds):
     forged = schema.set(schema.get_field_index("id"), pa.field("id", pa.string()))
 
     def edit(d):
-        from zephon_store.manifest import schema_to_json
+        from zephon_store.format.manifest import schema_to_json
         d["schema"] = schema_to_json(forged)
     forge(ds, doc=edit)
     d = open_dataset(str(ds))
@@ -338,7 +343,7 @@ def test_integrity_error_is_a_zephon_error():
 def test_storage_reads_refuse_a_fifo_without_blocking(tmp_path):
     """The descriptor's own type is checked (O_NONBLOCK open): no window between check and read."""
     from zephon_store.errors import StorageError
-    from zephon_store.storage import Storage
+    from zephon_store.io.storage import Storage
 
     os.mkfifo(tmp_path / "f")
     st = Storage(str(tmp_path))

@@ -27,7 +27,7 @@ from zephon_store import verify, cli
 res = z.convert([{str(tmp_path / 'a.jsonl')!r}], {str(tmp_path / 'ds')!r})
 ds = z.open_dataset({str(tmp_path / 'ds')!r})
 assert ds.take([1]).to_pylist() == [{{"x": 2}}]
-from zephon_store.verify import verify
+from zephon_store.read.verify import verify
 assert verify({str(tmp_path / 'ds')!r}).ok
 assert not any(m.split('.')[0] in ('torch', 's3fs') for m in sys.modules)
 print("ok")
@@ -38,7 +38,7 @@ print("ok")
 
 @pytest.mark.parametrize("code,extra", [
     ("import zephon_store.torch", "torch"),
-    ("from zephon_store.storage import Storage; Storage('s3://b/x').fs", "s3"),
+    ("from zephon_store.io.storage import Storage; Storage('s3://b/x').fs", "s3"),
 ])
 def test_missing_extra_is_named(code, extra):
     r = _run(code)

@@ -111,7 +111,7 @@ def test_members_padding_and_garbage_after_the_end(tmp_path, compression):
 
 
 def test_convert_of_a_truncated_input_fails_even_in_skip_mode(tmp_path):
-    from zephon_store.converter import convert
+    from zephon_store.write.convert import convert
 
     data = COMPRESS["zstd"](_payload("jsonl"))
     (tmp_path / "in").mkdir()

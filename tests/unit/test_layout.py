@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_store.layout import Cutter
+from zephon_store.write.layout import Cutter
 
 
 def _cut(sizes, chunks, **kw):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from stateful_helper import Segment, assert_matches_reference, run_segments, small_dataset
 
+from zephon_store.load.stream import RankStream
 from zephon_store.order import Order, OrderOptions
-from zephon_store.reader import open_dataset
-from zephon_store.stream import RankStream
+from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 B = 12

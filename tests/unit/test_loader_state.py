@@ -22,10 +22,10 @@ from stateful_helper import (
     small_dataset,
 )
 
-from zephon_store.assign import positions_for_rank
 from zephon_store.errors import StateMismatchError
 from zephon_store.order import Order, OrderOptions
-from zephon_store.reader import open_dataset
+from zephon_store.order.assign import positions_for_rank
+from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 B = 12  # divisible by every world size 1..4

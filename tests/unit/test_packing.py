@@ -16,14 +16,18 @@ import numpy as np
 import pytest
 
 from tests.helpers import tree_digest
-from zephon_store import packing
 from zephon_store.cli.main import main
-from zephon_store.converter import convert
 from zephon_store.errors import InputError, InputNotFoundError
-from zephon_store.packing import PackingOptions, packing_convert_kwargs, resolve_special_tokens
-from zephon_store.reader import open_dataset
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.read.dataset import open_dataset
+from zephon_store.read.verify import verify
+from zephon_store.write import packing
+from zephon_store.write.convert import convert
+from zephon_store.write.packing import (
+    PackingOptions,
+    packing_convert_kwargs,
+    resolve_special_tokens,
+)
+from zephon_store.write.shardwriter import WriteOptions
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_store.pages import read_fixed_chunk
+from zephon_store.read.pages import read_fixed_chunk
 
 CODECS = ["none", "zstd", "snappy", "gzip", "brotli"]
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
+from zephon_store.load.pipeline import BatchPipeline, plan_rows
+from zephon_store.load.stream import RankStream, Topology
 from zephon_store.order import OrderOptions
-from zephon_store.pipeline import BatchPipeline, plan_rows
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.stream import RankStream, Topology
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_gather_pylist_equals_take_and_to_pylist(data):
     """The one-copy text gather against Arrow's take, for every flat binary type and nulls."""
     import pyarrow as pa
 
-    from zephon_store.arrowutil import gather_pylist
+    from zephon_store._util.arrow import gather_pylist
 
     typ = data.draw(st.sampled_from([pa.string(), pa.large_string(), pa.binary(),
                                      pa.large_binary()]))
@@ -226,7 +226,7 @@ def test_documents_match_decode_table(long_docs, shuffle, start):
 ])
 def test_whole_row_group_text_only_when_this_pipeline_reads_most_of_it(
         long_docs, monkeypatch, world, rank, workers, worker, converts_whole):
-    from zephon_store import pipeline
+    from zephon_store.load import pipeline
 
     whole = []
     real = pipeline._Decoded.pylist
@@ -248,7 +248,7 @@ def test_whole_row_group_text_only_when_this_pipeline_reads_most_of_it(
 
 
 def test_decode_threads_are_shared_among_process_workers(ds, monkeypatch):
-    from zephon_store.pipeline import default_decode_threads
+    from zephon_store.load.pipeline import default_decode_threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     assert default_decode_threads(ds) == 4

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import SeqOutOfRangeError, convert, open_dataset
-from zephon_store.shardwriter import WriteOptions
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_uint64_sequence_numbers_in_range_read(ds_and_records):
 
 
 def test_parse_seq_for_the_cli():
-    from zephon_store.index import parse_seq
+    from zephon_store.format.index import parse_seq
 
     assert parse_seq("17", num_samples=1050) == 17
     assert parse_seq(" 1049 ", num_samples=1050) == 1049
@@ -174,7 +174,7 @@ def test_parse_seq_for_the_cli():
 
 def test_gather_of_more_than_2_gib_of_text_works():
     """A take whose text passes 2 GiB (32-bit string offsets) comes back in chunks."""
-    from zephon_store.reader import gather_rows
+    from zephon_store.read.dataset import gather_rows
 
     size = 64 << 20   # two row groups of two 64 MiB strings each, read 34 times over
     tables = [pa.table({"text": pa.array(["ab"[g] * size, "cd"[g] * size]),

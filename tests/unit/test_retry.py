@@ -13,7 +13,7 @@ from zephon_store.errors import (
     ShardNotFoundError,
     StorageError,
 )
-from zephon_store.retry import RetryPolicy, call_with_retry, is_checksum_error, is_transient
+from zephon_store.io.retry import RetryPolicy, call_with_retry, is_checksum_error, is_transient
 
 
 class FakeTime:

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from zephon_store.shardwriter import (
+from zephon_store.write.shardwriter import (
     DICTIONARY_SAMPLE_ROWS,
     WriteOptions,
     dictionary_columns,

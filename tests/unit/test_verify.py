@@ -10,11 +10,11 @@ import pytest
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import ManifestError, UnsafePathError, convert, open_dataset
+from zephon_store._util.hashing import xxh3_hex
 from zephon_store.cli.main import main
-from zephon_store.hashing import xxh3_hex
-from zephon_store.manifest import compute_dataset_id, table_from_ipc, table_to_ipc
-from zephon_store.shardwriter import WriteOptions
-from zephon_store.verify import verify
+from zephon_store.format.manifest import compute_dataset_id, table_from_ipc, table_to_ipc
+from zephon_store.read.verify import verify
+from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture()
@@ -147,13 +147,13 @@ def test_json_schema_file_matches_package_copy():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     assert (root / "formats/manifest.schema.json").read_bytes() == (
-        root / "zephon_store/manifest.schema.json").read_bytes()
+        root / "zephon_store/format/manifest.schema.json").read_bytes()
 
 
 def test_manifest_validates_against_json_schema(dataset):
     import jsonschema
 
-    from zephon_store.verify import manifest_json_schema
+    from zephon_store.read.verify import manifest_json_schema
 
     jsonschema.Draft202012Validator(manifest_json_schema()).validate(_manifest(dataset))
     shutil.rmtree(dataset)
@@ -165,7 +165,7 @@ from collections import Counter
 
 import jsonschema, pyarrow.parquet, tqdm  # noqa: F401 - imported once, before the forks
 from zephon_store.cli.main import main
-from zephon_store.verify import manifest_json_schema
+from zephon_store.read.verify import manifest_json_schema
 
 manifest_json_schema()
 url, runs = sys.argv[1], int(sys.argv[2])

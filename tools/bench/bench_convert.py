@@ -60,7 +60,7 @@ ZEPHON = r"""
 import time
 t_start = time.perf_counter()
 import json, sys
-from zephon_store.converter import convert
+from zephon_store.write.convert import convert
 t0 = time.perf_counter()
 res = convert([sys.argv[1]], sys.argv[2], workers=int(sys.argv[3]), progress=False)
 t1 = time.perf_counter()

@@ -3,10 +3,10 @@
 
 Builds a text table of real documents (the Python standard library's ``.py`` files, cut at
 16 KiB, every value distinct), writes it as one shard per (compression, dictionary) with
-:func:`zephon_store.shardwriter.write_shard` and the default ~1 MiB row groups, where
+:func:`zephon_store.write.shardwriter.write_shard` and the default ~1 MiB row groups, where
 ``use_dictionary`` is ``True`` (every column, what 0.1.0 wrote) or ``"auto"`` (the
 default now: mostly-distinct strings get plain pages, see
-:func:`zephon_store.shardwriter.dictionary_columns`). Then, in a fresh process per
+:func:`zephon_store.write.shardwriter.dictionary_columns`). Then, in a fresh process per
 measurement (first-touch page faults are part of a real pass), it times
 ``read_row_group`` of every row group from the memory-mapped file ("decode") and the
 ``str`` conversion of the text column ("python"). Cases run interleaved round-robin,
@@ -36,7 +36,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from bench_encoding import row_groups  # noqa: E402
 from make_corpus import stdlib_sources  # noqa: E402
 
-from zephon_store.shardwriter import WriteOptions, write_shard  # noqa: E402
+from zephon_store.write.shardwriter import WriteOptions, write_shard  # noqa: E402
 
 DOC_BYTES = 16 << 10
 

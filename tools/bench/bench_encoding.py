@@ -3,11 +3,11 @@
 
 Writes the same windows (``corpora.token_windows``: Zipf-distributed int32 ids,
 ``tokens: fixed_size_list<int32>[2049]``) as one shard per (layout, compression) with
-:func:`zephon_store.shardwriter.write_shard` and the default ~1 MiB row groups
+:func:`zephon_store.write.shardwriter.write_shard` and the default ~1 MiB row groups
 (``WriteOptions(fixed_size_lists="list" | "binary")``), then, in this one process, times a
 full decode of every row group to the logical ``fixed_size_list<int32>`` column:
 ``ParquetFile.read_row_group`` from the memory-mapped file plus, for the binary layout,
-:func:`zephon_store.encoding.to_logical` (the only reader change). Cases run interleaved
+:func:`zephon_store.format.encoding.to_logical` (the only reader change). Cases run interleaved
 round-robin, ``--runs`` times each; the table reports the best and the median.
 
     python tools/bench/bench_encoding.py --mb 300 --runs 5 --json
@@ -32,10 +32,10 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from corpora import WINDOW, token_windows  # noqa: E402
 
-from zephon_store.encoding import storage_encodings, to_logical  # noqa: E402
-from zephon_store.layout import Cutter  # noqa: E402
-from zephon_store.rowsize import table_row_nbytes  # noqa: E402
-from zephon_store.shardwriter import WriteOptions, write_shard  # noqa: E402
+from zephon_store.format.encoding import storage_encodings, to_logical  # noqa: E402
+from zephon_store.write.layout import Cutter  # noqa: E402
+from zephon_store.write.rowsize import table_row_nbytes  # noqa: E402
+from zephon_store.write.shardwriter import WriteOptions, write_shard  # noqa: E402
 
 LAYOUTS = ("list", "binary")
 

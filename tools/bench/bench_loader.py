@@ -92,7 +92,7 @@ def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zephon_store.stream import decode_table
+    from zephon_store.load.stream import decode_table
 
     paths = corpora.shard_paths(corpus)
     to_logical = corpora.logical(corpus)
@@ -183,7 +183,7 @@ def resume_child(corpus: dict, kind: str, batch: int, reps: int) -> dict:
 
 
 def _resume_order(path: str, n: int, kind: str, batch: int, reps: int, order) -> dict:
-    from zephon_store.reader import open_dataset
+    from zephon_store.read.dataset import open_dataset
     from zephon_store.torch import ZephonLoader
 
     out = {}

@@ -24,8 +24,8 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from zephon_store.hashing import xxh3_hex  # noqa: E402
-from zephon_store.manifest import (  # noqa: E402
+from zephon_store._util.hashing import xxh3_hex  # noqa: E402
+from zephon_store.format.manifest import (  # noqa: E402
     MANIFEST_NAME,
     PROVENANCE_TABLE_SCHEMA,
     ROW_GROUP_TABLE_SCHEMA,
@@ -33,7 +33,7 @@ from zephon_store.manifest import (  # noqa: E402
     Manifest,
     table_to_ipc,
 )
-from zephon_store.shardwriter import WriteOptions  # noqa: E402
+from zephon_store.write.shardwriter import WriteOptions  # noqa: E402
 
 
 def make(root: str, shards: int, rows_per_shard: int) -> None:
@@ -74,9 +74,9 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 t0 = time.perf_counter()
-from zephon_store.manifest import load_manifest
-from zephon_store.storage import Storage
-from zephon_store.index import locate
+from zephon_store.format.manifest import load_manifest
+from zephon_store.io.storage import Storage
+from zephon_store.format.index import locate
 t_import = time.perf_counter() - t0
 t0 = time.perf_counter()
 m = load_manifest(Storage(sys.argv[1]))

@@ -59,8 +59,8 @@ class TiledManifest:
 
 
 def run(manifest, label: str, log) -> list[dict]:
+    from zephon_store.load.simulate import PlanSpec, simulate
     from zephon_store.order import OrderOptions
-    from zephon_store.simulate import PlanSpec, simulate
 
     rows = []
     for variant in LANE_VARIANTS:
@@ -103,8 +103,8 @@ def main() -> None:
     def log(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
-    from zephon_store.manifest import load_manifest
-    from zephon_store.storage import Storage
+    from zephon_store.format.manifest import load_manifest
+    from zephon_store.io.storage import Storage
 
     corpus = corpora.ensure("text", mb, log=log)
     m = load_manifest(Storage(os.path.join(corpus["dir"], "zephon")))

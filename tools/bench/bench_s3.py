@@ -56,15 +56,15 @@ CASES = ["raw_cat_file", "zephon_fetch_cold", "zephon_seq_cold", "zephon_seq_war
 
 
 def _shard_objects(url: str, so: dict) -> list[str]:
-    from zephon_store.manifest import load_manifest
-    from zephon_store.storage import Storage
+    from zephon_store.format.manifest import load_manifest
+    from zephon_store.io.storage import Storage
 
     m = load_manifest(Storage(url, storage_options=so))
     return [m.shard_path(i) for i in range(m.num_shards)]
 
 
 def child_raw(url: str, so: dict) -> dict:
-    from zephon_store.storage import resolve
+    from zephon_store.io.storage import resolve
 
     rels = _shard_objects(url, so)
     fs, root = resolve(url, so)
@@ -75,7 +75,7 @@ def child_raw(url: str, so: dict) -> dict:
 
 def child_fetch(url: str, so: dict) -> dict:
     from zephon_store import open_dataset
-    from zephon_store.prefetch import Prefetcher
+    from zephon_store.io.prefetch import Prefetcher
 
     ds = open_dataset(url, storage_options=so)
     n = ds.manifest.num_row_groups

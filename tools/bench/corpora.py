@@ -229,7 +229,7 @@ def ensure_raw(corpus: dict) -> str:
     to LitData's raw chunks when both store the same uncompressed bytes.
     """
     from zephon_store import convert
-    from zephon_store.shardwriter import WriteOptions
+    from zephon_store.write.shardwriter import WriteOptions
 
     out = os.path.join(corpus["dir"], "zephon-raw")
     done = os.path.join(out, "manifest.json")
@@ -242,8 +242,8 @@ def ensure_raw(corpus: dict) -> str:
 
 def shard_paths(corpus: dict) -> list[str]:
     """The Zephon dataset's shard files in manifest (global row) order."""
-    from zephon_store.manifest import load_manifest
-    from zephon_store.storage import Storage
+    from zephon_store.format.manifest import load_manifest
+    from zephon_store.io.storage import Storage
 
     root = os.path.join(corpus["dir"], "zephon")
     m = load_manifest(Storage(root))

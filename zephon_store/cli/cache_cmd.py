@@ -16,8 +16,8 @@ def add_cache_parser(sub) -> None:
 
 
 def cmd_cache(args) -> int:
-    from ..cache import cache_clear, cache_info
-    from ..staging import staging_clear, staging_info
+    from ..io.cache import cache_clear, cache_info
+    from ..write.staging import staging_clear, staging_info
 
     if args.action == "info":
         info = {**cache_info(args.dir), **staging_info(args.dir)}

@@ -19,7 +19,7 @@ def add_gc_parser(sub) -> None:
 
 
 def cmd_gc(args) -> int:
-    from ..gc import gc
+    from ..write.gc import gc
 
     result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options)
     if args.json:

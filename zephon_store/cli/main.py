@@ -153,9 +153,9 @@ def entry() -> None:
 
 
 def cmd_convert(args) -> int:
-    from ..converter import convert
     from ..ingest import InputOptions
-    from ..shardwriter import WriteOptions
+    from ..write.convert import convert
+    from ..write.shardwriter import WriteOptions
 
     rg_bytes, rg_rows = args.row_group_size
     wopts = build_options(WriteOptions, target_shard_bytes=args.target_shard_size,
@@ -173,7 +173,7 @@ def cmd_convert(args) -> int:
     if args.tokenizer or args.seq_len:
         if not (args.tokenizer and args.seq_len):
             raise UsageError("--tokenizer and --seq-len go together")
-        from ..packing import PackingOptions, packing_convert_kwargs
+        from ..write.packing import PackingOptions, packing_convert_kwargs
 
         kwargs = packing_convert_kwargs(build_options(
             PackingOptions, tokenizer=args.tokenizer, seq_len=args.seq_len,
@@ -198,7 +198,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from ..verify import verify
+    from ..read.verify import verify
 
     report = verify(args.url, deep=args.deep, storage_options=args.storage_options,
                     workers=args.workers, progress=not args.json and sys.stderr.isatty())
@@ -213,7 +213,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from ..reader import open_dataset
+    from ..read.dataset import open_dataset
 
     with open_dataset(args.url, storage_options=args.storage_options) as ds:
         m = ds.manifest
@@ -241,8 +241,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_get(args) -> int:
-    from ..index import parse_seq
-    from ..reader import open_dataset
+    from ..format.index import parse_seq
+    from ..read.dataset import open_dataset
 
     with open_dataset(args.url, storage_options=args.storage_options) as ds:
         try:

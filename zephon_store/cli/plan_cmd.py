@@ -46,11 +46,11 @@ def add_plan_parser(sub) -> None:
 
 
 def cmd_plan(args) -> int:
-    from ..assign import batch_owner
-    from ..manifest import load_manifest
-    from ..order import Order, OrderOptions
-    from ..simulate import PlanSpec, rank_ids, simulate
-    from ..storage import Storage
+    from ..format.manifest import load_manifest
+    from ..io.storage import Storage
+    from ..load.simulate import PlanSpec, rank_ids, simulate
+    from ..order.assign import batch_owner
+    from ..order.order import Order, OrderOptions
 
     if args.cursor < 0:
         raise UsageError(f"--cursor must be >= 0, got {args.cursor}")

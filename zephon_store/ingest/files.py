@@ -11,8 +11,8 @@ from typing import BinaryIO
 import fsspec
 
 from ..errors import InputError, InputNotFoundError
-from ..retry import RetryPolicy, call_with_retry
-from ..storage import is_local_url, resolve
+from ..io.retry import RetryPolicy, call_with_retry
+from ..io.storage import is_local_url, resolve
 from . import localtree
 from .containers import DecompressedReader
 from .localtree import HIDDEN, MAGIC, hidden_below_glob

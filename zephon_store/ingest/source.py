@@ -1,8 +1,8 @@
 """Where an input's bytes come from: a local file, or ranged GETs that are each retried.
 
-Remote inputs go through the project's one resolver (:func:`zephon_store.storage.resolve`, so
+Remote inputs go through the project's one resolver (:func:`zephon_store.io.storage.resolve`, so
 endpoint, timeouts and the single-try s3fs/botocore settings are those of outputs) and its one
-retry layer (:func:`zephon_store.retry.call_with_retry`, with the policy the ``"retry"`` storage
+retry layer (:func:`zephon_store.io.retry.call_with_retry`, with the policy the ``"retry"`` storage
 option asks for). A stream is read as consecutive byte ranges: when one fails (a 503, a reset,
 a body cut short) it is fetched again from the offset reached, so no byte is lost or doubled,
 and the length of every range is checked. Listings (glob, walk, info) are retried the same way.
@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from ..errors import InputNotFoundError
-from ..retry import RetryPolicy, call_with_retry
-from ..storage import is_local_url, resolve, retry_policy
+from ..io.retry import RetryPolicy, call_with_retry
+from ..io.storage import is_local_url, resolve, retry_policy
 from .options import InputFile
 
 # One GET per 8 MiB: a failure costs at most this much re-fetching, and per-request overhead

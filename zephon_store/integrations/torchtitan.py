@@ -55,11 +55,11 @@ except ImportError as _main_error:
             "torchtitan 0.3.0 and main; install with: pip install 'zephon_store[torchtitan]'"
         ) from exc
 
-from ..order import OrderOptions  # noqa: E402
-from ..packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
-from ..reader import Dataset, open_dataset  # noqa: E402
-from ..stream import SEQ_KEY, RankStream  # noqa: E402
+from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
+from ..order.order import OrderOptions  # noqa: E402
+from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
+from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
 from .titan_batches import flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",

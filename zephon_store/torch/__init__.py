@@ -14,9 +14,9 @@ from ..errors import require
 
 require("torch", "torch")
 
+from ..load.state import STATE_VERSION, LoaderState, check_state  # noqa: E402
 from .dataset import ZephonIterableDataset  # noqa: E402
 from .loader import ZephonLoader  # noqa: E402
-from .state import STATE_VERSION, LoaderState, check_state  # noqa: E402
 
 __all__ = ["ZephonLoader", "ZephonIterableDataset", "LoaderState", "check_state",
            "STATE_VERSION"]

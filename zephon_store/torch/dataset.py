@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 
 import torch.utils.data
 
-from ..assign import batches_for_worker
-from ..coalesce import CoalesceOptions
-from ..order import OrderOptions
-from ..pipeline import BatchPipeline, default_decode_threads
-from ..prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
-from ..stream import RankStream, Topology
+from ..io.coalesce import CoalesceOptions
+from ..io.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
+from ..load.pipeline import BatchPipeline, default_decode_threads
+from ..load.stream import RankStream, Topology
+from ..order.assign import batches_for_worker
+from ..order.order import OrderOptions
 
 
 class ZephonIterableDataset(torch.utils.data.IterableDataset):

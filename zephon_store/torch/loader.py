@@ -3,7 +3,7 @@
 Two ways to make batches, with the identical sequence:
 
 - ``num_workers=0`` (default): a small pool of threads decodes the row groups of the
-  coming steps ahead (pyarrow decodes without the GIL; :mod:`zephon_store.pipeline`), and
+  coming steps ahead (pyarrow decodes without the GIL; :mod:`zephon_store.load.pipeline`), and
   each batch is cut from them when the loop asks for it. With a ``transform``, one more
   thread runs it ``prefetch`` batches ahead of the loop. On small CPU hosts this beats
   process workers, which pay an IPC copy per batch.
@@ -28,15 +28,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from ..coalesce import CoalesceOptions
 from ..errors import StateMismatchError
-from ..order import OrderOptions
-from ..pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
-from ..prefetch import DEFAULT_PREFETCH_BYTES
-from ..reader import Dataset, open_dataset
-from ..stream import RankStream, Topology
+from ..io.coalesce import CoalesceOptions
+from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
+from ..load.state import MAX_CURSOR, LoaderState, check_state
+from ..load.stream import RankStream, Topology
+from ..order.order import OrderOptions
+from ..read.dataset import Dataset, open_dataset
 from .dataset import ZephonIterableDataset
-from .state import MAX_CURSOR, LoaderState, check_state
 
 log = logging.getLogger("zephon_store")
 
@@ -86,9 +86,9 @@ class ZephonLoader:
     ``transform`` (without one a batch is cut from row groups decoded ahead, which is cheap);
     ``decode_ahead_bytes`` bounds the decoded row groups
     held ahead (default: two working sets of the order, 16 MiB to 1 GiB; see
-    :mod:`zephon_store.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
+    :mod:`zephon_store.load.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
     fetched ahead into the disk cache; ``coalesce``
-    (:class:`~zephon_store.coalesce.CoalesceOptions`) sets how neighbouring row groups are
+    (:class:`~zephon_store.io.coalesce.CoalesceOptions`) sets how neighbouring row groups are
     merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``).
     """
 

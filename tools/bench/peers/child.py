@@ -33,7 +33,7 @@ def _preimport(system: str) -> None:
     pa.array([1]).to_numpy()
 
     if system in ZEPHONS:
-        import zephon_store.stream  # noqa: F401
+        import zephon_store.load.stream  # noqa: F401
         import zephon_store.torch  # noqa: F401
     elif system == "mosaic":
         import_streaming()

@@ -82,7 +82,7 @@ def decode_cache_child(kind: str, mb: int, cache_mb: int) -> None:
 def probe_decode_cache(kind: str, mb: int) -> None:
     """A fresh process per run, alternating the default (256 MiB) and an 8 MiB cache.
 
-    Since the planned decode-ahead pipeline (``zephon_store/pipeline.py``) the loader holds
+    Since the planned decode-ahead pipeline (``zephon_store/load/pipeline.py``) the loader holds
     the row groups it reads itself and drops them after their last use, bypassing the
     dataset's decode cache (``read_row_group(keep=False)``), and no longer grows it: the
     two should now take the same time and memory. A difference means the loader's reads
@@ -166,8 +166,8 @@ def probe_s3(kind: str, mb: int) -> None:
     import sys_zephon
     from s3_server import SeaweedServer
 
-    from zephon_store import cache as cache_mod
-    from zephon_store import storage as storage_mod
+    from zephon_store.io import cache as cache_mod
+    from zephon_store.io import storage as storage_mod
 
     stats: dict = collections.defaultdict(lambda: [0, 0.0])
     lock = threading.Lock()
@@ -241,7 +241,7 @@ def probe_costs(kind: str, mb: int) -> None:
     import xxhash
 
     from zephon_store import open_dataset
-    from zephon_store.stream import decode_table
+    from zephon_store.load.stream import decode_table
 
     b = BATCH[kind]
     for system in ("zephon", "zephonraw"):
@@ -289,9 +289,9 @@ def probe_pass(kind: str, mb: int) -> None:
     import numpy as np
 
     from zephon_store import open_dataset
+    from zephon_store.load.pipeline import BatchPipeline, _Step, plan_rows
+    from zephon_store.load.stream import RankStream, Topology
     from zephon_store.order import OrderOptions
-    from zephon_store.pipeline import BatchPipeline, _Step, plan_rows
-    from zephon_store.stream import RankStream, Topology
 
     b = BATCH[kind]
     for system in ("zephon", "zephonraw"):
@@ -423,7 +423,7 @@ def probe_rowgroups(kind: str, mb: int) -> None:
     import tempfile
 
     from zephon_store import convert, open_dataset
-    from zephon_store.shardwriter import WriteOptions
+    from zephon_store.write.shardwriter import WriteOptions
 
     inputs = sorted(glob.glob(os.path.join(corpus_mod.corpus_dir(kind, mb), "input", "*")))
     sizes = (1 << 20, 512 << 10, 256 << 10)
@@ -579,14 +579,14 @@ def _string_views(buf, column):
 
     Each value's 4-byte length is read in Python (the values follow each other, so the
     scan is sequential), then one 16-byte view per value points into the page: no copy of
-    the text. ``None`` where :mod:`zephon_store.pages` does not read the chunk.
+    the text. ``None`` where :mod:`zephon_store.read.pages` does not read the chunk.
     """
     import struct
 
     import numpy as np
     import pyarrow as pa
 
-    from zephon_store.pages import _pages, _Unsupported
+    from zephon_store.read.pages import _pages, _Unsupported
 
     unpack = struct.Struct("<I").unpack_from
     chunks = []
@@ -630,7 +630,7 @@ def probe_views(kind: str, mb: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zephon_store.hashing import xxh3_hex
+    from zephon_store._util.hashing import xxh3_hex
 
     if kind != "text":
         print(f"{kind}: the views probe is for text (--kind text)")

@@ -185,8 +185,8 @@ def drop_stale(fmt: dict, systems: list[str]) -> None:
     Such a copy would be read as is; the reads must measure what this checkout writes
     (its default options, or ``compression="none"`` for ``zephonraw``).
     """
-    from zephon_store.manifest import FORMAT_VERSION, MANIFEST_NAME
-    from zephon_store.shardwriter import WriteOptions
+    from zephon_store.format.manifest import FORMAT_VERSION, MANIFEST_NAME
+    from zephon_store.write.shardwriter import WriteOptions
 
     for system in systems:
         path = os.path.join(fmt[system], MANIFEST_NAME)

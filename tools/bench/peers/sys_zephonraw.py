@@ -21,7 +21,7 @@ from sys_zephon import (  # noqa: F401  (the child looks these up on this module
 
 def convert(kind: str, inp: str, out: str, workers: int = 1) -> None:
     from zephon_store import convert as zconvert
-    from zephon_store.shardwriter import WriteOptions
+    from zephon_store.write.shardwriter import WriteOptions
 
     zconvert([inp], out, workers=workers, progress=False,
              options=WriteOptions(compression="none"))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .errors import ManifestError
+from ..errors import ManifestError
+from ..format.manifest import INDEX_DIR, MANIFEST_NAME, SHARD_DIR, Manifest, load_manifest
+from ..io.storage import Storage
 from .lock import output_lock
-from .manifest import INDEX_DIR, MANIFEST_NAME, SHARD_DIR, Manifest, load_manifest
 from .publish import referenced_paths
-from .storage import Storage
 
 
 @dataclass

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .arrowutil import np_view
-from .assign import positions_for_rank, tail_positions_for_rank
-from .order import Order, OrderOptions
+from .._util.arrow import np_view
+from ..order.assign import positions_for_rank, tail_positions_for_rank
+from ..order.order import Order, OrderOptions
 
 SEQ_KEY = "_seq"
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead

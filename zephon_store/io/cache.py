@@ -12,7 +12,7 @@ process plans to read (least recently used first), then the planned key needed f
 future (Belady).
 
 >>> import tempfile
->>> from zephon_store.hashing import xxh3_hex
+>>> from zephon_store._util.hashing import xxh3_hex
 >>> cache = ChunkCache(tempfile.mkdtemp(), budget_bytes=1 << 20)
 >>> key = xxh3_hex(b"row group bytes")
 >>> cache.get_or_fetch(key, lambda: b"row group bytes")
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from .errors import IntegrityError
-from .hashing import is_hex_hash, xxh3_hex
+from .._util.hashing import is_hex_hash, xxh3_hex
+from ..errors import IntegrityError
 
 _log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class ChunkCache:
     The cache never breaks a read: when the disk fails under it (a full filesystem, a
     read-only or vanished folder, a file where the folder should be), the operation is
     skipped, counted in ``stats.bypassed`` and logged once per cache object (a warning on the
-    ``zephon_store.cache`` logger naming the folder and the error); :meth:`get_or_fetch`
+    ``zephon_store.io.cache`` logger naming the folder and the error); :meth:`get_or_fetch`
     then returns the fetched bytes uncached. Each later operation tries the disk again, so a
     cache that heals (space freed, folder made again) is used again.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import StateMismatchError
-from ..order import OrderOptions
+from ..order.order import OrderOptions
 
 STATE_VERSION = 1
 KEY_VERSION = "version"

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from .errors import (
+from .._util.hashing import xxh3_hex
+from ..errors import (
     AccessDeniedError,
     IntegrityError,
     ShardNotFoundError,
@@ -39,7 +40,6 @@ from .errors import (
     ZephonError,
     require,
 )
-from .hashing import xxh3_hex
 from .retry import RetryPolicy, call_with_retry, is_checksum_error
 
 T = TypeVar("T")
@@ -97,7 +97,7 @@ def is_local_url(url: str) -> bool:
 
 
 def retry_policy(storage_options: dict[str, Any] | None) -> RetryPolicy:
-    """The :class:`~zephon_store.retry.RetryPolicy` that ``storage_options`` ask for with
+    """The :class:`~zephon_store.io.retry.RetryPolicy` that ``storage_options`` ask for with
     zephon's own ``"retry"`` key (fields of ``RetryPolicy``), else the default one.
 
     >>> retry_policy({"retry": {"deadline": 300}}).deadline
@@ -250,7 +250,7 @@ def check_relpath(relpath: str, *, root: str = "", allow_empty: bool = False) ->
 class Storage:
     """One dataset root (local directory or ``s3://bucket/prefix``) and its files.
 
-    Reads are retried per ``retry`` (a :class:`~zephon_store.retry.RetryPolicy`; default: the
+    Reads are retried per ``retry`` (a :class:`~zephon_store.io.retry.RetryPolicy`; default: the
     ``"retry"`` storage option, else ``RetryPolicy()``, a 60 s deadline) and, when an
     ``expected_xxh3`` is given, verified. Picklable: a copy in another process opens its own
     filesystem client.
@@ -564,14 +564,14 @@ class Storage:
 
         self._call(rm, url=url, label=relpath, op="DELETE")
 
-    # -- exclusive create (the convert write path's output lock, zephon_store/lock.py) ---------
+    # -- exclusive create (the convert write path's output lock, zephon_store/write/lock.py) ---------
 
     def create_exclusive(self, relpath: str, data: bytes) -> bool:
         """Write ``data`` at ``relpath`` only if nothing is there; False if something is.
 
         Locally ``O_CREAT | O_EXCL``; on S3 one PUT with ``If-None-Match: *`` (AWS S3 and
         SeaweedFS answer 412 when the key exists). A store that ignores the header overwrites:
-        callers that need certainty read the object back (zephon_store.lock does).
+        callers that need certainty read the object back (zephon_store.write.lock does).
         """
         path = self._path(relpath)
         url = self.url(relpath)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from .errors import RetriesExhaustedError, ZephonError
+from ..errors import RetriesExhaustedError, ZephonError
 
 T = TypeVar("T")
 

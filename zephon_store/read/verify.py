@@ -19,9 +19,9 @@ from importlib import resources
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ManifestError, UnsafePathError, ZephonError
-from .hashing import xxh3_hex
-from .manifest import (
+from .._util.hashing import xxh3_hex
+from ..errors import ManifestError, UnsafePathError, ZephonError
+from ..format.manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
     PARSE_ERRORS,
@@ -34,8 +34,8 @@ from .manifest import (
     shard_path,
     table_from_ipc,
 )
-from .reader import chunk_range_problem
-from .storage import Storage
+from ..io.storage import Storage
+from .dataset import chunk_range_problem
 
 
 @dataclass
@@ -69,7 +69,7 @@ class VerifyReport:
 
 def manifest_json_schema() -> dict:
     """The JSON Schema of ``manifest.json`` (the same file as ``formats/manifest.schema.json``)."""
-    text = resources.files("zephon_store").joinpath("manifest.schema.json").read_text()
+    text = resources.files("zephon_store.format").joinpath("manifest.schema.json").read_text()
     return json.loads(text)
 
 
@@ -136,7 +136,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
 
 
 def _check_orphans(st: Storage, m: Manifest, add) -> None:
-    from .gc import find_orphans
+    from ..write.gc import find_orphans
 
     try:
         orphans = find_orphans(st, m)

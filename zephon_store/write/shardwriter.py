@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .arrowutil import is_flat_binary
-from .encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
-from .hashing import xxh3_hex
+from .._util.arrow import is_flat_binary
+from .._util.hashing import xxh3_hex
+from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ class WriteOptions:
     """How shards are written. Every field is recorded in the manifest.
 
     ``target_shard_bytes`` and ``row_group_bytes`` are measured on the values before
-    compression (see :mod:`zephon_store.rowsize`), so cuts are a pure function of the data.
+    compression (see :mod:`zephon_store.write.rowsize`), so cuts are a pure function of the data.
     ``fixed_size_lists``: ``"binary"`` stores fixed-size lists of numbers as fixed-size
-    binary (2-4x faster to decode, see :mod:`zephon_store.encoding`); ``"list"`` keeps
+    binary (2-4x faster to decode, see :mod:`zephon_store.format.encoding`); ``"list"`` keeps
     Parquet's list layout, which can hold null elements.
     ``use_dictionary``: ``"auto"`` (the default) dictionary-encodes every column except
     top-level string and binary columns whose values are mostly distinct in the shard
@@ -117,11 +117,11 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
 
     The file is written at ``path`` as given (callers pass a temp name and rename it to
     ``shards/<name>.parquet`` afterwards). ``table`` holds logical types; columns that
-    :func:`~zephon_store.encoding.storage_encodings` names are written in their storage
+    :func:`~zephon_store.format.encoding.storage_encodings` names are written in their storage
     type, without dictionary encoding (each value is a whole window: a dictionary only
     costs time, then falls back to plain); with ``use_dictionary="auto"`` the columns
     :func:`dictionary_columns` leaves out are plain too. Raises
-    :class:`~zephon_store.encoding.ElementNullError` for a null list element.
+    :class:`~zephon_store.format.encoding.ElementNullError` for a null list element.
     """
     if sum(row_group_rows) != table.num_rows:
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")

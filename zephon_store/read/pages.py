@@ -1,7 +1,7 @@
 """Fixed-size binary column chunks read straight from their Parquet pages (zero-copy).
 
 A fixed-size binary column written with PLAIN pages and no nulls (token windows in format
-v2, see :mod:`zephon_store.encoding`) holds its values back to back in each data page. So
+v2, see :mod:`zephon_store.format.encoding`) holds its values back to back in each data page. So
 once the row group's bytes have passed their xxh3 check, the values of an uncompressed page
 *are* the column: :func:`read_fixed_chunk` returns them as an Arrow ``fixed_size_binary``
 array over the very same buffer (the memory-mapped shard, or the fetched range), with no

@@ -13,7 +13,7 @@ The manifest's ``packing`` entry records the tokenizer (file hash, vocabulary si
 special token ids and the totals (documents, tokens, windows, dropped tail). See
 ``docs/packing.md``.
 
-The work runs through :func:`~zephon_store.converter.convert`'s hooks, so it inherits its
+The work runs through :func:`~zephon_store.write.convert.convert`'s hooks, so it inherits its
 crash-safe staging and its byte-identical output for any number of workers:
 
 - ``parse_fn`` (:class:`TokenizeDocuments`, in the worker processes): one input file ->
@@ -38,8 +38,8 @@ from itertools import chain
 import numpy as np
 import pyarrow as pa
 
-from .errors import InputError, InputNotFoundError, require
-from .hashing import xxh3_file
+from .._util.hashing import xxh3_file
+from ..errors import InputError, InputNotFoundError, require
 
 __all__ = [
     "PackingOptions",
@@ -251,7 +251,7 @@ def resolve_special_tokens(options: PackingOptions, tok=None) -> SpecialTokens:
 # -- phase 1: tokenize (worker processes) --------------------------------------------------
 @dataclass(frozen=True)
 class TokenizeDocuments:
-    """``parse_fn`` for :func:`~zephon_store.converter.convert`: one input -> token lists.
+    """``parse_fn`` for :func:`~zephon_store.write.convert.convert`: one input -> token lists.
 
     A frozen dataclass so it pickles to spawned workers and its ``repr`` (part of the
     converter's staging key) is stable across runs.
@@ -264,7 +264,7 @@ class TokenizeDocuments:
     eos_id: int | None
 
     def __call__(self, f, options, storage_options, stats) -> Iterator[pa.RecordBatch]:
-        from .ingest import read_input
+        from ..ingest import read_input
 
         tok = load_tokenizer(self.tokenizer_path, self.tokenizer_xxh3)
         encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
@@ -428,7 +428,7 @@ def _pack_file(task) -> dict:
 
 
 class PackWindows:
-    """``restream`` for :func:`~zephon_store.converter.convert`: cut the windows, stage them.
+    """``restream`` for :func:`~zephon_store.write.convert.convert`: cut the windows, stage them.
 
     Fills the dynamic totals of ``extra["packing"]`` (the dict passed as ``extra_manifest``)
     once they are known. Reuses its staged output on a resumed run: per input
@@ -441,7 +441,7 @@ class PackWindows:
         self.extra = extra
 
     def __call__(self, files, metas, staging, pool):
-        from .converter import staged_base, staged_complete
+        from .convert import staged_base, staged_complete
         from .staging import atomic_write_json, read_json
 
         folder = os.path.join(staging, "packed")
@@ -504,7 +504,7 @@ def _token_count(path: str | None) -> int:
 
 # -- wiring --------------------------------------------------------------------------------
 def packing_convert_kwargs(options: PackingOptions) -> dict:
-    """Keyword arguments for :func:`~zephon_store.converter.convert` that pack tokens.
+    """Keyword arguments for :func:`~zephon_store.write.convert.convert` that pack tokens.
 
     Returns ``parse_fn``, ``restream`` and ``extra_manifest``; the manifest's ``packing``
     entry is completed with the totals during the conversion. Build a fresh set per

@@ -16,11 +16,11 @@ from dataclasses import asdict, is_dataclass
 import numpy as np
 import pyarrow as pa
 
-from . import __version__, arrowutil
-from .errors import OutputExistsError, ZephonError
-from .hashing import xxh3_file, xxh3_hex
-from .ingest.options import SKIP_KINDS
-from .manifest import (
+from .. import __version__
+from .._util import arrow as arrowutil
+from .._util.hashing import xxh3_file, xxh3_hex
+from ..errors import OutputExistsError, ZephonError
+from ..format.manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
     PROVENANCE_TABLE_SCHEMA,
@@ -32,7 +32,8 @@ from .manifest import (
     shard_path,
     table_to_ipc,
 )
-from .storage import Storage
+from ..ingest.options import SKIP_KINDS
+from ..io.storage import Storage
 
 
 def _common_root(urls: list[str]) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import SeqOutOfRangeError
+from ..errors import SeqOutOfRangeError
 
 
 @dataclass(frozen=True)

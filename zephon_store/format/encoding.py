@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 
-from .errors import ZephonError
+from ..errors import ZephonError
 
 __all__ = [
     "FIXED_SIZE_BINARY_LE",

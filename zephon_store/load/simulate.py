@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .assign import positions_for_rank, step_is_lane_aligned
-from .order import Order, OrderOptions, shuffle_quality
+from ..order.assign import positions_for_rank, step_is_lane_aligned
+from ..order.order import Order, OrderOptions, shuffle_quality
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrowutil import np_view, valid_mask
+from .._util.arrow import np_view, valid_mask
 
 
 def table_row_nbytes(table: pa.Table | pa.RecordBatch) -> np.ndarray:

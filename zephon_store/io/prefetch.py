@@ -5,7 +5,7 @@ next steps are fetched into the node-local disk cache by a small thread pool, up
 budget of not-yet-consumed data, and the cache is told the upcoming key sequence so its
 eviction spares what is needed soonest. Only remote datasets (with a disk cache) prefetch;
 local shards are read in place (decoding ahead is the loader's pipeline,
-:mod:`zephon_store.pipeline`, for both).
+:mod:`zephon_store.load.pipeline`, for both).
 
 Remote row groups are not fetched one GET each: the planned ones are collected until about
 one range's worth (``CoalesceOptions.max_bytes``, at most a quarter of the budget) is pending,

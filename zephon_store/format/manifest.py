@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrowutil import column_np
+from .._util.arrow import column_np
+from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
+from ..errors import ManifestError, StorageError, UnsafePathError
 from .encoding import storage_encodings, storage_schema, to_logical
-from .errors import ManifestError, StorageError, UnsafePathError
-from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 
 FORMAT_NAME = "zephon"
 FORMAT_VERSION = 2
@@ -554,7 +554,7 @@ def load_side_table(storage, doc: dict, kind: str, url: str) -> pa.Table:
 def load_manifest(storage, *, check: bool = True) -> Manifest:
     """Load and validate ``manifest.json`` and its side tables through ``storage``.
 
-    ``storage`` is a :class:`zephon_store.storage.Storage` (or anything with
+    ``storage`` is a :class:`zephon_store.io.storage.Storage` (or anything with
     ``read_file(relpath, expected_xxh3=...)`` and ``url(relpath)``). Side tables are
     verified against the hash the manifest records before they are used.
     """

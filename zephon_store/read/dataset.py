@@ -19,16 +19,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .arrowutil import i64
-from .errors import ManifestError
-from .hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
-from .index import Located, as_seqs, locate
-from .manifest import PARSE_ERRORS, Manifest, load_manifest, require_regular_file
+from .._util.arrow import i64
+from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
+from ..errors import ManifestError
+from ..format.index import Located, as_seqs, locate
+from ..format.manifest import PARSE_ERRORS, Manifest, load_manifest, require_regular_file
+from ..io.storage import Storage
+from ..load.stream import array_view
+from ..write.shardwriter import row_group_byte_range
 from .pages import read_fixed_chunk
 from .rangefile import RangeFile
-from .shardwriter import row_group_byte_range
-from .storage import Storage
-from .stream import array_view
 
 DEFAULT_DECODE_CACHE_BYTES = 256 << 20
 _MAX_MAPPED_SHARDS = 256  # open memory maps kept per Dataset (one file descriptor each)
@@ -126,7 +126,7 @@ class Dataset:
         # Local datasets are read in place; a disk cache only pays for remote bytes.
         if cache is False or (cache is None and self.storage.local):
             return None
-        from .cache import ChunkCache
+        from ..io.cache import ChunkCache
 
         if isinstance(cache, ChunkCache):
             return cache
@@ -249,9 +249,9 @@ class Dataset:
         return self._fetch_row_group_alone(rg)
 
     def range_fetcher(self, options=None):
-        """This process's :class:`~zephon_store.coalesce.RangeFetcher` (made on first use;
-        ``options``, a :class:`~zephon_store.coalesce.CoalesceOptions`, apply when it is made)."""
-        from .coalesce import RangeFetcher
+        """This process's :class:`~zephon_store.io.coalesce.RangeFetcher` (made on first use;
+        ``options``, a :class:`~zephon_store.io.coalesce.CoalesceOptions`, apply when it is made)."""
+        from ..io.coalesce import RangeFetcher
 
         with self._footer_lock:
             cur = self.__dict__.get("_range_fetcher")
@@ -356,7 +356,7 @@ class Dataset:
         """``shard``'s Arrow schema and its top-level fixed-size binary leaves (cached).
 
         The leaves map a column name to ``(leaf index, max definition level, max
-        repetition level, byte width)``, what :func:`~zephon_store.pages.read_fixed_chunk`
+        repetition level, byte width)``, what :func:`~zephon_store.read.pages.read_fixed_chunk`
         needs.
         """
         got = self._leaf_info.get(shard)
@@ -587,9 +587,9 @@ def open_dataset(url: str, *, storage_options: dict | None = None, cache=None,
                  expect_dataset_id: str | None = None) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
-    ``cache``: a :class:`zephon_store.cache.ChunkCache`, a directory, ``None`` (a disk
+    ``cache``: a :class:`zephon_store.io.cache.ChunkCache`, a directory, ``None`` (a disk
     cache for remote datasets only) or ``False`` (none). ``retry``: a
-    :class:`~zephon_store.retry.RetryPolicy` (default: the ``"retry"`` storage option, else a
+    :class:`~zephon_store.io.retry.RetryPolicy` (default: the ``"retry"`` storage option, else a
     60 s budget per read). ``expect_dataset_id``
     (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
     :class:`~zephon_store.errors.ManifestError`. The manifest and its side tables are

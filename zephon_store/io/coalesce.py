@@ -26,8 +26,8 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .errors import RetriesExhaustedError
-from .hashing import xxh3_hex
+from .._util.hashing import xxh3_hex
+from ..errors import RetriesExhaustedError
 
 # 8 MiB ranges, 4 at a time, fetched the benchmark's shards ~14x faster than one GET per
 # row group (docs/benchmarks.md, S3); S3 itself recommends 8-16 MiB ranged GETs.
@@ -151,7 +151,7 @@ class _Task:
 class RangeFetcher:
     """Fetches planned ranges of one dataset into its disk cache.
 
-    ``dataset`` is a :class:`~zephon_store.reader.Dataset` with a cache. :meth:`plan` groups
+    ``dataset`` is a :class:`~zephon_store.read.dataset.Dataset` with a cache. :meth:`plan` groups
     row groups into ranges, :meth:`submit` runs them on an executor (a thread pool);
     :meth:`take` gives a reader the verified bytes of a row group that a planned range holds,
     running that range in the caller's thread if no prefetch thread has started it yet.

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .arrowutil import gather_pylist, is_flat_binary
-from .reader import gather_rows
+from .._util.arrow import gather_pylist, is_flat_binary
+from ..read.dataset import gather_rows
 from .stream import SEQ_KEY, array_type, array_view, decode_column
 
 # Decoded bytes planned ahead, at least (the working set of a shuffled order may need more).
@@ -203,7 +203,7 @@ def default_decode_threads(dataset, workers: int = 1) -> int:
 
 
 class BatchPipeline:
-    """Batches ``indices`` of a :class:`~zephon_store.stream.RankStream`, in that order.
+    """Batches ``indices`` of a :class:`~zephon_store.load.stream.RankStream`, in that order.
 
     ``indices`` are local batch numbers counted from ``start_cursor`` (one worker's share
     is ``range(worker, n, workers)``; ``itertools.count()`` is endless).

@@ -32,8 +32,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from .errors import OutputLockedError
-from .storage import Storage
+from ..errors import OutputLockedError
+from ..io.storage import Storage
 
 LOCK_NAME = ".zephon-lock"
 _log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def output_lock(out: Storage, *, command: str = "convert") -> Iterator[dict]:
     Raises :class:`~zephon_store.errors.OutputLockedError` at once (no waiting) when another
     process holds it. Yields the holder record written into the lock.
 
-    >>> from zephon_store.storage import Storage
+    >>> from zephon_store.io.storage import Storage
     >>> with output_lock(Storage("/data/ds")) as holder:   # doctest: +SKIP
     ...     ...
     """

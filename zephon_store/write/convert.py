@@ -33,13 +33,14 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
-from .encoding import ElementNullError
-from .errors import DiskFullError, InputError
-from .ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
-from .ingest.schema import conform_batch
+from ..errors import DiskFullError, InputError
+from ..format.encoding import ElementNullError
+from ..format.manifest import shard_path
+from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
+from ..ingest.schema import conform_batch
+from ..io.storage import Storage
 from .layout import Cutter, ShardPlan
 from .lock import output_lock
-from .manifest import shard_path
 from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
@@ -54,7 +55,6 @@ from .staging import (
     remove_stale_jobs,
     temp_name,
 )
-from .storage import Storage
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ConvertResult:
 
 
 # A parse function turns one input into Arrow batches. The default reads records; packing
-# (zephon_store.packing) swaps in tokenization. It must be a module-level callable so
+# (zephon_store.write.packing) swaps in tokenization. It must be a module-level callable so
 # worker processes can import it.
 ParseFn = Callable[[InputFile, InputOptions, "dict | None", InputStats], Iterable[pa.RecordBatch]]
 

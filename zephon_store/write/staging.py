@@ -6,7 +6,7 @@ reuses them; a different input or option is a different job and never reuses sta
 
 Where: ``OUT/.zephon-staging/<job>`` for a local output, else
 ``$ZEPHON_CACHE_DIR/staging/<job>`` (or ``staging_dir/<job>``). A job folder is only used
-under the output's lock (:mod:`zephon_store.lock`) and holds ``.active`` flock-ed while a
+under the output's lock (:mod:`zephon_store.write.lock`) and holds ``.active`` flock-ed while a
 convert runs in it, so ``zephon cache clear`` never removes a live one. Every temp file in it
 carries the writing process's pid and a random part. A finished job's folder is first renamed
 to ``.<job>.trash.<pid>`` and then removed, so a crash during cleanup never leaves a
@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, is_dataclass
 
-from . import __version__
-from .hashing import xxh3_hex
-from .manifest import canonical_json
-from .storage import Storage
+from .. import __version__
+from .._util.hashing import xxh3_hex
+from ..format.manifest import canonical_json
+from ..io.storage import Storage
 
 STAGING_DIRNAME = ".zephon-staging"
 _ACTIVE = ".active"
@@ -174,7 +174,7 @@ def finish_job(job_path: str, fd: int | None) -> None:
 
 def staging_root(directory: str | None = None) -> str:
     """Where jobs of remote outputs stage: ``<cache dir>/staging``."""
-    from .cache import default_cache_dir
+    from ..io.cache import default_cache_dir
 
     return os.path.join(directory or default_cache_dir(), "staging")
 

@@ -1,0 +1,14 @@
+"""The order layer: which sample sits at each stream position, and who reads it.
+
+A pure function of ``(row-group sizes, OrderOptions, position)``; nothing here depends on
+world size, and nothing holds state (DESIGN section 1).
+
+- :mod:`.order`: :class:`OrderOptions` and :class:`Order` (position -> sample id), with the
+  keyed permutation :func:`permute`;
+- :mod:`.assign`: (cursor, global batch, world size, rank) -> positions of a rank's share.
+"""
+
+from .order import ORDER_ALGORITHM, Order, OrderOptions, derive_key, permute, shuffle_quality
+
+__all__ = ["ORDER_ALGORITHM", "Order", "OrderOptions", "derive_key", "permute",
+           "shuffle_quality"]
