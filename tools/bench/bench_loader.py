@@ -92,7 +92,7 @@ def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zephon_store.load.stream import decode_table
+    from zephon_store._util.decode import decode_table
 
     paths = corpora.shard_paths(corpus)
     to_logical = corpora.logical(corpus)

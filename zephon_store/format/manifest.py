@@ -21,6 +21,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -257,6 +258,19 @@ class Manifest:
 
     def shard_path(self, shard: int) -> str:
         return shard_path(self.shard_name(shard))
+
+    def referenced_paths(self) -> set[str]:
+        """Every root-relative path this manifest names: its shards and side tables."""
+        paths = {self.shard_path(s) for s in range(len(self.shard_bytes))}
+        paths.update(ref["path"] for ref in (self.doc.get("tables") or {}).values())
+        return paths
+
+    def unreferenced(self, listdir: Callable[[str], list[str]]) -> list[str]:
+        """Root-relative paths under ``shards/`` and ``index/`` this manifest does not name
+        (orphans): ``listdir(folder)`` gives a folder's root-relative paths, e.g.
+        ``Storage.listdir``."""
+        kept = self.referenced_paths()
+        return [rel for sub in (SHARD_DIR, INDEX_DIR) for rel in listdir(sub) if rel not in kept]
 
     @functools.cached_property
     def storage_schema(self) -> pa.Schema:

@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.arrow import gather_pylist, is_flat_binary
+from .._util.decode import array_type, array_view, decode_column
 from ..read.dataset import gather_rows
-from .stream import SEQ_KEY, array_type, array_view, decode_column
+from .stream import SEQ_KEY
 
 # Decoded bytes planned ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20

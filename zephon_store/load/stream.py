@@ -4,10 +4,6 @@
 reads which position) and the reader (the bytes) together: local batch ``i`` after a start
 cursor ``c`` is the rank's share of global step ``[c + i*B, c + (i+1)*B)``. The torch
 loader, the TorchTitan integration and ``zephon plan`` all build on it.
-
-Batches are decoded per batch, never per sample: fixed-size list columns (token windows)
-become one 2-D numpy array, primitive columns one 1-D array; only string/binary and nested
-variable-length columns become Python lists.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .._util.arrow import np_view
+from .._util.decode import decode_table
 from ..order.assign import positions_for_rank, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
 
@@ -182,69 +178,3 @@ class RankStream:
     def batch(self, cursor: int) -> dict:
         """The decoded batch of the step starting at ``cursor`` (see :func:`decode_table`)."""
         return self.finish(*self.table(cursor))
-
-
-def decode_table(table: pa.Table) -> dict:
-    """Arrow columns to numpy arrays (batch-level, zero-copy where Arrow allows) or lists.
-
-    - fixed-size lists of numbers (e.g. ``tokens: fixed_size_list<int32>[2049]``) -> 2-D array;
-    - numbers and booleans without nulls -> 1-D array;
-    - anything else (strings, variable lists, structs, nullable numbers) -> Python list.
-
-    >>> decode_table(pa.table({"x": [1, 2]}))["x"].tolist()
-    [1, 2]
-    """
-    out = {}
-    for name, col in zip(table.column_names, table.columns):
-        out[name] = decode_column(col)
-    return out
-
-
-def array_type(t: pa.DataType) -> bool:
-    """True if :func:`decode_column` may give a numpy array for a column of type ``t``.
-
-    (It still gives a list when the column holds nulls.) Other types always become lists.
-    """
-    return _is_numeric(t) or pa.types.is_boolean(t) or pa.types.is_fixed_size_list(t)
-
-
-def decode_column(col: pa.ChunkedArray):
-    """One column as :func:`decode_table` gives it: a numpy array where it can, else a list."""
-    if not array_type(col.type):
-        # Python objects either way; chunk by chunk skips the copy combine_chunks makes.
-        return col.to_pylist()
-    arr = array_view(col)
-    return arr if arr is not None else col.to_pylist()
-
-
-def array_view(col: pa.ChunkedArray) -> np.ndarray | None:
-    """``col`` as numpy (zero-copy for one chunk of numbers), or None if it holds nulls.
-
-    Numbers -> 1-D, fixed-size lists of numbers -> 2-D (rows x list size), booleans -> 1-D
-    (a copy); ``None`` for other types and for columns with nulls.
-    """
-    t = col.type
-    if not array_type(t):
-        return None
-    if col.num_chunks != 1:
-        col = col.combine_chunks() if col.num_chunks else pa.array([], type=t)
-    else:
-        col = col.chunk(0)
-    if col.null_count:
-        return None
-    if pa.types.is_fixed_size_list(t):
-        if not _is_numeric(t.value_type):
-            return None
-        # The child values of the rows, by slicing: flatten() copied them (~130 us for a
-        # batch of 32 token windows, a third of a pass over uncompressed shards).
-        values = col.values.slice(col.offset * t.list_size, len(col) * t.list_size)
-        if values.null_count:
-            return None
-        return np_view(values).reshape(len(col), t.list_size)
-    if _is_numeric(t):
-        return np_view(col)
-    return col.to_numpy(zero_copy_only=False)   # booleans
-
-
-def _is_numeric(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t)

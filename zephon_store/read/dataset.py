@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._util.arrow import i64
+from .._util.decode import array_view
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from ..errors import ManifestError
+from ..format.footer import chunk_range_problem
 from ..format.index import Located, as_seqs, locate
 from ..format.manifest import PARSE_ERRORS, Manifest, load_manifest, require_regular_file
 from ..io.storage import Storage
-from ..load.stream import array_view
-from ..write.shardwriter import row_group_byte_range
 from .pages import read_fixed_chunk
 from .rangefile import RangeFile
 
@@ -501,25 +501,6 @@ class Dataset:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def chunk_range_problem(m: Manifest, rg: int, meta: pq.RowGroupMetaData) -> str | None:
-    """Why row group ``rg``'s column chunks (per its footer ``meta``) are not all inside
-    the byte range whose xxh3 the manifest records, or None when they are.
-
-    The decoders read at the footer's offsets; this makes those bytes the hashed ones
-    (on the memory-mapped path the whole shard is addressable).
-    """
-    lo = int(m.rg_offset[rg])
-    hi = lo + int(m.rg_length[rg])
-    if meta.num_columns == 0:
-        return None   # nothing is read
-    start, end = row_group_byte_range(meta)
-    if start < lo or end > hi:
-        return (f"row group {m.rg_local_index(rg)}: the footer places its column chunks at "
-                f"bytes {start}..{end}, outside the hashed range {lo}..{hi} the manifest "
-                "records")
-    return None
 
 
 def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:

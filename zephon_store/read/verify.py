@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .._util.hashing import xxh3_hex
 from ..errors import ManifestError, UnsafePathError, ZephonError
+from ..format.footer import chunk_range_problem
 from ..format.manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
@@ -35,7 +36,6 @@ from ..format.manifest import (
     table_from_ipc,
 )
 from ..io.storage import Storage
-from .dataset import chunk_range_problem
 
 
 @dataclass
@@ -136,10 +136,8 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
 
 
 def _check_orphans(st: Storage, m: Manifest, add) -> None:
-    from ..write.gc import find_orphans
-
     try:
-        orphans = find_orphans(st, m)
+        orphans = m.unreferenced(st.listdir)
     except (OSError, ZephonError) as exc:
         add(Finding(None, "orphan", f"{st.root_url}: could not list shards/ and index/ to look "
                     f"for unreferenced files: {exc}", severity="warning"))

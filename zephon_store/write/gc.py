@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ManifestError
-from ..format.manifest import INDEX_DIR, MANIFEST_NAME, SHARD_DIR, Manifest, load_manifest
+from ..format.manifest import MANIFEST_NAME, load_manifest
 from ..io.storage import Storage
 from .lock import output_lock
-from .publish import referenced_paths
 
 
 @dataclass
@@ -30,12 +29,6 @@ class GcResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def find_orphans(st: Storage, m: Manifest) -> list[str]:
-    """Root-relative paths under ``shards/`` and ``index/`` that ``m`` does not reference."""
-    kept = referenced_paths(m)
-    return [rel for sub in (SHARD_DIR, INDEX_DIR) for rel in st.listdir(sub) if rel not in kept]
 
 
 def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) -> GcResult:
@@ -53,7 +46,7 @@ def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) 
         raise ManifestError(f"{st.url(MANIFEST_NAME)} not found: gc only cleans a published "
                             "dataset (without a manifest every file would look unreferenced)")
     with output_lock(st, command="gc"):
-        orphans = find_orphans(st, load_manifest(st))
+        orphans = load_manifest(st).unreferenced(st.listdir)
         result = GcResult(url=st.root_url, dry_run=dry_run, removed=orphans,
                           bytes=sum(st.size(rel) for rel in orphans))
         if not dry_run:
@@ -62,4 +55,4 @@ def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) 
     return result
 
 
-__all__ = ["GcResult", "find_orphans", "gc"]
+__all__ = ["GcResult", "gc"]

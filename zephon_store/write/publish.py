@@ -29,7 +29,6 @@ from ..format.manifest import (
     Manifest,
     load_manifest,
     parse_manifest_json,
-    shard_path,
     table_to_ipc,
 )
 from ..ingest.options import SKIP_KINDS
@@ -70,13 +69,6 @@ def stored_intact(out: Storage, relpath: str, nbytes: int, xxh3: str) -> bool:
         return False
 
 
-def referenced_paths(m: Manifest) -> set[str]:
-    """Every root-relative path ``m`` names: its shards and side tables."""
-    paths = {shard_path(m.shard_name(s)) for s in range(len(m.shard_bytes))}
-    paths.update(ref["path"] for ref in (m.doc.get("tables") or {}).values())
-    return paths
-
-
 def _previous(out: Storage) -> dict | ZephonError | None:
     """The manifest document at ``out``: None when absent, the error when it does not parse."""
     try:
@@ -93,7 +85,7 @@ def _owned(out: Storage) -> set[str] | None:
     """What the manifest at ``out`` references; None when it cannot be loaded (then nothing
     is removed on its account: ``zephon gc`` can once a readable manifest is in place)."""
     try:
-        return referenced_paths(load_manifest(out, check=False))
+        return load_manifest(out, check=False).referenced_paths()
     except (ZephonError, ValueError, KeyError, pa.ArrowException):
         return None
 
@@ -192,7 +184,7 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
     # Written last: its presence means every shard and table it names is complete.
     out.write_atomic(MANIFEST_NAME, m.to_json())
     if old_owned is not None:
-        for rel in sorted(old_owned - referenced_paths(m)):
+        for rel in sorted(old_owned - m.referenced_paths()):
             out.delete(rel)
     return m
 
@@ -202,7 +194,7 @@ def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
     """Refuse to replace another dataset; first remove the shards only this run wrote, so the
     old dataset is left as it was (the job's staging stays for a rerun with overwrite)."""
     if old_owned is not None and new is not None:
-        for rel in sorted(referenced_paths(new) - old_owned):
+        for rel in sorted(new.referenced_paths() - old_owned):
             if rel.startswith("shards/"):
                 out.delete(rel)
     if isinstance(old, dict):

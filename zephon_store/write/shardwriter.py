@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .._util.arrow import is_flat_binary
 from .._util.hashing import xxh3_hex
 from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
+from ..format.footer import row_group_byte_range
 
 
 @dataclass(frozen=True)
@@ -208,18 +209,3 @@ def describe_shard(path: str) -> ShardInfo:
         name=xxh3_hex(data), bytes=size, rows=md.num_rows, footer_offset=prev_end,
         footer_xxh3=xxh3_hex(data[prev_end:]), row_groups=rgs,
     )
-
-
-def row_group_byte_range(rg: pq.RowGroupMetaData) -> tuple[int, int]:
-    """``[start, end)`` of the bytes holding every column chunk of a row group."""
-    start, end = None, 0
-    for c in range(rg.num_columns):
-        col = rg.column(c)
-        first = col.data_page_offset
-        if col.has_dictionary_page and col.dictionary_page_offset:
-            first = min(first, col.dictionary_page_offset)
-        last = first + col.total_compressed_size
-        start = first if start is None else min(start, first)
-        end = max(end, last)
-    assert start is not None
-    return start, end

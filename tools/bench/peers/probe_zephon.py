@@ -241,7 +241,7 @@ def probe_costs(kind: str, mb: int) -> None:
     import xxhash
 
     from zephon_store import open_dataset
-    from zephon_store.load.stream import decode_table
+    from zephon_store._util.decode import decode_table
 
     b = BATCH[kind]
     for system in ("zephon", "zephonraw"):

@@ -39,7 +39,7 @@ def random_access(kind: str, path: str):
 def random_access_take(kind: str, path: str):
     """``take([i])`` decoded the way the loader does (tokens: a numpy view, not a list)."""
     from zephon_store import open_dataset
-    from zephon_store.load.stream import decode_table
+    from zephon_store._util.decode import decode_table
 
     ds = open_dataset(path)
     return lambda i: decode_table(ds.take([i]))
