@@ -223,7 +223,7 @@ def test_default_dir_and_budget_from_environment(tmp_path, monkeypatch):
     assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "zephon")
     monkeypatch.setenv("ZEPHON_CACHE_BUDGET", "2MiB")
     assert ChunkCache(tmp_path).budget_bytes == 2 << 20
-    assert parse_size("512m") == 512 << 20
+    assert parse_size("512m") == 512_000_000   # one convention: k/M/G/T are powers of 1000
     with pytest.raises(ValueError, match="not a byte size"):
         parse_size("lots")
     assert cache_info(str(tmp_path / "never-created"))["entries"] == 0

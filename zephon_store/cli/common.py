@@ -7,30 +7,27 @@ import base64
 import datetime
 import decimal
 import json
-import re
 import sys
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
-          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
-          "tb": 1000**4, "tib": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+from .._util.sizes import parse_size
 
 
 class UsageError(Exception):
     """A command-line mistake; printed and exits with status 2."""
 
 
-def parse_bytes(text: str) -> int:
-    """Parse ``128MiB``, ``1.5GB``, ``4096`` into bytes.
+def size_arg(text: str) -> int:
+    """An argparse type: a byte size read by :func:`~zephon_store._util.sizes.parse_size`.
 
-    >>> parse_bytes("128MiB")
-    134217728
+    >>> size_arg("128MiB"), size_arg("20G")
+    (134217728, 20000000000)
     """
-    m = _SIZE_RE.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as a size; use e.g. 128MiB, 1GB or 4096 (bytes)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            f"cannot read {text!r} as a size; use e.g. 128MiB, 1GB or 4096 (bytes); "
+            "k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024") from exc
 
 
 def positive_int(text: str) -> int:
@@ -68,7 +65,7 @@ def parse_row_group_size(text: str) -> tuple[int | None, int | None]:
         if not n.isdigit() or int(n) <= 0:
             raise argparse.ArgumentTypeError(f"cannot read {text!r} as a row count; use e.g. 4096rows")
         return None, int(n)
-    return parse_bytes(text), None
+    return size_arg(text), None
 
 
 def parse_json_object(text: str) -> dict:

@@ -18,9 +18,9 @@ from .common import (
     build_options,
     dumps,
     emit,
-    parse_bytes,
     parse_row_group_size,
     positive_int,
+    size_arg,
 )
 
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files, globs, directories or URLs (JSONL[.gz|.zst|.bz2|.xz], Parquet, "
                         "text, CSV)")
     c.add_argument("--output", "-o", required=True, metavar="URL", help="dataset root to write")
-    c.add_argument("--target-shard-size", type=parse_bytes, default="128MiB", metavar="SIZE",
+    c.add_argument("--target-shard-size", type=size_arg, default="128MiB", metavar="SIZE",
                    help="close a shard at this many bytes, measured before compression "
                         "(default 128MiB)")
     c.add_argument("--row-group-size", type=parse_row_group_size, default="1MiB", metavar="SIZE",

@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import socket
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from .._util.hashing import is_hex_hash, xxh3_hex
+from .._util.sizes import parse_size
 from ..errors import IntegrityError
 
 _log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ LAYOUT = "v1"  # everything lives under <dir>/v1, so clear() never touches forei
 _STALE_TEMP_SECONDS = 3600.0
 _STALE_PLAN_SECONDS = 3600.0
 _TEMP_PREFIX = ".tmp-"
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
 def default_cache_dir() -> str:
@@ -63,23 +62,8 @@ def default_cache_dir() -> str:
     return os.path.join(os.path.abspath(base), "zephon")
 
 
-def parse_size(text: str | int) -> int:
-    """Parse a byte count such as ``"512MiB"``, ``"20G"`` or ``1048576`` (powers of 1024).
-
-    >>> parse_size("1.5GiB"), parse_size("64k"), parse_size(10)
-    (1610612736, 65536, 10)
-    """
-    if isinstance(text, int):
-        return text
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 512MiB, 20G)")
-    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    return int(float(m.group(1)) * scale)
-
-
 def default_budget_bytes() -> int:
-    """``$ZEPHON_CACHE_BUDGET`` (e.g. ``20GiB``), else 10 GiB."""
+    """``$ZEPHON_CACHE_BUDGET`` read by :func:`parse_size` (``20GiB``; ``20G`` is 20e9), else 10 GiB."""
     env = os.environ.get(ENV_BUDGET)
     return parse_size(env) if env else DEFAULT_BUDGET_BYTES
 

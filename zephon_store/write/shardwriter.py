@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from .._util.arrow import is_flat_binary
 from .._util.hashing import xxh3_hex
+from .._util.sizes import parse_size
 from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 from ..format.footer import row_group_byte_range
 
@@ -28,6 +29,8 @@ from ..format.footer import row_group_byte_range
 class WriteOptions:
     """How shards are written. Every field is recorded in the manifest.
 
+    The three byte sizes also take a string read by
+    :func:`~zephon_store._util.sizes.parse_size` (``"128MiB"``; ``"128M"`` is 128,000,000).
     ``target_shard_bytes`` and ``row_group_bytes`` are measured on the values before
     compression (see :mod:`zephon_store.write.rowsize`), so cuts are a pure function of the data.
     ``fixed_size_lists``: ``"binary"`` stores fixed-size lists of numbers as fixed-size
@@ -57,6 +60,9 @@ class WriteOptions:
     fixed_size_lists: str = "binary"
 
     def __post_init__(self) -> None:
+        for name in ("target_shard_bytes", "row_group_bytes", "data_page_size"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, parse_size(getattr(self, name)))
         if self.target_shard_bytes <= 0:
             raise ValueError(f"target_shard_bytes must be > 0, got {self.target_shard_bytes}")
         if self.row_group_bytes is None and self.row_group_rows is None:
