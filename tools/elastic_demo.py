@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -127,58 +127,6 @@ def reference_ids(args: argparse.Namespace, dataset, order, samples: int) -> lis
     return [int(i) for batch in loader for i in batch["_seq"].tolist()][:samples]
 
 
-def prove(steps: list[dict], reference: list[int], *, num_samples: int, lanes: int) -> dict:
-    """Compare a consumed stream with the reference; every count is 0 when it holds."""
-    from zephon_store.order.assign import positions_for_rank
-
-    mismatched, gaps, overlaps = [], 0, 0
-    consumed: Counter = Counter()
-    ids_at: dict[int, int] = {}
-    expected = 0
-    for step in steps:
-        c, b = step["cursor"], step["global_batch"]
-        gaps += max(0, c - expected)
-        overlaps += max(0, expected - c)
-        expected = c + b
-        got = Counter(i for ids in step["ids"] for i in ids)
-        consumed += got
-        if got != Counter(reference[c:c + b]):
-            mismatched.append(c)
-        for rank, ids in enumerate(step["ids"]):
-            pos = positions_for_rank(c, b, step["world_size"], rank, lanes=lanes,
-                                     epoch_size=num_samples)
-            for p, i in zip(pos.tolist(), ids):
-                ids_at[p] = i
-    total = expected
-    want = Counter(reference[:total])
-    epochs_bad, epochs_checked = [], 0
-    for epoch in range(total // num_samples):
-        epochs_checked += 1
-        ids = [ids_at.get(p) for p in range(epoch * num_samples, (epoch + 1) * num_samples)]
-        if sorted(i for i in ids if i is not None) != list(range(num_samples)):
-            epochs_bad.append(epoch)
-    return {
-        "steps": len(steps),
-        "samples": sum(consumed.values()),
-        "expected_samples": total,
-        "mismatched_steps": len(mismatched),
-        "first_mismatch_cursor": mismatched[0] if mismatched else None,
-        "repeats": sum((consumed - want).values()),
-        "drops": sum((want - consumed).values()),
-        "gaps": gaps,
-        "overlaps": overlaps,
-        "epochs_crossed": (total - 1) // num_samples if total else 0,
-        "complete_epochs_checked": epochs_checked,
-        "complete_epochs_bad": epochs_bad,
-    }
-
-
-def holds(proof: dict) -> bool:
-    return (proof["steps"] > 0 and proof["mismatched_steps"] == 0 and proof["repeats"] == 0
-            and proof["drops"] == 0 and proof["gaps"] == 0 and proof["overlaps"] == 0
-            and not proof["complete_epochs_bad"])
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.global_batch % 12:
@@ -224,7 +172,7 @@ def _prove(args, dataset, options, order, steps2, work) -> int:
 
 
 def _run(args, base, dataset, options, order, steps2, logs, ck, say) -> int:
-    n, b = dataset.num_samples, args.global_batch
+    b = args.global_batch
     t1 = torchrun(4, [*base, "--steps", str(args.steps1), "--num-workers", "0", "--save", ck,
                       "--log-dir", logs, "--tag", "w4"], timeout=args.timeout)
     saved = read_events(logs, "w4", "saved")
@@ -237,14 +185,18 @@ def _run(args, base, dataset, options, order, steps2, logs, ck, say) -> int:
     say(f"phase 2: torchrun W=3, num_workers=2: loaded cursor {cursors} on {len(loaded)} "
         f"ranks, {steps2} steps in {t2:.1f} s")
 
-    steps = read_steps(logs, "w4") + read_steps(logs, "w3")
-    total = sum(s["global_batch"] for s in steps)
+    from zephon_store.load.audit import ConsumedStep, audit_stream
+
+    steps = [ConsumedStep(s["cursor"], s["global_batch"], s["world_size"], s["ids"])
+             for s in read_steps(logs, "w4") + read_steps(logs, "w3")]
+    total = sum(s.global_batch for s in steps)
     reference = reference_ids(args, dataset, options, total)
-    proof = prove(steps, reference, num_samples=n, lanes=order.effective_lanes)
+    report = audit_stream(steps, order, reference=reference)
+    proof = report.to_dict()
     proof["phases"] = [{"world_size": 4, "num_workers": 0, "steps": args.steps1},
                        {"world_size": 3, "num_workers": 2, "steps": steps2}]
     proof["loaded_cursors"] = cursors
-    proof["ok"] = holds(proof) and cursors == [args.steps1 * b]
+    proof["ok"] = report.ok and cursors == [args.steps1 * b]
     if args.json:
         print(json.dumps(proof, indent=2))
     else:
