@@ -14,21 +14,19 @@ b'world'
 from __future__ import annotations
 
 import difflib
-import errno
 import functools
 import inspect
 import logging
 import os
 import re
-import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from .._util.atomic import atomic_write, publish_file
 from .._util.hashing import xxh3_hex
 from ..errors import (
     AccessDeniedError,
@@ -44,7 +42,6 @@ from .retry import RetryPolicy, call_with_retry, is_checksum_error
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
-_UMASK_LOCK = threading.Lock()
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
 # zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
@@ -524,7 +521,7 @@ class Storage:
         path = self._path(relpath)
         url = self.url(relpath)
         if self.local:
-            self._call(lambda: _local_atomic_write(path, data), url=url, label=relpath,
+            self._call(lambda: atomic_write(path, data), url=url, label=relpath,
                        op="write")
         else:
             self._call(lambda: self.fs.pipe_file(path, bytes(data)), url=url, label=relpath,
@@ -540,7 +537,7 @@ class Storage:
         path = self._path(relpath)
         url = self.url(relpath)
         if self.local:
-            self._call(lambda: _local_publish(local_path, path, move=move), url=url,
+            self._call(lambda: publish_file(local_path, path, move=move), url=url,
                        label=relpath, op="write")
             return
         self._call(lambda: self.fs.put_file(local_path, path), url=url, label=relpath, op="PUT")
@@ -643,87 +640,3 @@ def _pread(path: str, start: int, end: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _file_mode() -> int:
-    """The mode ``open()`` gives a new file here: 0o666 less the process umask (0644 under
-    022). Published files get it; mkstemp's 0600 would hide a shared dataset from its users."""
-    try:
-        with open("/proc/self/status") as f:   # Linux: read the umask without changing it
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    with _UMASK_LOCK:   # elsewhere the only way to read it is to set it
-        mask = os.umask(0o077)
-        os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _temp_beside(target: str) -> tuple[int, str]:
-    """A temp file beside ``target`` with the mode a normal file would get."""
-    parent = os.path.dirname(target) or "."
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(target)}.",
-                               suffix=".tmp")
-    try:
-        os.fchmod(fd, _file_mode())
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    return fd, tmp
-
-
-def _local_atomic_write(target: str, data: bytes | bytearray | memoryview) -> None:
-    fd, tmp = _temp_beside(target)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(os.path.dirname(target) or ".")
-
-
-def _local_publish(src: str, target: str, *, move: bool) -> None:
-    if move:
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        try:
-            os.chmod(src, _file_mode())   # staged files may be private (mkstemp: 0600)
-            os.replace(src, target)
-            _fsync_dir(os.path.dirname(target) or ".")
-            return
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:  # another device: copy below
-                raise
-    fd, tmp = _temp_beside(target)
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out, 8 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(os.path.dirname(target) or ".")
-    if move:
-        os.unlink(src)

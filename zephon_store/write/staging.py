@@ -28,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, is_dataclass
 
 from .. import __version__
+from .._util.atomic import atomic_write
 from .._util.hashing import xxh3_hex
 from ..format.manifest import canonical_json
 from ..io.storage import Storage
@@ -87,17 +88,8 @@ def read_json(path: str):
 
 
 def atomic_write_json(path: str, obj) -> None:
-    tmp = temp_name(path)
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """``obj`` as sorted-key JSON at ``path``, written by :func:`~zephon_store._util.atomic.atomic_write`."""
+    atomic_write(path, json.dumps(obj, sort_keys=True).encode())
 
 
 # -- the job folder -------------------------------------------------------------------------
