@@ -132,7 +132,7 @@ def test_manifest_records_packing(corpus, packed):
     tok_path, _, docs = corpus
     url, _ = packed
     stream, _ = _expected_stream(tok_path, docs)
-    info = packing.packing_info(open_dataset(url).manifest.doc)
+    info = open_dataset(url).manifest.packing
     tok = tokenizers.Tokenizer.from_file(tok_path)
     w = SEQ_LEN + 1
     assert info["seq_len"] == SEQ_LEN and info["window"] == w

@@ -218,15 +218,13 @@ def cmd_info(args) -> int:
     with open_dataset(args.url, storage_options=args.storage_options) as ds:
         m = ds.manifest
     info = {
-        "url": args.url, "dataset_id": m.dataset_id, "format_version": m.doc["format_version"],
+        "url": args.url, "dataset_id": m.dataset_id, "format_version": m.format_version,
         "num_samples": m.num_samples, "num_shards": m.num_shards,
         "num_row_groups": m.num_row_groups, "total_bytes": m.total_bytes,
-        "schema": m.doc["schema"]["fields"], "writer": m.doc["writer"],
-        "inputs": m.doc.get("inputs", {}),
-        "skipped": m.doc.get("skipped", {}),
+        "schema": m.schema_fields, "writer": m.writer, "inputs": m.inputs, "skipped": m.skipped,
     }
-    if "packing" in m.doc:
-        info["packing"] = m.doc["packing"]
+    if m.packing is not None:
+        info["packing"] = m.packing
     if args.json:
         emit(info)
         return 0

@@ -108,10 +108,24 @@ def check_table_path(path: str) -> str:
     return path
 
 
+def schema_to_base64(schema: pa.Schema) -> str:
+    """``schema`` as base64 of its Arrow IPC bytes (the manifest's and the staging's encoding).
+
+    >>> schema_from_base64(schema_to_base64(pa.schema([("x", pa.int8())])))
+    x: int8
+    """
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_base64(text: str) -> pa.Schema:
+    """The schema :func:`schema_to_base64` encoded (binascii.Error or ArrowInvalid if not one)."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+
+
 def schema_to_json(schema: pa.Schema) -> dict:
     """The manifest's ``schema`` object: the IPC bytes plus a readable field list."""
     return {
-        "arrow_ipc_base64": base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+        "arrow_ipc_base64": schema_to_base64(schema),
         "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
                    for f in schema],
     }
@@ -120,8 +134,7 @@ def schema_to_json(schema: pa.Schema) -> dict:
 def schema_from_json(obj: dict) -> pa.Schema:
     """The Arrow schema of a manifest's ``schema`` object; ManifestError if it is malformed."""
     try:
-        return pa.ipc.read_schema(pa.py_buffer(
-            base64.b64decode(obj["arrow_ipc_base64"], validate=True)))
+        return schema_from_base64(obj["arrow_ipc_base64"])
     except PARSE_ERRORS as exc:
         raise ManifestError(f"manifest 'schema' is not a base64 Arrow IPC schema "
                             f"({type(exc).__name__}: {exc}); restore the manifest or "
@@ -242,6 +255,41 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return int(self.doc["totals"]["total_bytes"])
+
+    # The document's sections, so nobody outside format/ reads ``doc`` by key.
+    @property
+    def format_version(self) -> int:
+        return int(self.doc["format_version"])
+
+    @property
+    def writer(self) -> dict:
+        """The writer options the shards were written with (``WriteOptions.to_dict()``)."""
+        return self.doc["writer"]
+
+    @property
+    def schema_fields(self) -> list[dict]:
+        """The logical schema as ``[{"name", "type", "nullable"}, ...]`` (for display)."""
+        return self.doc["schema"]["fields"]
+
+    @property
+    def inputs(self) -> dict:
+        """Provenance: the inputs the dataset was converted from (empty if not recorded)."""
+        return self.doc.get("inputs", {})
+
+    @property
+    def skipped(self) -> dict:
+        """Counts of what the conversion skipped, by reason (empty if not recorded)."""
+        return self.doc.get("skipped", {})
+
+    @property
+    def created_by(self) -> dict:
+        return self.doc.get("created_by", {})
+
+    @property
+    def packing(self) -> dict | None:
+        """The token-packing entry (seq_len, tokenizer, totals), or None for unpacked data."""
+        info = self.doc.get("packing")
+        return info if isinstance(info, dict) else None
 
     def shard_name(self, shard: int) -> str:
         return self._shard_names[int(shard)].as_py()

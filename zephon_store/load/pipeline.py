@@ -170,7 +170,7 @@ def decoded_row_group_bytes(manifest) -> float:
     if not manifest.num_row_groups:
         return 0.0
     stored = 4.0 * float(np.mean(manifest.rg_length))
-    rg_bytes = (manifest.doc.get("writer") or {}).get("row_group_bytes")
+    rg_bytes = manifest.writer.get("row_group_bytes")
     return min(1.25 * rg_bytes, stored) if rg_bytes else stored
 
 
@@ -252,7 +252,7 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
-        table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
+        table = self.stream.select(self.dataset.row_groups.read(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
         # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
         # its rows: converting whole row groups to Python in the decode threads was faster

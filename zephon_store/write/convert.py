@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ..errors import DiskFullError, InputError
 from ..format.encoding import ElementNullError
-from ..format.manifest import shard_path
+from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
@@ -155,7 +155,7 @@ def convert(
         num_shards=result.num_shards, num_row_groups=result.num_row_groups,
         total_bytes=result.total_bytes, input_files=len(files),
         input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
-        inputs_reused=inputs_reused, skipped=result.doc["skipped"],
+        inputs_reused=inputs_reused, skipped=result.skipped,
         skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3))
 
@@ -280,7 +280,7 @@ def _parse_staged(task) -> dict:
     os.replace(sizes_tmp, f"{base}.sizes.npy")
     meta = {
         "index": i, "url": f.url, "rows": rows, "input_bytes": f.size,
-        "schema_b64": _schema_b64(schema) if schema is not None else None,
+        "schema_b64": schema_to_base64(schema) if schema is not None else None,
         "stats": _stats_dict(stats),
     }
     atomic_write_json(f"{base}.json", meta)
@@ -305,16 +305,8 @@ def _stats_dict(stats) -> dict:
     return dict(vars(stats))
 
 
-def _schema_b64(schema: pa.Schema) -> str:
-    import base64
-
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
 def _schema_of(meta: dict) -> pa.Schema:
-    import base64
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(meta["schema_b64"])))
+    return schema_from_base64(meta["schema_b64"])
 
 
 def staged_base(staging: str, meta: dict) -> str:
@@ -366,7 +358,7 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
                 reused += 1
                 continue
         tasks.append((p, _pieces(p, input_starts, input_rows), staging,
-                      [staged_base(staging, m) for m in metas], _schema_b64(schema), options,
+                      [staged_base(staging, m) for m in metas], schema_to_base64(schema), options,
                       output, so))
     with _bar(progress, len(plans), "write", unit="shard") as bar:
         bar.update(reused)
@@ -382,9 +374,7 @@ def _write_one(task):
 
 def _write_staged(task):
     plan, pieces, staging, bases, schema_b64, options, output, so = task
-    import base64
-
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
+    schema = schema_from_base64(schema_b64)
     parts, readers = [], {}
     for i, local, n in pieces:
         if i not in readers:

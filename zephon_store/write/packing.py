@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from .._util.hashing import xxh3_file
 from ..errors import InputError, InputNotFoundError, require
+from ..format.manifest import schema_to_base64
 
 __all__ = [
     "PackingOptions",
@@ -49,7 +50,6 @@ __all__ = [
     "packing_convert_kwargs",
     "resolve_special_tokens",
     "window_schema",
-    "packing_info",
     "PACKING_VERSION",
     "TOKENS_COLUMN",
     "DOC_STARTS_COLUMN",
@@ -392,13 +392,6 @@ def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def _schema_b64(schema: pa.Schema) -> str:
-    # The converter's staged-meta encoding of a schema.
-    import base64
-
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
 def _pack_file(task) -> dict:
     """Stage the windows ``[lo, hi)`` (those starting in input ``i``) as ``packed/<i>``."""
     from .rowsize import table_row_nbytes
@@ -422,7 +415,7 @@ def _pack_file(task) -> dict:
     os.replace(tmp, f"{base}.arrow")
     np.save(f"{base}.sizes.npy", np.concatenate(sizes))
     out = dict(meta, rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
-               schema_b64=_schema_b64(schema), first_window=lo)
+               schema_b64=schema_to_base64(schema), first_window=lo)
     atomic_write_json(f"{base}.json", out)  # written last: the file's done marker
     return out
 
@@ -536,11 +529,3 @@ def packing_convert_kwargs(options: PackingOptions) -> dict:
     restream = PackWindows(seq_len=options.seq_len, doc_starts=options.doc_starts, extra=extra)
     return {"parse_fn": parse, "restream": restream, "extra_manifest": extra}
 
-
-def packing_info(manifest_doc: dict) -> dict | None:
-    """The ``packing`` entry of a manifest document, or None for an unpacked dataset.
-
-    Tokens per second of a conversion: ``packing_info(doc)["num_tokens"] / result.seconds``.
-    """
-    info = manifest_doc.get("packing")
-    return info if isinstance(info, dict) else None
