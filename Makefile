@@ -20,25 +20,25 @@ $(STAMP): pyproject.toml
 env: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) tools/demo.py
+	$(PY) scripts/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check zephon_store tests tools
+	$(VENV)/bin/ruff check zephon_store tests benchmarks scripts
 
 # litdata requires torchvision, which would pull another (CUDA) torch: install it without
 # dependencies, then the ones it needs.
 bench: $(STAMP)
 	$(PY) -m pip install -q --no-deps litdata
 	$(PY) -m pip install -q lightning-utilities obstore tifffile filelock
-	$(PY) tools/bench/run_all.py
+	$(PY) benchmarks/run_all.py
 
 # Peers (MosaicML Streaming, LitData, HF datasets) live in their own venv, .venv-bench.
 bench-peers:
-	bash tools/bench/peers/setup_env.sh
-	.venv-bench/bin/python tools/bench/peers/run.py
+	bash benchmarks/peers/setup_env.sh
+	.venv-bench/bin/python benchmarks/peers/run.py
 
 clean:
 	rm -rf $(VENV) .demo .bench

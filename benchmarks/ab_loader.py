@@ -5,7 +5,7 @@ Each run spawns the case once per tree, alternating (before, after, before, ...)
 background load hits both alike; the figure of merit is the ratio of medians.
 
     cp -r zephon_store /tmp/before/            # (or a git worktree of the old commit)
-    python tools/bench/ab_loader.py --before /tmp/before --mb 300 --runs 5 \\
+    python benchmarks/ab_loader.py --before /tmp/before --mb 300 --runs 5 \\
         --cases zephon_seq,zephon_shuffled --corpus all --json
 """
 

@@ -16,7 +16,7 @@ The figure of merit is the ratio zephon / baseline MB/s (input bytes before comp
 per worker, timed inside each subprocess after its imports (interpreter start and imports
 are reported separately as ``median_s_with_imports``: they are a fixed cost per process). Usage:
 
-    python tools/bench/bench_convert.py --copies 4 --runs 3 --json
+    python benchmarks/bench_convert.py --copies 4 --runs 3 --json
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 BASELINE = r"""
 import time
@@ -83,7 +82,8 @@ def make_inputs(work: str, copies: int) -> tuple[str, str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import zstandard
-    from make_corpus import stdlib_sources
+
+    from zephon_store.testing.corpus import stdlib_sources
 
     docs = stdlib_sources()
     src = os.path.join(work, "jsonl")

@@ -12,7 +12,7 @@ measurement (first-touch page faults are part of a real pass), it times
 ``str`` conversion of the text column ("python"). Cases run interleaved round-robin,
 ``--runs`` times each; the table reports medians and the ratio of decode times.
 
-    python tools/bench/bench_dictionary.py --mb 100 --runs 5
+    python benchmarks/bench_dictionary.py --mb 100 --runs 5
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, HERE)
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from bench_encoding import row_groups  # noqa: E402
-from make_corpus import stdlib_sources  # noqa: E402
 
+from zephon_store.testing.corpus import stdlib_sources  # noqa: E402
 from zephon_store.write.shardwriter import WriteOptions, write_shard  # noqa: E402
 
 DOC_BYTES = 16 << 10
@@ -57,7 +56,7 @@ print(json.dumps({"decode_s": dec, "python_s": py}))
 
 
 def documents(mb: int) -> pa.Table:
-    """Stdlib sources (``make_corpus.stdlib_sources``) cut into documents of at most 16 KiB,
+    """Stdlib sources (``zephon_store.testing.corpus.stdlib_sources``) cut into documents of at most 16 KiB,
     until ``mb`` MB of text; repeated with a suffix (every value stays distinct) where the
     standard library is smaller."""
     sources = stdlib_sources(mb * 1_000_000)

@@ -10,7 +10,7 @@ full decode of every row group to the logical ``fixed_size_list<int32>`` column:
 :func:`zephon_store.format.encoding.to_logical` (the only reader change). Cases run interleaved
 round-robin, ``--runs`` times each; the table reports the best and the median.
 
-    python tools/bench/bench_encoding.py --mb 300 --runs 5 --json
+    python benchmarks/bench_encoding.py --mb 300 --runs 5 --json
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402

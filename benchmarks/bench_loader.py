@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: loader throughput (samples/s, MB/s) and resume latency, against baselines.
 
-For each corpus of ``tools/bench/corpora.py`` (text: stdlib sources; tokens: int32 windows
+For each corpus of ``benchmarks/corpora.py`` (text: stdlib sources; tokens: int32 windows
 of 2049), every case runs one full epoch in a fresh subprocess, ``--runs`` times, the cases
 interleaved round-robin so background load hits them alike; median/min/max are reported.
 All data is local and in the page cache (read once before the first run).
@@ -31,8 +31,8 @@ down to a step), ``--resume-reps`` times each: open the dataset (a fresh decode 
 page cache is warm), build a ``ZephonLoader`` (default shuffled order), then time
 ``load_state_dict(state)`` + ``next(iter(loader))``. Median over the reps.
 
-    python tools/bench/bench_loader.py --quick --json      # 60 MB corpora
-    python tools/bench/bench_loader.py --mb 300 --runs 3   # the full run
+    python benchmarks/bench_loader.py --quick --json      # 60 MB corpora
+    python benchmarks/bench_loader.py --mb 300 --runs 3   # the full run
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import corpora  # noqa: E402  (puts this checkout, or $ZEPHON_BENCH_PKG, on sys.path)

@@ -6,7 +6,7 @@ group each, 10,000 samples per shard = 10^10 samples), then in a fresh subproces
 open time and peak RSS of `load_manifest`, and `locate` lookups/s on 10M random sequence
 numbers (and sorted ones).
 
-    python tools/bench/bench_manifest.py --shards 1000000 --json
+    python benchmarks/bench_manifest.py --shards 1000000 --json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from zephon_store._util.hashing import xxh3_hex  # noqa: E402
 from zephon_store.format.manifest import (  # noqa: E402

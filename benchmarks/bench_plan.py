@@ -18,7 +18,7 @@ count is capped at ``num_row_groups // window_blocks`` and then rounded down to 
 the requested count: with lanes=5040 a few hundred row groups give 30 lanes, which no W > 1
 here divides, while 16,000 give 1680 lanes, which W = 8 and 48 divide (64 does not).
 
-    python tools/bench/bench_plan.py --json
+    python benchmarks/bench_plan.py --json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: streaming from S3 (a local SeaweedFS) with the node-local disk cache.
 
-Starts ``weed mini`` on 127.0.0.1 (``tools/s3_server.SeaweedServer``), creates a bucket, and
+Starts ``weed mini`` on 127.0.0.1 (``zephon_store.testing.s3_server.SeaweedServer``), creates a bucket, and
 converts the text corpus of ``corpora.py`` straight to ``s3://bench/text`` (timed). Then,
 each case in a fresh subprocess, ``--runs`` times, interleaved:
 
@@ -25,7 +25,7 @@ dataset and reports the requests and bytes of each epoch (target: none in the se
 The server, client and loader share this machine's CPUs: loopback S3 has no network
 limit, so these figures measure CPU cost per byte, not a network's bandwidth.
 
-    python tools/bench/bench_s3.py --quick --json
+    python benchmarks/bench_s3.py --quick --json
 """
 
 from __future__ import annotations
@@ -199,9 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
     def log(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
-    sys.path.insert(0, os.path.join(corpora.ROOT, "tools"))
     import s3fs
-    from s3_server import SeaweedServer
+
+    SeaweedServer = corpora.checkout_module("s3_server").SeaweedServer
 
     from zephon_store import convert
 

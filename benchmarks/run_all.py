@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run every benchmark and write ``.bench/results.json`` (with the machine and versions).
 
-    python tools/bench/run_all.py            # full: 300 MB corpora, 3 runs each (~30 min)
-    python tools/bench/run_all.py --quick    # 60 MB corpora, smaller convert/manifest runs
+    python benchmarks/run_all.py            # full: 300 MB corpora, 3 runs each (~30 min)
+    python benchmarks/run_all.py --quick    # 60 MB corpora, smaller convert/manifest runs
 
 Each benchmark runs as its own process with ``--json``; one that fails is recorded with its
 error and the others still run. ``docs/benchmarks.md`` explains every figure.
@@ -20,7 +20,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
 
 
 def machine() -> dict:

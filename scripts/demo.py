@@ -22,8 +22,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, ROOT)  # run as a script from a checkout without an installed package
 
 from zephon_store.cli.main import main as zephon  # noqa: E402
 
@@ -75,7 +74,7 @@ def main() -> int:
     os.environ["ZEPHON_CACHE_DIR"] = os.path.join(work, "cache")
 
     step("1. corpus: the Python standard library as JSONL.zst")
-    from make_corpus import write_corpus
+    from zephon_store.testing.corpus import write_corpus
 
     paths = write_corpus(raw, files=8)
     print(f"{len(paths)} files, {sum(os.path.getsize(p) for p in paths) / 1e6:.1f} MB compressed")
@@ -94,7 +93,7 @@ def main() -> int:
     s3_url = so = None
     if not a.skip_s3:
         step("3. a local S3 server: convert to it, verify it, stream from it")
-        from s3_server import SeaweedServer
+        from zephon_store.testing.s3_server import SeaweedServer
 
         server = SeaweedServer().start()
         try:
@@ -128,7 +127,7 @@ def main() -> int:
 def elastic(local: str, s3_url: str | None, so: dict | None, work: str) -> None:
     step("4. elastic resume: torchrun W=4 -> checkpoint -> W=3 with 2 workers")
     url = s3_url or local
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "elastic_demo.py"), url,
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "elastic_demo.py"), url,
            "--workdir", os.path.join(work, "elastic")]
     if so:
         cmd += ["--storage-options", json.dumps(so)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Elastic resume, proved: W=4 -> checkpoint -> W=3 with worker processes -> same stream.
 
-    python tools/elastic_demo.py DATASET_URL [--storage-options JSON]
+    python scripts/elastic_demo.py DATASET_URL [--storage-options JSON]
 
 1. ``torchrun --nproc_per_node=4`` consumes ``--steps1`` global steps (thread path,
    ``num_workers=0``) and saves the loader state with ``torch.distributed.checkpoint``;
@@ -12,7 +12,8 @@
    epoch, each id exactly once.
 
 Exit status 0 when the proof holds, 1 when it does not, 2 on usage errors. Both phases run
-``tools/elastic_worker.py``, the script the integration tests run too.
+``zephon_store.testing.elastic_worker``, the module the integration tests run too; the
+proof is :func:`zephon_store.load.audit.audit_stream`.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ import tempfile
 import time
 from collections import defaultdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a script from a checkout without an installed package
     sys.path.insert(0, ROOT)
-WORKER = os.path.join(HERE, "elastic_worker.py")
+WORKER = "zephon_store.testing.elastic_worker"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,7 +74,7 @@ def torchrun(nproc: int, argv: list[str], *, timeout: float) -> float:
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", WORKER, *argv]
+           f"--nproc_per_node={nproc}", "-m", WORKER, *argv]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from zephon_store.order import Order
     from zephon_store.read.dataset import open_dataset
-    sys.path.insert(0, HERE)
-    from elastic_worker import order_options
+    from zephon_store.testing.elastic_worker import order_options
 
     storage_options = json.loads(args.storage_options) if args.storage_options else None
     dataset = open_dataset(args.dataset, storage_options=storage_options)

@@ -1,4 +1,4 @@
-"""Helpers of tools/torchtitan_gpu_run.sh: make the assets, then compare the runs.
+"""Helpers of scripts/torchtitan_gpu_run.sh: make the assets, then compare the runs.
 
 ``prep``: train a byte-level BPE tokenizer (vocabulary 2000, under the 2048 of TorchTitan's
 llama3 debug model) on the Python standard library, write it with a tokenizer_config.json

@@ -2,7 +2,7 @@
 # TorchTitan 0.3.0 + zephon on GPUs: stop a run at step 10, resume it on another number of
 # GPUs, and check that the data and the loss curve continue as in an uninterrupted run.
 #
-#   tools/torchtitan_gpu_run.sh [WORKDIR]            (default WORKDIR: /tmp/zephon-titan)
+#   scripts/torchtitan_gpu_run.sh [WORKDIR]            (default WORKDIR: /tmp/zephon-titan)
 #
 # Needs: CUDA GPUs; a Python ($PYTHON, default python3) with torch, torchtitan==0.3.0 (and
 # triton, which its llama3 registry imports) and this repo installed:

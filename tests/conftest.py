@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-# Helper modules beside this file (s3server, faultproxy) import as top-level modules.
+from zephon_store.testing.s3_server import SeaweedServer, find_weed
+
+# Helper modules beside this file (helpers, faultproxy, stateful_helper) import as top-level
+# modules.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-
-from s3server import SeaweedServer, find_weed  # noqa: E402
 
 
 @dataclass(frozen=True)

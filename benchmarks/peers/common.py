@@ -7,7 +7,7 @@ import sys
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(ROOT, ".bench", "peers")
 # System keys have no "_": run.py names extra cases "<system>_<variant>" (zephon_w2).
 SYSTEMS = ("pyarrow", "zephon", "zephonraw", "mosaic", "litdata", "hf")
@@ -16,11 +16,11 @@ ZEPHONS = ("zephon", "zephonraw")
 LABELS = {"pyarrow": "raw pyarrow", "zephon": "Zephon", "zephonraw": "Zephon, uncompressed",
           "mosaic": "MosaicML Streaming", "litdata": "LitData", "hf": "HF datasets"}
 # Samples per batch: 256 documents of text, 32 windows of 2049 tokens (~256 KiB), as in
-# tools/bench/bench_loader.py.
+# benchmarks/bench_loader.py.
 BATCH = {"text": 256, "tokens": 32}
 SEED = 0
 
-for p in (ROOT, os.path.join(ROOT, "tools"), HERE):
+for p in (ROOT, HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 

@@ -1,7 +1,7 @@
 """The peer benchmark's input corpora, built once and cached under ``.bench/peers/corpora/``.
 
 - ``text``: real text found on every Debian/Ubuntu machine: the running Python's standard
-  library sources (``tools/make_corpus.stdlib_sources``), then every UTF-8 file under
+  library sources (``zephon_store.testing.corpus.stdlib_sources``), then every UTF-8 file under
   ``/usr/share/doc`` (``*.gz`` decompressed; symlinks, binary files and non-UTF-8 files
   skipped), in sorted path order. Documents longer than 64 KiB are cut at line boundaries
   into parts of at most 16 KiB, so a sample is a document-sized record (~9 KB on average;
@@ -10,7 +10,7 @@
   is repeated (``copyN/`` path prefix) until the JSONL reaches the target size. Records
   ``{"path": str, "text": str}``, written as JSONL parts of ~16 MB. Deterministic for a given machine (its Python and
   installed docs); ``meta.json`` records what went in.
-- ``tokens``: windows of 2049 int32 token ids from ``tools/bench/corpora.token_windows``
+- ``tokens``: windows of 2049 int32 token ids from ``benchmarks/corpora.token_windows``
   (seeded Zipf-Mandelbrot over a 50,257-id vocabulary), as one zstd Parquet file with a
   ``tokens: fixed_size_list<int32>[2049]`` column, 1024 windows per row group.
 
@@ -79,7 +79,7 @@ def doc_texts(root: str = DOC_ROOT) -> list[tuple[str, str]]:
 
 
 def text_documents() -> tuple[list[tuple[str, str]], dict]:
-    from make_corpus import stdlib_sources
+    from zephon_store.testing.corpus import stdlib_sources
 
     src = [("stdlib/" + p, t) for p, t in stdlib_sources()]
     doc = [("doc/" + p, t) for p, t in doc_texts()]

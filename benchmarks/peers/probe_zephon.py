@@ -4,17 +4,17 @@
 Each probe isolates one cause and prints what it measured (run after ``run.py`` built the
 corpora; ``--mb`` picks them)::
 
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py decode-cache   # seq read vs cache size
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py --system zephonraw getitem  # uncompressed
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py resume         # first batch vs prefetch
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py getitem        # where ds[i] spends time
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py s3             # GETs of an S3 pass
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py costs          # hash/decode/python split
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py overlap        # hash and convert at once
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py rowgroups --kind text  # resume vs rg size
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py codecs --kind tokens   # codec decode cost
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py narrow --kind tokens   # uint16 windows
-    .venv-bench/bin/python tools/bench/peers/probe_zephon.py views --kind text      # string_view pages
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py decode-cache   # seq read vs cache size
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py --system zephonraw getitem  # uncompressed
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py resume         # first batch vs prefetch
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py getitem        # where ds[i] spends time
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py s3             # GETs of an S3 pass
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py costs          # hash/decode/python split
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py overlap        # hash and convert at once
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py rowgroups --kind text  # resume vs rg size
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py codecs --kind tokens   # codec decode cost
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py narrow --kind tokens   # uint16 windows
+    .venv-bench/bin/python benchmarks/peers/probe_zephon.py views --kind text      # string_view pages
 
 Timings are single measurements in one process (medians where repeated): they explain
 the benchmark's numbers, they are not the benchmark.

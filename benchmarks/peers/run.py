@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Zephon against MosaicML Streaming, LitData, HF datasets and raw pyarrow, side by side.
 
-Run it with the benchmark environment (``bash tools/bench/peers/setup_env.sh`` makes it)::
+Run it with the benchmark environment (``bash benchmarks/peers/setup_env.sh`` makes it)::
 
-    .venv-bench/bin/python tools/bench/peers/run.py --quick     # 40 MB corpora, ~10 min
-    .venv-bench/bin/python tools/bench/peers/run.py             # 300 MB corpora
-    .venv-bench/bin/python tools/bench/peers/run.py --report-only   # redraw from the JSON
-    .venv-bench/bin/python tools/bench/peers/run.py --report-only --doc /tmp/q/peers.md
+    .venv-bench/bin/python benchmarks/peers/run.py --quick     # 40 MB corpora, ~10 min
+    .venv-bench/bin/python benchmarks/peers/run.py             # 300 MB corpora
+    .venv-bench/bin/python benchmarks/peers/run.py --report-only   # redraw from the JSON
+    .venv-bench/bin/python benchmarks/peers/run.py --report-only --doc /tmp/q/peers.md
 
 Zephon runs as two systems: ``zephon`` (default ``WriteOptions``, zstd) and ``zephonraw``
 (``compression="none"``, the local-NVMe profile; ``sys_zephonraw.py``); only their
@@ -372,8 +372,8 @@ def check_env() -> None:
         import matplotlib  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         sys.exit(f"run.py needs the benchmark environment ({exc!r}); make it with\n"
-                 f"  bash tools/bench/peers/setup_env.sh\nand run\n"
-                 f"  .venv-bench/bin/python tools/bench/peers/run.py")
+                 f"  bash benchmarks/peers/setup_env.sh\nand run\n"
+                 f"  .venv-bench/bin/python benchmarks/peers/run.py")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment(argv if argv is not None else sys.argv[1:], mb, a.runs, 0.0)
     server = None
     if "s3_seq" in metrics:
-        from s3_server import SeaweedServer
+        from zephon_store.testing.s3_server import SeaweedServer
 
         try:
             server = SeaweedServer().start()

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create (or update) .venv-bench: the project plus its peers, for tools/bench/peers/run.py.
+# Create (or update) .venv-bench: the project plus its peers, for benchmarks/peers/run.py.
 #
 # A separate environment on purpose: the peers pin fsspec, s3fs, numpy and botocore to
 # versions the test suite's .venv must not get. Idempotent: a second run installs nothing
 # new and ends with the same checks.
 #
-#   bash tools/bench/peers/setup_env.sh            # then: .venv-bench/bin/python tools/bench/peers/run.py
+#   bash benchmarks/peers/setup_env.sh            # then: .venv-bench/bin/python benchmarks/peers/run.py
 #
 # torch: CPU torch 2.13.0 goes in first and stays pinned (a constraint file on every pip
 # call), so pip never resolves a multi-GB CUDA build.
@@ -16,10 +16,10 @@
 # peer needs it for text or token data, so both are installed with --no-deps and their other
 # requirements are listed by hand below, without torchvision. `import streaming` still
 # imports streaming.vision (torchvision datasets) at the top level; the benchmark registers
-# an empty module for that name first (tools/bench/peers/common.py: import_streaming).
+# an empty module for that name first (benchmarks/peers/common.py: import_streaming).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${VENV_BENCH:-$ROOT/.venv-bench}"
 PYTHON="${PYTHON:-python3}"
 PIN="$VENV/torch-pin.txt"

@@ -8,11 +8,11 @@ One job over a shuffled dataset (2,000 samples, 40 row groups, global batch 12):
 - phase 3: from phase 2's checkpoint, once at ``--nproc_per_node=1`` and once at
   ``--nproc_per_node=4`` (the two launches run side by side), 30 steps each.
 
-Every rank logs each step's ``_seq`` ids (``tools/elastic_worker.py``, the script the demo
-runs). The test compares the union over ranks of every step with the same step of an
+Every rank logs each step's ``_seq`` ids (``zephon_store.testing.elastic_worker``, the
+module the demo runs). The test compares the union over ranks of every step with the same step of an
 uninterrupted single-process run computed here, and checks that nothing repeats or drops
 across restarts and that the complete epoch holds each id exactly once. A second test runs
-``tools/elastic_demo.py`` against a dataset on a real S3 server.
+``scripts/elastic_demo.py`` against a dataset on a real S3 server.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from zephon_store.torch import ZephonLoader
 pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKER = os.path.join(ROOT, "tools", "elastic_worker.py")
-DEMO = os.path.join(ROOT, "tools", "elastic_demo.py")
+WORKER = "zephon_store.testing.elastic_worker"
+DEMO = os.path.join(ROOT, "scripts", "elastic_demo.py")
 B = 12
 N = 2000
 SEED = 7
@@ -64,7 +64,7 @@ def env() -> dict:
 
 def launch(nproc: int, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", WORKER, *args]
+           f"--nproc_per_node={nproc}", "-m", WORKER, *args]
     return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 

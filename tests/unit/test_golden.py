@@ -101,15 +101,10 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path):
     exp = _expected(version)
     if exp["pyarrow"] != pa.__version__:
         pytest.skip(f"goldens written by pyarrow {exp['pyarrow']}, running {pa.__version__}")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "make_golden", GOLDEN.parents[1] / "tools" / "make_golden.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     from zephon_store import convert
+    from zephon_store.testing.golden import DATASETS
 
-    make_inputs, wopts, iopts = mod.DATASETS[name]
+    make_inputs, wopts, iopts = DATASETS[name]
     src = tmp_path / "src"
     src.mkdir()
     res = convert(make_inputs(str(src)), str(tmp_path / "out"), options=wopts,

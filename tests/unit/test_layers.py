@@ -3,7 +3,7 @@
 Layers, bottom to top (docs/design.md):
 
     errors, _util  <  format, order  <  io  <  ingest, read  <  write, load  <  torch
-                                                               <  cli, integrations
+                                                               <  cli, integrations, testing
 
 A module may import from its own folder and from any lower layer; never from a higher or a
 sibling one (``write`` does not import ``load``; ``read`` does not import ``ingest``). A name
@@ -26,7 +26,7 @@ RANK = {
     "ingest": 3, "read": 3,
     "write": 4, "load": 4,
     "torch": 5,
-    "cli": 6, "integrations": 6,
+    "cli": 6, "integrations": 6, "testing": 6,
 }
 # Same rank, still allowed: the write path converts what ingest reads.
 ALSO = {("write", "ingest")}

@@ -5,7 +5,7 @@ Every ``*.py`` file under the running interpreter's stdlib becomes one JSONL rec
 ``{"path", "text", "bytes"}``; records are spread over ``--files`` zstd-compressed JSONL
 files in sorted path order, so the output is deterministic for a given Python.
 
-    python tools/make_corpus.py --out .demo/raw --files 8
+    python -m zephon_store.testing.corpus --out .demo/raw --files 8
 """
 
 from __future__ import annotations

@@ -7,15 +7,15 @@ consumes ``--steps`` global steps and logs every step's ``_seq`` ids, then saves
 state with DCP. The loader state is replicated (identical on every rank), so DCP stores each
 value once and any world size can load it.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=4 tools/elastic_worker.py \\
+    torchrun --standalone --nproc_per_node=4 -m zephon_store.testing.elastic_worker \\
         DATASET --global-batch 12 --steps 20 --save ckpt/1 --log-dir logs --tag phase1
-    python -m torch.distributed.run --standalone --nproc_per_node=3 tools/elastic_worker.py \\
+    torchrun --standalone --nproc_per_node=3 -m zephon_store.testing.elastic_worker \\
         DATASET --global-batch 12 --steps 30 --num-workers 2 --load ckpt/1 --save ckpt/2 \\
         --log-dir logs --tag phase2
 
 Log: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per step ``{"tag", "rank", "world_size",
 "num_workers", "step", "cursor", "global_batch", "ids"}`` (``cursor``: before the step), and
-lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``tools/elastic_demo.py`` and
+lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``scripts/elastic_demo.py`` and
 ``tests/integration/test_elastic_torchrun.py``.
 """
 
@@ -26,10 +26,6 @@ import json
 import os
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # run as a script from a checkout without an installed package
-    sys.path.insert(0, ROOT)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def order_options(args: argparse.Namespace):
-    from zephon_store.order import OrderOptions
+    from ..order import OrderOptions
 
     kw = {"seed": args.seed}
     if args.window_blocks is not None:
@@ -82,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from zephon_store.torch import ZephonLoader
+    from ..torch import ZephonLoader
 
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         dist.init_process_group("gloo")

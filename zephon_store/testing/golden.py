@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Write the golden datasets of the current format version into formats/golden/v<N>/.
+"""The golden datasets' inputs and writer options; as a script, write the current version's.
+
+``DATASETS`` is what ``tests/unit/test_golden.py`` converts again to check that the writer
+still produces the golden bytes. Run from a checkout, the script writes the datasets of the
+current format version into ``formats/golden/v<N>/``.
 
 Each dataset is converted from small inputs defined here, and ``expected.json`` records
 its dataset_id, sample count and every record, plus the pyarrow version that wrote it.
@@ -7,7 +11,7 @@ Tests read every golden version forever; rerun this only when bumping the format
 Older versions' folders are never touched (their datasets were made by this file's
 ``DATASETS`` of that time; the text and nested inputs have not changed since v1).
 
-    python tools/make_golden.py            # writes formats/golden/v<FORMAT_VERSION>/
+    python -m zephon_store.testing.golden   # writes formats/golden/v<FORMAT_VERSION>/
 """
 
 from __future__ import annotations
@@ -16,19 +20,19 @@ import datetime
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from ..format.manifest import FORMAT_VERSION
+from ..ingest import InputOptions
+from ..read.dataset import open_dataset
+from ..write.convert import convert
+from ..write.shardwriter import WriteOptions
 
-from zephon_store import convert, open_dataset  # noqa: E402
-from zephon_store.format.manifest import FORMAT_VERSION  # noqa: E402
-from zephon_store.ingest import InputOptions  # noqa: E402
-from zephon_store.write.shardwriter import WriteOptions  # noqa: E402
+# The checkout this module lives in (zephon_store/testing/golden.py -> the repository root).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _text_inputs(d: str) -> list[str]:

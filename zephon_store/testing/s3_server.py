@@ -3,12 +3,12 @@
 
 As a script it prints one line of endpoint JSON and runs until SIGTERM or Ctrl-C::
 
-    $ python tools/s3_server.py --bucket demo
+    $ python -m zephon_store.testing.s3_server --bucket demo
     {"endpoint_url": "http://127.0.0.1:23817", "key": "zephon", "secret": "...", ...}
     $ AWS_ENDPOINT_URL=http://127.0.0.1:23817 AWS_ACCESS_KEY_ID=zephon \\
       AWS_SECRET_ACCESS_KEY=... zephon info s3://demo/ds
 
-As a module (the test suite loads it from ``tests/s3server.py``)::
+As a module (``tests/conftest.py``, ``scripts/demo.py``, ``benchmarks/``)::
 
     with SeaweedServer() as server:
         fs = s3fs.S3FileSystem(**server.storage_options())
