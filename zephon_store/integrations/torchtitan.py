@@ -55,7 +55,6 @@ except ImportError as _main_error:
             "torchtitan 0.3.0 and main; install with: pip install 'zephon_store[torchtitan]'"
         ) from exc
 
-from ..io.cache import ChunkCache  # noqa: E402
 from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
@@ -177,7 +176,7 @@ class ZephonDataLoader(BaseDataLoader):
                              f"(or ${DATASET_ENV})")
         self.config = config
         self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
-                                    cache=ChunkCache(config.cache_dir) if config.cache_dir else None)
+                                    cache=config.cache_dir or None)
         self.seq_len = dataset_seq_len(self.dataset)
         if seq_len is not None and local_batch_size is not None:
             self.layout = "rows"
@@ -268,18 +267,10 @@ class ZephonDataLoader(BaseDataLoader):
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from ``state_dict`` at the next ``iter()``.
-
-        As :meth:`zephon_store.torch.ZephonLoader.load_state_dict`: a live iterator is
-        closed (its next ``next()`` raises StopIteration) and never moves the loaded cursor.
-        """
         # An empty state is what TorchTitan passes when the checkpoint has no dataloader.
         if not state_dict:
             return
         self._loader.load_state_dict(dict(state_dict))
-        if self._iter is not None:
-            self._iter.close()
-            self._iter = None
 
     @property
     def cursor(self) -> int:
