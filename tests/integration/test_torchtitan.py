@@ -158,19 +158,25 @@ def _loader_factory(url, **config):
     return make_loader
 
 
-@needs_torchtitan
-def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
-    from stateful_helper import Segment, assert_matches_reference, run_segments
-
-    _, url, windows, _ = packed
+def _window_ids(windows):
+    """``ids_of(batch)``: the index in ``windows`` of every window a batch holds."""
     index = {tuple(w): i for i, w in enumerate(windows.tolist())}
-    make_loader = _loader_factory(url)
 
     def ids_of(batch) -> list[int]:
         inputs, labels = batch
         full = np.concatenate([inputs["input"].numpy(), labels[:, -1:].numpy()], axis=1)
         return [index[tuple(w)] for w in full.tolist()]
 
+    return ids_of
+
+
+@needs_torchtitan
+def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
+    from stateful_helper import Segment, assert_matches_reference, run_segments
+
+    _, url, windows, _ = packed
+    ids_of = _window_ids(windows)
+    make_loader = _loader_factory(url)
     gb, steps = 6, 14
     base = run_segments(make_loader, [Segment(world_size=1, steps=steps)], global_batch=gb,
                         ids_of=ids_of)
@@ -187,6 +193,35 @@ def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
                          global_batch=gb, ids_of=ids_of)
     assert_matches_reference(mixed.steps, reference)
     assert mixed.final_state["cursor"] == 48
+
+
+@needs_torchtitan
+def test_load_state_dict_while_iterating_applies_at_the_next_iter(packed):
+    """A live iterator is closed by load_state_dict and never moves the loaded cursor."""
+    _, url, windows, _ = packed
+    ids = _window_ids(windows)
+    make_loader = _loader_factory(url)
+    source = make_loader(world_size=1, rank=0, num_workers=0, global_batch=2)
+    it = iter(source)
+    reference = [ids(next(it)) for _ in range(8)]
+    source2 = make_loader(world_size=1, rank=0, num_workers=0, global_batch=2)
+    it2 = iter(source2)
+    for _ in range(2):
+        next(it2)
+    saved = source2.state_dict()                 # cursor 4
+    loader = make_loader(world_size=1, rank=0, num_workers=0, global_batch=2)
+    live = iter(loader)
+    for _ in range(6):
+        next(live)
+    loader.load_state_dict(saved)
+    assert loader.state_dict()["cursor"] == 4 == loader.cursor
+    with pytest.raises(StopIteration):
+        next(live)
+    assert loader.state_dict()["cursor"] == 4
+    fresh = iter(loader)
+    assert [ids(next(fresh)) for _ in range(2)] == reference[2:4]
+    assert loader.state_dict()["cursor"] == 8
+    loader.close()
 
 
 # -- errors, selection, optional extra -----------------------------------------------------

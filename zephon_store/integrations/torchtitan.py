@@ -59,7 +59,7 @@ from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
-from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
+from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
 from .titan_batches import flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
@@ -74,7 +74,7 @@ _DEFAULT_ORDER = OrderOptions()
 
 def dataset_seq_len(dataset: Dataset) -> int:
     """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema)."""
-    info = dataset.manifest.packing
+    info = packing_info(dataset.manifest.doc)
     if info is not None and "seq_len" in info:
         return int(info["seq_len"])
     import pyarrow as pa
@@ -218,7 +218,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._iter: Iterator | None = None
 
     def _check_tokenizer(self, tokenizer) -> None:
-        info = self.dataset.manifest.packing or {}
+        info = packing_info(self.dataset.manifest.doc) or {}
         expected = (info.get("tokenizer") or {}).get("vocab_size")
         get = getattr(tokenizer, "get_vocab_size", None)
         if expected is None or get is None:
@@ -267,10 +267,18 @@ class ZephonDataLoader(BaseDataLoader):
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict`` at the next ``iter()``.
+
+        As :meth:`zephon_store.torch.ZephonLoader.load_state_dict`: a live iterator is
+        closed (its next ``next()`` raises StopIteration) and never moves the loaded cursor.
+        """
         # An empty state is what TorchTitan passes when the checkpoint has no dataloader.
         if not state_dict:
             return
         self._loader.load_state_dict(dict(state_dict))
+        if self._iter is not None:
+            self._iter.close()
+            self._iter = None
 
     @property
     def cursor(self) -> int:

@@ -16,6 +16,7 @@ so it counts consumed samples, never prefetched ones.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -23,6 +24,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -153,6 +155,10 @@ class ZephonLoader:
             raise TypeError(f"coalesce must be a CoalesceOptions, got {coalesce!r}")
         self.coalesce = coalesce
         self.cursor = 0
+        # The iterator made by the last iter(); load_state_dict closes it, and every
+        # iterator made before the last load_state_dict stops (STYLE 13).
+        self._live: weakref.ref | None = None
+        self._loads = 0
         n = self.dataset.num_samples
         self._max_cursor = None
         if epochs is not None:
@@ -190,13 +196,18 @@ class ZephonLoader:
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
 
-        Changing world size, global batch or num_workers is allowed (and logged).
+        Changing world size, global batch or num_workers is allowed (and logged). The state
+        applies at the next ``iter()``: an iterator still live is closed (its next ``next()``
+        raises StopIteration), so it can never hand out a batch of the old stream or move
+        the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
         st = check_state(state, dataset_id=self.dataset_id, order=self.order)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
                 f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
+        self._loads += 1
+        self._close_live()
         self.cursor = st.cursor
         n = self.dataset.num_samples
         log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
@@ -242,19 +253,37 @@ class ZephonLoader:
                 "Pass drop_last=False to read them in a short last step.",
                 self._max_cursor, dropped, self.topology.global_batch)
 
+    def _close_live(self) -> None:
+        live = self._live() if self._live is not None else None
+        self._live = None
+        if live is not None:
+            try:
+                live.close()
+            except ValueError:
+                # Running in another thread right now: it cannot be closed from here;
+                # _loads has changed, so it writes no cursor and ends at its next batch.
+                pass
+
     def __iter__(self) -> Iterator:
-        start = self.cursor
+        it = self._batches(self.cursor, self._loads)
+        self._live = weakref.ref(it)
+        return it
+
+    def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
         source = self._iter_dataset(start)
         batches = self._threaded(source) if self.num_workers == 0 else self._processes(source)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
-        for i, batch in batches:
-            # Consumed means handed to the training loop: advance before yielding so a
-            # state_dict() taken right after this batch resumes with the next one. A short
-            # last step (drop_last=False) ends the cursor exactly at the end.
-            self.cursor = min(start + (i + 1) * b, end)
-            yield self.collate(batch) if self.collate is not None else batch
+        with contextlib.closing(batches):
+            for i, batch in batches:
+                if self._loads != loads:
+                    return   # a state was loaded since this iterator began: it is over
+                # Consumed means handed to the training loop: advance before yielding so a
+                # state_dict() taken right after this batch resumes with the next one. A
+                # short last step (drop_last=False) ends the cursor exactly at the end.
+                self.cursor = min(start + (i + 1) * b, end)
+                yield self.collate(batch) if self.collate is not None else batch
 
     def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
         # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead
