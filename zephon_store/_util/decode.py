@@ -64,8 +64,8 @@ def array_view(col: pa.ChunkedArray) -> np.ndarray | None:
     if pa.types.is_fixed_size_list(t):
         if not _is_numeric(t.value_type):
             return None
-        # The child values of the rows, by slicing: flatten() copied them (~130 us for a
-        # batch of 32 token windows, a third of a pass over uncompressed shards).
+        # The child values of the rows, by slicing: flatten() would copy them (one copy per
+        # batch saved; docs/benchmarks.md, "Why the code is shaped this way").
         values = col.values.slice(col.offset * t.list_size, len(col) * t.list_size)
         if values.null_count:
             return None

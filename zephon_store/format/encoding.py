@@ -3,8 +3,8 @@
 Format v2 stores every top-level ``fixed_size_list<T>[n]`` column, ``T`` an integer or
 floating type and ``n >= 1``, as ``fixed_size_binary(n * sizeof(T))``: each value is the
 list's ``n`` elements, little-endian, back to back. Parquet then stores one opaque value
-per row instead of ``n`` values with repetition and definition levels, which decodes 2-4x
-faster for packed token windows (``docs/benchmarks.md``). The manifest keeps the logical
+per row instead of ``n`` values with repetition and definition levels, so a packed token
+window decodes without any level decoding (measured in ``docs/benchmarks.md``). The manifest keeps the logical
 schema as ``schema`` and names every encoded column in ``storage``, so a reader never
 guesses; :func:`to_logical` turns a decoded row group back into the logical types.
 

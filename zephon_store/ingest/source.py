@@ -24,8 +24,8 @@ from ..io.retry import RetryPolicy, call_with_retry
 from ..io.storage import is_local_url, resolve, retry_policy
 from .options import InputFile
 
-# One GET per 8 MiB: a failure costs at most this much re-fetching, and per-request overhead
-# (~10-50 ms on S3) stays small next to the transfer. Tests shrink it.
+# One GET per 8 MiB: a failure costs at most this much re-fetching, and the fixed cost of a
+# request stays small next to its transfer (docs/benchmarks.md). Tests shrink it.
 BLOCK_BYTES = 8 << 20
 
 _fs_cache: dict[tuple, Any] = {}

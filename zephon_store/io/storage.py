@@ -86,7 +86,7 @@ class StorageStats:
 def is_local_url(url: str) -> bool:
     """True for plain paths and ``file://`` URLs."""
     if "://" not in url and "::" not in url:
-        return True   # a plain path; not importing fsspec saves a local open ~40 ms
+        return True   # a plain path: local opens never import fsspec (docs/benchmarks.md)
     import fsspec.core
 
     protocol, _ = fsspec.core.split_protocol(url)
@@ -300,8 +300,8 @@ class Storage:
     def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
         check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)
         if not self.local:
-            # Local files are read with os calls: no fsspec (importing it cost a fresh
-            # process ~10 ms before its first batch).
+            # Local files are read with os calls, so a fresh process never imports fsspec
+            # for a local dataset (docs/benchmarks.md).
             fs = self.fs  # noqa: F841 - resolves _root_path
         if not relpath:
             return self._root_path

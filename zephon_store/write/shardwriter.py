@@ -34,8 +34,9 @@ class WriteOptions:
     ``target_shard_bytes`` and ``row_group_bytes`` are measured on the values before
     compression (see :mod:`zephon_store.write.rowsize`), so cuts are a pure function of the data.
     ``fixed_size_lists``: ``"binary"`` stores fixed-size lists of numbers as fixed-size
-    binary (2-4x faster to decode, see :mod:`zephon_store.format.encoding`); ``"list"`` keeps
-    Parquet's list layout, which can hold null elements.
+    binary (decoded without Parquet's list levels; docs/benchmarks.md section 6, and
+    :mod:`zephon_store.format.encoding`); ``"list"`` keeps Parquet's list layout, which can
+    hold null elements.
     ``use_dictionary``: ``"auto"`` (the default) dictionary-encodes every column except
     top-level string and binary columns whose values are mostly distinct in the shard
     (documents, URLs, ids; see :func:`dictionary_columns`): there a dictionary saves no
