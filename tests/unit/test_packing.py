@@ -303,3 +303,19 @@ def test_null_text_raises_or_is_skipped(corpus, tmp_path):
                   **kw)
     assert res.skipped["schema_mismatch"] == 8
     assert open_dataset(str(tmp_path / "b")).manifest.doc["packing"]["num_documents"] == 8
+
+
+def test_packing_totals_are_returned_not_written_in_place(corpus, packed, tmp_path):
+    tok_path, src, docs = corpus
+    url, res = packed
+    kw = packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=SEQ_LEN))
+    before = json.loads(json.dumps(kw["extra_manifest"]))
+    first = convert([str(src)], str(tmp_path / "a"), options=SMALL, **kw)
+    second = convert([str(src)], str(tmp_path / "b"), options=SMALL, **kw)   # the same kwargs
+    assert kw["extra_manifest"] == before and "num_tokens" not in before["packing"]
+    assert first.dataset_id == second.dataset_id == res.dataset_id
+    info = open_dataset(str(tmp_path / "b")).manifest.packing
+    stream, _ = _expected_stream(tok_path, docs)
+    assert info["num_documents"] == len(docs) and info["num_tokens"] == len(stream)
+    assert info["num_windows"] == res.num_samples
+    assert {k: info[k] for k in before["packing"]} == before["packing"]

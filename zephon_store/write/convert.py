@@ -44,6 +44,7 @@ from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
+from .staged import StagedInput, read_staged
 from .staging import (
     Pool,
     atomic_write_json,
@@ -85,6 +86,13 @@ class ConvertResult:
 ParseFn = Callable[[InputFile, InputOptions, "dict | None", InputStats], Iterable[pa.RecordBatch]]
 
 
+# A restream pass re-stages the parsed inputs as a whole (token packing cuts windows across
+# them): ``restream(files, staged, staging, pool) -> (staged, schema, found)``, where ``found``
+# completes entries of ``extra_manifest`` (see :func:`_with_found`).
+Restream = Callable[[list[InputFile], "list[StagedInput]", str, Pool],
+                    "tuple[list[StagedInput], pa.Schema, dict]"]
+
+
 def _default_parse(f: InputFile, options: InputOptions, storage_options, stats: InputStats):
     return read_input(f, options=options, storage_options=storage_options, stats=stats)
 
@@ -102,7 +110,7 @@ def convert(
     staging_dir: str | None = None,
     parse_fn: ParseFn | None = None,
     extra_manifest: dict | None = None,
-    restream: Callable | None = None,
+    restream: Restream | None = None,
     overwrite: bool = False,
 ) -> ConvertResult:
     """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
@@ -139,12 +147,12 @@ def convert(
         active = _on_disk(staging, lambda: open_job(staging, out.root_url))
         try:
             remove_stale_jobs(staging, out.root_url)
-            metas, plans, infos, schema, reuse = _stage_and_write(
+            metas, plans, infos, schema, reuse, found = _stage_and_write(
                 files, out, staging, options, input_options, in_so, parse_fn, workers,
                 storage_options, progress, restream)
             result = _on_disk(staging, lambda: publish_manifest(
                 out, files, metas, plans, infos, schema, options, input_options,
-                extra_manifest, overwrite=overwrite))
+                _with_found(extra_manifest, found), overwrite=overwrite))
         except BaseException:
             os.close(active)  # the staged work stays for a rerun
             raise
@@ -156,7 +164,7 @@ def convert(
         total_bytes=result.total_bytes, input_files=len(files),
         input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
         inputs_reused=inputs_reused, skipped=result.skipped,
-        skip_examples=[e for m in metas for e in (m.get("stats") or {}).get("examples", [])][:10],
+        skip_examples=[e for m in metas for e in m.stats.get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3))
 
 
@@ -165,18 +173,32 @@ def _stage_and_write(files, out, staging, options, input_options, in_so, parse_f
     with Pool(workers) as pool:
         metas, inputs_reused = _parse_all(files, staging, input_options, in_so, parse_fn, pool,
                                           progress)
-        if not any(m["rows"] for m in metas):
+        if not any(m.rows for m in metas):
             raise InputError(f"no records found in {len(files)} input file(s) ({files[0].url}, "
                              "...); nothing to convert", path=files[0].url)
-        schema = unify_schemas([(f.url, _schema_of(m)) for f, m in zip(files, metas)
-                                if m["rows"] > 0])
+        schema = unify_schemas([(f.url, m.schema) for f, m in zip(files, metas) if m.rows > 0])
+        found: dict = {}
         if restream is not None:
-            # A global pass over the parsed stream (token packing) that re-stages the rows.
-            metas, schema = restream(files, metas, staging, pool)
+            # A global pass over the parsed stream (token packing) that re-stages the rows and
+            # returns what it learnt for the manifest (the packing totals).
+            metas, schema, found = restream(files, metas, staging, pool)
         plans = _plan(metas, staging, options)
         infos, shards_reused = _write_all(plans, metas, staging, schema, options, out.root_url,
                                           storage_options, pool, progress)
-    return metas, plans, infos, schema, (inputs_reused, shards_reused)
+    return metas, plans, infos, schema, (inputs_reused, shards_reused), found
+
+
+def _with_found(extra: dict | None, found: dict) -> dict | None:
+    """``extra_manifest`` completed by what the restream pass found: each entry of ``found``
+    extends the object of the same name (``{"packing": {"num_tokens": ...}}``)."""
+    if not found:
+        return extra
+    merged = dict(extra or {})
+    for key, value in found.items():
+        old = merged.get(key)
+        both = isinstance(old, dict) and isinstance(value, dict)
+        merged[key] = {**old, **value} if both else value
+    return merged
 
 
 def _own_roots(out: Storage, staging_dir: str | None) -> list[str]:
@@ -202,14 +224,6 @@ def _on_disk(path: str, fn):
         raise
 
 
-def staged_complete(staging: str, meta: dict) -> bool:
-    """True when every file a staged meta stands for is still there (a cleanup killed half way
-    by an older version could leave the meta without its data)."""
-    base = staged_base(staging, meta)
-    needed = [base + ".sizes.npy"] + ([base + ".arrow"] if meta.get("rows") else [])
-    return all(os.path.exists(p) for p in needed)
-
-
 def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
     from tqdm import tqdm
 
@@ -221,9 +235,8 @@ def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
 def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
     tasks, metas, reused = [], [None] * len(files), 0
     for i, f in enumerate(files):
-        meta_path = os.path.join(staging, "parsed", f"{i:06d}.json")
-        meta = read_json(meta_path)
-        if meta is not None and staged_complete(staging, meta):
+        meta = read_staged(os.path.join(staging, "parsed", f"{i:06d}.json"))
+        if meta is not None and meta.complete(staging):
             metas[i] = meta
             reused += 1
         else:
@@ -231,19 +244,19 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
     t0, rows = time.perf_counter(), 0
     with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
         for meta in pool.map(_parse_one, tasks):
-            metas[meta["index"]] = meta
-            rows += meta["rows"]
-            bar.update(meta["input_bytes"])
+            metas[meta.index] = meta
+            rows += meta.rows
+            bar.update(meta.input_bytes)
             bar.set_postfix(samples=rows,
                             samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
     return metas, reused
 
 
-def _parse_one(task) -> dict:
+def _parse_one(task) -> StagedInput:
     return _on_disk(task[2], lambda: _parse_staged(task))
 
 
-def _parse_staged(task) -> dict:
+def _parse_staged(task) -> StagedInput:
     i, f, staging, input_options, so, parse_fn = task
     stats = InputStats()
     base = os.path.join(staging, "parsed", f"{i:06d}")
@@ -278,12 +291,10 @@ def _parse_staged(task) -> dict:
     sizes_tmp = temp_name(f"{base}.sizes") + ".npy"
     np.save(sizes_tmp, np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
     os.replace(sizes_tmp, f"{base}.sizes.npy")
-    meta = {
-        "index": i, "url": f.url, "rows": rows, "input_bytes": f.size,
-        "schema_b64": schema_to_base64(schema) if schema is not None else None,
-        "stats": _stats_dict(stats),
-    }
-    atomic_write_json(f"{base}.json", meta)
+    meta = StagedInput(index=i, url=f.url, rows=rows, input_bytes=f.size,
+                       schema_b64=schema_to_base64(schema) if schema is not None else None,
+                       stats=_stats_dict(stats))
+    atomic_write_json(f"{base}.json", meta.to_dict())
     return meta
 
 
@@ -305,26 +316,13 @@ def _stats_dict(stats) -> dict:
     return dict(vars(stats))
 
 
-def _schema_of(meta: dict) -> pa.Schema:
-    return schema_from_base64(meta["schema_b64"])
-
-
-def staged_base(staging: str, meta: dict) -> str:
-    """Path prefix of a staged input's ``.arrow``/``.sizes.npy``/``.json`` files.
-
-    Parsed inputs live at ``parsed/<index>``; a restream pass (token packing) may stage its
-    output elsewhere and says so in ``meta["base"]`` (relative to the staging folder).
-    """
-    return os.path.join(staging, meta.get("base") or os.path.join("parsed", f"{meta['index']:06d}"))
-
-
 # -- phase 2: plan -------------------------------------------------------------------------
 def _plan(metas, staging, options: WriteOptions) -> list[ShardPlan]:
     cutter = Cutter(row_group_rows=options.row_group_rows, row_group_bytes=options.row_group_bytes,
                     target_shard_bytes=options.target_shard_bytes)
     for m in metas:
-        if m["rows"]:
-            cutter.feed(np.load(staged_base(staging, m) + ".sizes.npy"))
+        if m.rows:
+            cutter.feed(np.load(m.base_path(staging) + ".sizes.npy"))
     return cutter.finish()
 
 
@@ -344,7 +342,7 @@ def _pieces(plan: ShardPlan, input_starts: np.ndarray, input_rows: np.ndarray):
 
 # -- phase 3: write ------------------------------------------------------------------------
 def _write_all(plans, metas, staging, schema, options, output, so, pool, progress):
-    input_rows = np.array([m["rows"] for m in metas], dtype=np.int64)
+    input_rows = np.array([m.rows for m in metas], dtype=np.int64)
     input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
     infos: list[ShardInfo | None] = [None] * len(plans)
     tasks, reused = [], 0
@@ -358,7 +356,7 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
                 reused += 1
                 continue
         tasks.append((p, _pieces(p, input_starts, input_rows), staging,
-                      [staged_base(staging, m) for m in metas], schema_to_base64(schema), options,
+                      [m.base_path(staging) for m in metas], schema_to_base64(schema), options,
                       output, so))
     with _bar(progress, len(plans), "write", unit="shard") as bar:
         bar.update(reused)

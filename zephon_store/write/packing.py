@@ -41,6 +41,7 @@ import pyarrow as pa
 from .._util.hashing import xxh3_file
 from ..errors import InputError, InputNotFoundError, require
 from ..format.manifest import schema_to_base64
+from .staged import StagedInput, read_staged
 
 __all__ = [
     "PackingOptions",
@@ -392,12 +393,12 @@ def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def _pack_file(task) -> dict:
+def _pack_file(task) -> StagedInput:
     """Stage the windows ``[lo, hi)`` (those starting in input ``i``) as ``packed/<i>``."""
     from .rowsize import table_row_nbytes
     from .staging import atomic_write_json
 
-    i, lo, hi, window, doc_starts, paths, file_starts, staging, meta = task
+    i, lo, hi, window, doc_starts, paths, file_starts, staging, parsed = task
     schema = window_schema(window - 1, doc_starts)
     base = os.path.join(staging, "packed", f"{i:06d}")
     src = _TokenSource(paths, np.asarray(file_starts, dtype=np.int64))
@@ -414,27 +415,26 @@ def _pack_file(task) -> dict:
             sizes.append(table_row_nbytes(batch))
     os.replace(tmp, f"{base}.arrow")
     np.save(f"{base}.sizes.npy", np.concatenate(sizes))
-    out = dict(meta, rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
-               schema_b64=schema_to_base64(schema), first_window=lo)
-    atomic_write_json(f"{base}.json", out)  # written last: the file's done marker
+    out = parsed.restaged(rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
+                          schema_b64=schema_to_base64(schema), first_window=lo)
+    atomic_write_json(f"{base}.json", out.to_dict())  # written last: the file's done marker
     return out
 
 
 class PackWindows:
     """``restream`` for :func:`~zephon_store.write.convert.convert`: cut the windows, stage them.
 
-    Fills the dynamic totals of ``extra["packing"]`` (the dict passed as ``extra_manifest``)
-    once they are known. Reuses its staged output on a resumed run: per input
-    (``packed/<i>.json``) and as a whole (``packed/done.json``).
+    Returns the staged windows, their schema and ``{"packing": totals}`` (documents, tokens,
+    windows, dropped tail), which the converter adds to the manifest's ``packing`` entry.
+    Reuses its staged output on a resumed run: per input (``packed/<i>.json``) and as a whole
+    (``packed/done.json``).
     """
 
-    def __init__(self, *, seq_len: int, doc_starts: bool, extra: dict) -> None:
+    def __init__(self, *, seq_len: int, doc_starts: bool) -> None:
         self.window = seq_len + 1
         self.doc_starts = doc_starts
-        self.extra = extra
 
-    def __call__(self, files, metas, staging, pool):
-        from .convert import staged_base, staged_complete
+    def __call__(self, files, metas: list[StagedInput], staging: str, pool):
         from .staging import atomic_write_json, read_json
 
         folder = os.path.join(staging, "packed")
@@ -443,11 +443,12 @@ class PackWindows:
         schema = window_schema(self.window - 1, self.doc_starts)
         done = read_json(done_path)
         # Reused only when every staged file it names is still there (see staged_complete).
-        if done is not None and all(staged_complete(staging, m) for m in done["metas"]):
-            self.extra["packing"].update(done["totals"])
-            return done["metas"], schema
+        staged = _read_done(done)
+        if (staged is not None and isinstance(done.get("totals"), dict)
+                and all(s.complete(staging) for s in staged)):
+            return staged, schema, {"packing": done["totals"]}
 
-        paths = [staged_base(staging, m) + ".arrow" if m["rows"] else None for m in metas]
+        paths = [m.base_path(staging) + ".arrow" if m.rows else None for m in metas]
         counts = np.array([_token_count(p) for p in paths], dtype=np.int64)
         file_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         total, w = int(file_starts[-1]), self.window
@@ -461,27 +462,33 @@ class PackWindows:
         tasks, out = [], [None] * len(metas)
         for i, m in enumerate(metas):
             lo, hi = int(first[i]), int(first[i + 1])
-            kept = {k: m[k] for k in ("index", "url", "input_bytes", "stats") if k in m}
             meta_path = os.path.join(folder, f"{i:06d}.json")
             if hi <= lo:
-                out[i] = dict(kept, rows=0, schema_b64=None)
-            elif (meta := read_json(meta_path)) is not None and staged_complete(staging, meta):
+                out[i] = m.restaged(rows=0, schema_b64=None)
+            elif (meta := read_staged(meta_path)) is not None and meta.complete(staging):
                 out[i] = meta
             else:
                 tasks.append((i, lo, hi, w, self.doc_starts, paths, file_starts.tolist(), staging,
-                              kept))
+                              m))
         for meta in pool.map(_pack_file, tasks):
-            out[meta["index"]] = meta
+            out[meta.index] = meta
         totals = {
-            "num_documents": int(sum(m["rows"] for m in metas)),
+            "num_documents": int(sum(m.rows for m in metas)),
             "num_tokens": total,
             "num_windows": n_windows,
             "packed_tokens": n_windows * w,
             "dropped_tail_tokens": total - n_windows * w,
         }
-        self.extra["packing"].update(totals)
-        atomic_write_json(done_path, {"metas": out, "totals": totals})
-        return out, schema
+        atomic_write_json(done_path, {"metas": [s.to_dict() for s in out], "totals": totals})
+        return out, schema, {"packing": totals}
+
+
+def _read_done(done: dict | None) -> list[StagedInput] | None:
+    """The staged inputs ``packed/done.json`` lists, or None when it is absent or unreadable."""
+    try:
+        return [StagedInput.from_dict(d) for d in done["metas"]] if done is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _token_count(path: str | None) -> int:
@@ -499,9 +506,9 @@ def _token_count(path: str | None) -> int:
 def packing_convert_kwargs(options: PackingOptions) -> dict:
     """Keyword arguments for :func:`~zephon_store.write.convert.convert` that pack tokens.
 
-    Returns ``parse_fn``, ``restream`` and ``extra_manifest``; the manifest's ``packing``
-    entry is completed with the totals during the conversion. Build a fresh set per
-    ``convert`` call (the entry is filled in place).
+    Returns ``parse_fn``, ``restream`` and ``extra_manifest``; the converter completes the
+    manifest's ``packing`` entry with the totals ``restream`` returns (nothing is filled in
+    place, so one set serves any number of ``convert`` calls).
 
     >>> kw = packing_convert_kwargs(PackingOptions(tokenizer="tok.json", seq_len=8))  # doctest: +SKIP
     >>> convert(["docs.jsonl"], "/data/ds", **kw).num_samples   # windows  # doctest: +SKIP
@@ -526,6 +533,6 @@ def packing_convert_kwargs(options: PackingOptions) -> dict:
     parse = TokenizeDocuments(tokenizer_path=path, tokenizer_xxh3=digest,
                               text_column=options.text_column, bos_id=special.bos_id,
                               eos_id=special.eos_id)
-    restream = PackWindows(seq_len=options.seq_len, doc_starts=options.doc_starts, extra=extra)
+    restream = PackWindows(seq_len=options.seq_len, doc_starts=options.doc_starts)
     return {"parse_fn": parse, "restream": restream, "extra_manifest": extra}
 

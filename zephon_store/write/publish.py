@@ -151,10 +151,9 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
     skipped = {kind: 0 for kind in SKIP_KINDS}
     skipped["empty_inputs"] = 0
     for m in metas:
-        stats = m.get("stats") or {}
         for kind in SKIP_KINDS:
-            skipped[kind] += int(stats.get(kind, 0))
-        skipped["empty_inputs"] += int(m["rows"] == 0)
+            skipped[kind] += int(m.stats.get(kind, 0))
+        skipped["empty_inputs"] += int(m.rows == 0)
     doc = Manifest.build_doc(
         schema=schema, writer=options.to_dict(),
         totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
@@ -215,7 +214,7 @@ def _provenance(files, metas, plans, root) -> pa.Table:
     shard_starts = np.array([p.row_start for p in plans], dtype=np.int64)
     g = 0
     for f, m in zip(files, metas):
-        rows = m["rows"]
+        rows = m.rows
         local = 0
         if rows == 0:
             cols["input"].append(_relative(f.url, root))
