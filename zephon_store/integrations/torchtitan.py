@@ -59,7 +59,7 @@ from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
-from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN, packing_info  # noqa: E402
+from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
 from .titan_batches import flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
@@ -74,7 +74,7 @@ _DEFAULT_ORDER = OrderOptions()
 
 def dataset_seq_len(dataset: Dataset) -> int:
     """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema)."""
-    info = packing_info(dataset.manifest.doc)
+    info = dataset.manifest.packing
     if info is not None and "seq_len" in info:
         return int(info["seq_len"])
     import pyarrow as pa
@@ -218,7 +218,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._iter: Iterator | None = None
 
     def _check_tokenizer(self, tokenizer) -> None:
-        info = packing_info(self.dataset.manifest.doc) or {}
+        info = self.dataset.manifest.packing or {}
         expected = (info.get("tokenizer") or {}).get("vocab_size")
         get = getattr(tokenizer, "get_vocab_size", None)
         if expected is None or get is None:
