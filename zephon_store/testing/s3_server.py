@@ -16,7 +16,7 @@ As a module (``tests/conftest.py``, ``scripts/demo.py``, ``benchmarks/``)::
 The flags follow the project's notes on SeaweedFS: the two key variables make the server check
 SigV4 signatures (without them it accepts any credentials), telemetry is off, every service
 binds 127.0.0.1 on an explicit free port (each also binds port+10000, hence ports <= 55535),
-logs and unix sockets stay in a fresh temp directory, and GOMEMLIMIT keeps RSS near 170 MB.
+logs and unix sockets stay in a fresh temp directory, and GOMEMLIMIT bounds the Go heap.
 """
 
 from __future__ import annotations
