@@ -5,7 +5,7 @@ byte-identical for any ``workers``:
 
 1. **parse** (N processes, one input file per task): records -> Arrow IPC in a staging
    folder, with every row's size (:mod:`rowsize`);
-2. **plan** (one process, cheap): cut the concatenated stream into row groups and shards
+2. **cut** (one process, cheap): cut the concatenated stream into row groups and shards
    (:mod:`layout`);
 3. **write** (N processes, one shard per task): Parquet to a temp file, hash it, publish it
    as ``shards/<hash>.parquet`` (rename locally, one PUT on object stores), then a receipt.
@@ -39,7 +39,7 @@ from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
-from .layout import Cutter, ShardPlan
+from .layout import Cutter, ShardCut
 from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
@@ -147,11 +147,11 @@ def convert(
         active = _on_disk(staging, lambda: open_job(staging, out.root_url))
         try:
             remove_stale_jobs(staging, out.root_url)
-            metas, plans, infos, schema, reuse, found = _stage_and_write(
+            metas, cuts, infos, schema, reuse, found = _stage_and_write(
                 files, out, staging, options, input_options, in_so, parse_fn, workers,
                 storage_options, progress, restream)
             result = _on_disk(staging, lambda: publish_manifest(
-                out, files, metas, plans, infos, schema, options, input_options,
+                out, files, metas, cuts, infos, schema, options, input_options,
                 _with_found(extra_manifest, found), overwrite=overwrite))
         except BaseException:
             os.close(active)  # the staged work stays for a rerun
@@ -182,10 +182,10 @@ def _stage_and_write(files, out, staging, options, input_options, in_so, parse_f
             # A global pass over the parsed stream (token packing) that re-stages the rows and
             # returns what it learnt for the manifest (the packing totals).
             metas, schema, found = restream(files, metas, staging, pool)
-        plans = _plan(metas, staging, options)
-        infos, shards_reused = _write_all(plans, metas, staging, schema, options, out.root_url,
+        cuts = _cut_shards(metas, staging, options)
+        infos, shards_reused = _write_all(cuts, metas, staging, schema, options, out.root_url,
                                           storage_options, pool, progress)
-    return metas, plans, infos, schema, (inputs_reused, shards_reused), found
+    return metas, cuts, infos, schema, (inputs_reused, shards_reused), found
 
 
 def _with_found(extra: dict | None, found: dict) -> dict | None:
@@ -316,8 +316,8 @@ def _stats_dict(stats) -> dict:
     return dict(vars(stats))
 
 
-# -- phase 2: plan -------------------------------------------------------------------------
-def _plan(metas, staging, options: WriteOptions) -> list[ShardPlan]:
+# -- phase 2: cut --------------------------------------------------------------------------
+def _cut_shards(metas, staging, options: WriteOptions) -> list[ShardCut]:
     cutter = Cutter(row_group_rows=options.row_group_rows, row_group_bytes=options.row_group_bytes,
                     target_shard_bytes=options.target_shard_bytes)
     for m in metas:
@@ -326,9 +326,9 @@ def _plan(metas, staging, options: WriteOptions) -> list[ShardPlan]:
     return cutter.finish()
 
 
-def _pieces(plan: ShardPlan, input_starts: np.ndarray, input_rows: np.ndarray):
+def _pieces(cut: ShardCut, input_starts: np.ndarray, input_rows: np.ndarray):
     """(input index, local row start, count) pieces that make up one shard's rows."""
-    pieces, start, end = [], plan.row_start, plan.row_start + plan.rows
+    pieces, start, end = [], cut.row_start, cut.row_start + cut.rows
     i = int(np.searchsorted(input_starts, start, side="right") - 1)
     while start < end:
         while input_rows[i] == 0 or start >= input_starts[i] + input_rows[i]:
@@ -341,13 +341,13 @@ def _pieces(plan: ShardPlan, input_starts: np.ndarray, input_rows: np.ndarray):
 
 
 # -- phase 3: write ------------------------------------------------------------------------
-def _write_all(plans, metas, staging, schema, options, output, so, pool, progress):
+def _write_all(cuts, metas, staging, schema, options, output, so, pool, progress):
     input_rows = np.array([m.rows for m in metas], dtype=np.int64)
     input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
-    infos: list[ShardInfo | None] = [None] * len(plans)
+    infos: list[ShardInfo | None] = [None] * len(cuts)
     tasks, reused = [], 0
     out = Storage(output, storage_options=so)
-    for p in plans:
+    for p in cuts:
         receipt = read_json(os.path.join(staging, "done", f"{p.index:06d}.json"))
         if receipt is not None:
             info = ShardInfo.from_dict(receipt)
@@ -358,7 +358,7 @@ def _write_all(plans, metas, staging, schema, options, output, so, pool, progres
         tasks.append((p, _pieces(p, input_starts, input_rows), staging,
                       [m.base_path(staging) for m in metas], schema_to_base64(schema), options,
                       output, so))
-    with _bar(progress, len(plans), "write", unit="shard") as bar:
+    with _bar(progress, len(cuts), "write", unit="shard") as bar:
         bar.update(reused)
         for index, info in pool.map(_write_one, tasks):
             infos[index] = info
@@ -371,7 +371,7 @@ def _write_one(task):
 
 
 def _write_staged(task):
-    plan, pieces, staging, bases, schema_b64, options, output, so = task
+    cut, pieces, staging, bases, schema_b64, options, output, so = task
     schema = schema_from_base64(schema_b64)
     parts, readers = [], {}
     for i, local, n in pieces:
@@ -379,9 +379,9 @@ def _write_staged(task):
             readers[i] = pa.ipc.open_file(pa.memory_map(bases[i] + ".arrow")).read_all()
         parts.append(conform_batch(readers[i].slice(local, n), schema))
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    tmp = temp_name(os.path.join(staging, "tmp", f"{plan.index:06d}")) + ".parquet"
+    tmp = temp_name(os.path.join(staging, "tmp", f"{cut.index:06d}")) + ".parquet"
     try:
-        info = write_shard(table, plan.row_group_rows, tmp, options)
+        info = write_shard(table, cut.row_group_rows, tmp, options)
     except ElementNullError as exc:
         raise _input_error(exc, pieces, bases) from exc
     out = Storage(output, storage_options=so)
@@ -390,8 +390,8 @@ def _write_staged(task):
         out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)
-    atomic_write_json(os.path.join(staging, "done", f"{plan.index:06d}.json"), info.to_dict())
-    return plan.index, info
+    atomic_write_json(os.path.join(staging, "done", f"{cut.index:06d}.json"), info.to_dict())
+    return cut.index, info
 
 
 def _input_error(exc: ElementNullError, pieces, bases) -> InputError:

@@ -16,8 +16,8 @@ import numpy as np
 
 
 @dataclass
-class ShardPlan:
-    """One planned shard: global rows ``[row_start, row_start + rows)`` cut into row groups."""
+class ShardCut:
+    """One shard as cut: global rows ``[row_start, row_start + rows)`` cut into row groups."""
 
     index: int
     row_start: int
@@ -44,11 +44,11 @@ class Cutter:
         self._rg_rows = row_group_rows
         self._rg_bytes = row_group_bytes
         self._target = target_shard_bytes
-        self.shards: list[ShardPlan] = []
+        self.shards: list[ShardCut] = []
         self._rows_seen = 0
         self._cur_rg_rows = 0      # rows in the open row group
         self._cur_rg_bytes = 0
-        self._cur_shard = ShardPlan(0, 0)
+        self._cur_shard = ShardCut(0, 0)
         self._cur_shard_bytes = 0
 
     def feed(self, sizes: np.ndarray) -> None:
@@ -87,11 +87,11 @@ class Cutter:
 
     def _close_shard(self) -> None:
         self.shards.append(self._cur_shard)
-        self._cur_shard = ShardPlan(len(self.shards), self._rows_seen)
+        self._cur_shard = ShardCut(len(self.shards), self._rows_seen)
         self._cur_shard_bytes = 0
 
-    def finish(self) -> list[ShardPlan]:
-        """Close the open row group and shard; return every planned shard."""
+    def finish(self) -> list[ShardCut]:
+        """Close the open row group and shard; return every shard cut."""
         if self._cur_rg_rows:
             self._close_row_group()
         if self._cur_shard.row_group_rows:

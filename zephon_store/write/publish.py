@@ -110,13 +110,13 @@ def check_output(out: Storage, files, options, *, overwrite: bool) -> None:
         _refuse(out, old, None, None)
 
 
-def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, input_options,
+def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, input_options,
                       extra, *, overwrite: bool = False) -> Manifest:
     sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
     rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
     row_start, rg_index = 0, 0
-    for k, (plan, info) in enumerate(zip(plans, infos)):
-        assert info is not None and info.rows == plan.rows
+    for k, (cut, info) in enumerate(zip(cuts, infos)):
+        assert info is not None and info.rows == cut.rows
         sh_cols["name"].append(info.name)
         sh_cols["bytes"].append(info.bytes)
         sh_cols["rows"].append(info.rows)
@@ -135,7 +135,7 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
             row_start += rg.rows
             rg_index += 1
     root = _common_root([f.url for f in files])
-    prov = _provenance(files, metas, plans, root)
+    prov = _provenance(files, metas, cuts, root)
     tables = {
         "shards": _side_table(sh_cols, SHARD_TABLE_SCHEMA),
         "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
@@ -156,7 +156,7 @@ def publish_manifest(out: Storage, files, metas, plans, infos, schema, options, 
         skipped["empty_inputs"] += int(m.rows == 0)
     doc = Manifest.build_doc(
         schema=schema, writer=options.to_dict(),
-        totals={"num_samples": row_start, "num_shards": len(plans), "num_row_groups": rg_index,
+        totals={"num_samples": row_start, "num_shards": len(cuts), "num_row_groups": rg_index,
                 "total_bytes": int(sum(sh_cols["bytes"]))},
         table_refs=refs,
         inputs=inputs_doc(files),
@@ -209,9 +209,9 @@ def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
         "(what only the old manifest references is then removed), or choose another output")
 
 
-def _provenance(files, metas, plans, root) -> pa.Table:
+def _provenance(files, metas, cuts, root) -> pa.Table:
     cols = {k: [] for k in PROVENANCE_TABLE_SCHEMA.names}
-    shard_starts = np.array([p.row_start for p in plans], dtype=np.int64)
+    shard_starts = np.array([p.row_start for p in cuts], dtype=np.int64)
     g = 0
     for f, m in zip(files, metas):
         rows = m.rows
@@ -225,7 +225,7 @@ def _provenance(files, metas, plans, root) -> pa.Table:
             cols["row_start"].append(g)
         while local < rows:
             s = int(np.searchsorted(shard_starts, g, side="right") - 1)
-            shard_end = plans[s].row_start + plans[s].rows
+            shard_end = cuts[s].row_start + cuts[s].rows
             n = min(rows - local, shard_end - g)
             cols["input"].append(_relative(f.url, root))
             cols["input_bytes"].append(f.size)
