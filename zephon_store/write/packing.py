@@ -67,8 +67,8 @@ EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|endoftex
 # Documents per encode_batch call: big enough for the tokenizer's Rust thread pool to
 # pay off, small enough that the Encoding objects of one call stay a few MiB.
 _ENCODE_DOCS = 1024
-# Tokens per staged chunk of windows (~32 MiB of int32): bounds the restream's memory.
-_CHUNK_TOKENS = 8 << 20
+# Tokens per staged record batch of windows (32 MiB of int32): bounds the restream's memory.
+_BATCH_TOKENS = 8 << 20
 PARSED_SCHEMA = pa.schema([pa.field(TOKENS_COLUMN, pa.large_list(pa.int32()), nullable=False)])
 
 
@@ -274,8 +274,8 @@ class TokenizeDocuments:
             texts = self._texts(f, batch, options, stats, row)
             row += batch.num_rows
             for i in range(0, len(texts), _ENCODE_DOCS):
-                chunk = texts[i:i + _ENCODE_DOCS]
-                yield self._to_batch([e.ids for e in encode(chunk, add_special_tokens=False)])
+                docs = texts[i:i + _ENCODE_DOCS]
+                yield self._to_batch([e.ids for e in encode(docs, add_special_tokens=False)])
 
     def _texts(self, f, batch: pa.RecordBatch, options, stats, row0: int) -> list[str]:
         names = batch.schema.names
@@ -402,12 +402,12 @@ def _pack_file(task) -> StagedInput:
     schema = window_schema(window - 1, doc_starts)
     base = os.path.join(staging, "packed", f"{i:06d}")
     src = _TokenSource(paths, np.asarray(file_starts, dtype=np.int64))
-    per_chunk = max(1, _CHUNK_TOKENS // window)
+    per_batch = max(1, _BATCH_TOKENS // window)
     tmp = f"{base}.arrow.tmp{os.getpid()}"
     sizes = []
     with pa.ipc.new_file(tmp, schema) as writer:
-        for k in range(lo, hi, per_chunk):
-            k1 = min(hi, k + per_chunk)
+        for k in range(lo, hi, per_batch):
+            k1 = min(hi, k + per_batch)
             a, b = k * window, k1 * window
             tokens, starts = src.read(a, b)
             batch = _windows_batch(tokens, starts, a, window, schema)
