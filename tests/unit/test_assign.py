@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_store.order import Order, OrderOptions
+from zephon_store.load.simulate import rank_of_positions
+from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import (
     batch_owner,
     batches_for_worker,
-    node_lanes,
     positions_for_rank,
-    rank_lanes,
     step_cursor,
     step_is_lane_aligned,
+    step_ranks,
 )
 
 
@@ -88,8 +88,7 @@ def test_lane_mode_gives_each_rank_whole_lanes(
         pos = positions_for_rank(cursor, batch, world, rank, lanes=p, epoch_size=n)
         lanes_read = (pos % n) % p
         if not crosses:
-            assert (lanes_read % world == rank).all()
-            assert set(lanes_read.tolist()) <= set(rank_lanes(rank, world, p).tolist())
+            assert (lanes_read % world == rank).all()   # the lanes l with l % W == r only
     assert step_is_lane_aligned(cursor, batch, world, lanes=p, epoch_size=n) or crosses
 
 
@@ -119,16 +118,30 @@ def test_argument_errors() -> None:
         positions_for_rank(-1, 8, 4, 0)
     with pytest.raises(ValueError, match="epoch_size must be > 0"):
         positions_for_rank(0, 8, 4, 0, lanes=4, epoch_size=0)
-    with pytest.raises(ValueError, match="world_size must divide lanes"):
-        rank_lanes(0, 3, 8)
+    with pytest.raises(ValueError, match="lanes must be > 0"):
+        step_ranks(0, 8, 4, lanes=0)
 
 
-def test_node_lanes_are_whole_and_disjoint() -> None:
-    world, rpn, lanes = 8, 4, 48
-    per_node = [node_lanes(j, rpn, world, lanes) for j in range(world // rpn)]
-    assert all(x.size == lanes * rpn // world for x in per_node)
-    assert np.array_equal(np.sort(np.concatenate(per_node)), np.arange(lanes))
-    assert set(per_node[1].tolist()) == {lane for lane in range(lanes) if lane % world >= 4}
+@settings(max_examples=150, deadline=None)
+@given(world=st.integers(1, 12), per_rank=st.integers(1, 8), cursor=st.integers(0, 3000),
+       lanes=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 24, 840, 5040, 7]),
+       rows=st.lists(st.integers(1, 20), min_size=1, max_size=40),
+       window_blocks=st.integers(1, 4), steps=st.integers(1, 6))
+def test_the_simulator_ranks_every_position_as_assign_does(
+        world: int, per_rank: int, cursor: int, lanes: int, rows: list[int],
+        window_blocks: int, steps: int) -> None:
+    """zephon plan's simulator and the loader share one rank rule (issue 15)."""
+    order = Order(np.array(rows), OrderOptions(seed=1, window_blocks=window_blocks,
+                                               lanes=lanes))
+    batch = world * per_rank
+    cursors = [step_cursor(cursor, j, batch) for j in range(steps)]
+    simulated = rank_of_positions(order, Topology(batch, world), cursors)
+    assert simulated.shape == (steps, batch)
+    for c, ranks in zip(cursors, simulated):
+        for rank in range(world):
+            pos = positions_for_rank(c, batch, world, rank, lanes=order.effective_lanes,
+                                     epoch_size=order.num_samples)
+            assert np.array_equal(c + np.flatnonzero(ranks == rank), pos)
 
 
 def test_step_cursor() -> None:

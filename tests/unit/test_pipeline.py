@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.load.pipeline import BatchPipeline, plan_rows
-from zephon_store.load.stream import RankStream, Topology
-from zephon_store.order import OrderOptions
+from zephon_store.load.stream import RankStream
+from zephon_store.order import OrderOptions, Topology
 from zephon_store.write.shardwriter import WriteOptions
 
 

@@ -48,9 +48,10 @@ def add_plan_parser(sub) -> None:
 def cmd_plan(args) -> int:
     from ..format.manifest import load_manifest
     from ..io.storage import Storage
-    from ..load.simulate import PlanSpec, rank_ids, simulate
-    from ..order.assign import batch_owner
+    from ..load.simulate import rank_ids, simulate
+    from ..order.assign import batch_owner, step_cursor
     from ..order.order import Order, OrderOptions
+    from ..order.topology import Topology
 
     if args.cursor < 0:
         raise UsageError(f"--cursor must be >= 0, got {args.cursor}")
@@ -60,22 +61,22 @@ def cmd_plan(args) -> int:
     if args.lanes is not None:
         kw["lanes"] = args.lanes
     options = build_options(OrderOptions, **kw)
-    spec = build_options(PlanSpec, world_size=args.world_size, global_batch=args.global_batch,
-                         ranks_per_node=min(args.ranks_per_node, args.world_size),
-                         num_workers=args.workers)
+    topology = build_options(Topology, global_batch=args.global_batch,
+                             world_size=args.world_size,
+                             ranks_per_node=min(args.ranks_per_node, args.world_size))
     m = load_manifest(Storage(args.url, storage_options=args.storage_options))
     order = Order(m.rg_rows, options)
     lo, hi = args.steps
     steps = []
     for s in range(lo, hi):
-        cursor = args.cursor + s * args.global_batch
+        cursor = step_cursor(args.cursor, s, args.global_batch)
         steps.append({"step": s, "cursor": cursor,
                       "worker": batch_owner(s, args.workers),
-                      "ranks": [ids.tolist() for ids in rank_ids(order, spec, cursor)]})
-    sim = simulate(m, options, spec, cursor=args.cursor, steps=args.simulate_steps)
+                      "ranks": [ids.tolist() for ids in rank_ids(order, topology, cursor)]})
+    sim = simulate(m, options, topology, cursor=args.cursor, steps=args.simulate_steps)
     out = {"dataset_id": m.dataset_id, "num_samples": m.num_samples,
            "world_size": args.world_size, "global_batch": args.global_batch,
-           "num_workers": args.workers, "ranks_per_node": spec.ranks_per_node,
+           "num_workers": args.workers, "ranks_per_node": topology.ranks_per_node,
            "order": options.to_dict(), "steps": steps, **sim}
     if args.json:
         emit(out)

@@ -56,6 +56,7 @@ except ImportError as _main_error:
         ) from exc
 
 from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
+from ..order.assign import step_cursor  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
@@ -244,9 +245,10 @@ class ZephonDataLoader(BaseDataLoader):
         shape = rows_batch if self.layout == "rows" else flat_batch
         positions = self.config.positions
         global_batch = self._loader.topology.global_batch
-        for batch in self._loader:
+        start = self._loader.cursor
+        for i, batch in enumerate(self._loader):
             if self.config.audit_dir:
-                self._write_audit(self._loader.cursor - global_batch, batch[SEQ_KEY])
+                self._write_audit(step_cursor(start, i, global_batch), batch[SEQ_KEY])
             yield shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN), positions=positions)
 
     def _write_audit(self, cursor: int, seq) -> None:

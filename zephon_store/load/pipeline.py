@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from .._util.arrow import gather_pylist, is_flat_binary
 from .._util.decode import array_type, array_view, decode_column
+from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .stream import SEQ_KEY
 
@@ -293,8 +294,9 @@ class BatchPipeline:
             i = next(it, None)
             if i is None:
                 return False
-            ids = self.stream.ids(self.start_cursor + i * self.stream.topology.global_batch,
-                                  ahead=serial > 0)
+            ids = self.stream.ids(
+                step_cursor(self.start_cursor, i, self.stream.topology.global_batch),
+                ahead=serial > 0)
             rgs, runs, inverse, rows = plan_rows(self.dataset.manifest, ids)
             counts = ([n for _, n in runs] if runs is not None
                       else np.bincount(inverse, minlength=len(rgs)).tolist())

@@ -14,75 +14,59 @@ is read) which sample ids each rank gets per step, and per node:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..order.assign import positions_for_rank, step_is_lane_aligned
+from ..order.assign import positions_for_rank, step_cursor, step_ranks
 from ..order.order import Order, OrderOptions, shuffle_quality
+from ..order.topology import Topology
 
 
-@dataclass(frozen=True)
-class PlanSpec:
-    world_size: int
-    global_batch: int
-    ranks_per_node: int = 8
-    num_workers: int = 0
-
-    def __post_init__(self) -> None:
-        if self.world_size <= 0 or self.global_batch <= 0 or self.ranks_per_node <= 0:
-            raise ValueError("world_size, global_batch and ranks_per_node must be > 0")
-        if self.global_batch % self.world_size:
-            raise ValueError(f"world_size must divide global_batch: global_batch="
-                             f"{self.global_batch} is not a multiple of world_size="
-                             f"{self.world_size}")
-
-    @property
-    def num_nodes(self) -> int:
-        return -(-self.world_size // self.ranks_per_node)
-
-
-def rank_ids(order: Order, spec: PlanSpec, cursor: int) -> list[np.ndarray]:
+def rank_ids(order: Order, topology: Topology, cursor: int) -> list[np.ndarray]:
     """The sample ids of every rank for the step starting at ``cursor``."""
-    return [order.sample_at(positions_for_rank(cursor, spec.global_batch, spec.world_size, r,
+    t = topology
+    return [order.sample_at(positions_for_rank(cursor, t.global_batch, t.world_size, r,
                                                lanes=order.effective_lanes,
                                                epoch_size=order.num_samples))
-            for r in range(spec.world_size)]
+            for r in range(t.world_size)]
 
 
-def _rank_of_positions(order: Order, spec: PlanSpec, cursors: np.ndarray) -> np.ndarray:
-    """Rank of every position of the given steps (vectorised form of positions_for_rank)."""
-    b, w, n = spec.global_batch, spec.world_size, order.num_samples
-    pos = cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]
-    plain = (pos - cursors[:, None]) // (b // w)
-    if w == 1 or order.effective_lanes % w:
-        return plain
-    aligned = np.array([step_is_lane_aligned(int(c), b, w, lanes=order.effective_lanes,
-                                             epoch_size=n) for c in cursors])
-    lane = (pos % n) % w
-    return np.where(aligned[:, None], lane, plain)
+def rank_of_positions(order: Order, topology: Topology, cursors) -> np.ndarray:
+    """``[steps, global_batch]``: the rank of every position of the steps at ``cursors``.
+
+    :func:`zephon_store.order.assign.step_ranks` per step: the simulator uses the loader's
+    rank rule, not a copy of it.
+    """
+    t = topology
+    return np.stack([step_ranks(int(c), t.global_batch, t.world_size,
+                                lanes=order.effective_lanes, epoch_size=order.num_samples)
+                     for c in cursors]).reshape(len(cursors), t.global_batch)
 
 
-def simulate(manifest, options: OrderOptions, spec: PlanSpec, *, cursor: int = 0,
+def simulate(manifest, order_options: OrderOptions, topology: Topology, *, cursor: int = 0,
              steps: int | None = None) -> dict:
-    """Simulate ``steps`` steps from ``cursor`` (default: one epoch, at most 20,000 steps)."""
-    order = Order(manifest.rg_rows, options)
-    b = spec.global_batch
+    """Simulate ``steps`` steps from ``cursor`` (default: one epoch, at most 20,000 steps).
+
+    ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
+    groups ranks into nodes.
+    """
+    order = Order(manifest.rg_rows, order_options)
+    t = topology
+    b = t.global_batch
     if steps is None:
         steps = max(1, min(20_000, order.num_samples // b))
-    cursors = cursor + np.arange(steps, dtype=np.int64) * b
+    cursors = np.array([step_cursor(cursor, j, b) for j in range(steps)], dtype=np.int64)
     pos = (cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
     ids = order.sample_at(pos)
     rg = np.searchsorted(manifest.rg_row_start, ids, side="right") - 1
-    ranks = _rank_of_positions(order, spec, cursors).reshape(-1)
-    nodes = ranks // spec.ranks_per_node
+    ranks = rank_of_positions(order, t, cursors).reshape(-1)
+    nodes = ranks // t.ranks_per_node
     step_of = np.repeat(np.arange(steps), b)
     rg_len = manifest.rg_length.astype(np.float64)
     rg_rows = manifest.rg_rows.astype(np.float64)
     per_node = []
     tot_fetched = tot_consumed = 0.0
     distinct_per_step = []
-    for node in range(spec.num_nodes):
+    for node in range(t.num_nodes):
         sel = nodes == node
         if not sel.any():
             continue
@@ -108,7 +92,7 @@ def simulate(manifest, options: OrderOptions, spec: PlanSpec, *, cursor: int = 0
         tot_fetched += fetched
         tot_consumed += consumed
     ranks_distinct = []
-    for r in range(min(spec.world_size, 64)):
+    for r in range(min(t.world_size, 64)):
         sel = ranks == r
         key = step_of[sel] * (manifest.num_row_groups + 1) + rg[sel]
         ranks_distinct.append(len(np.unique(key)) / steps)
@@ -122,7 +106,7 @@ def simulate(manifest, options: OrderOptions, spec: PlanSpec, *, cursor: int = 0
             float(np.mean([d.mean() for d in distinct_per_step])), 2),
         "distinct_row_groups_per_step_per_rank": round(float(np.mean(ranks_distinct)), 2),
         "cache_footprint_bytes_max": max(p["cache_footprint_bytes"] for p in per_node),
-        "lane_aligned": bool(spec.world_size == 1 or order.effective_lanes % spec.world_size == 0),
+        "lane_aligned": bool(t.world_size == 1 or order.effective_lanes % t.world_size == 0),
         "shuffle_quality": quality,
         "nodes": per_node,
     }

@@ -8,42 +8,16 @@ loader, the TorchTitan integration and ``zephon plan`` all build on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 
 from .._util.decode import decode_table
-from ..order.assign import positions_for_rank, tail_positions_for_rank
+from ..order.assign import positions_for_rank, step_cursor, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
+from ..order.topology import Topology
 
 SEQ_KEY = "_seq"
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Who this process is: ``world_size`` ranks, this one ``rank``; the global batch."""
-
-    global_batch: int
-    world_size: int = 1
-    rank: int = 0
-
-    def __post_init__(self) -> None:
-        if self.global_batch <= 0:
-            raise ValueError(f"global_batch must be > 0, got {self.global_batch}")
-        if self.world_size <= 0:
-            raise ValueError(f"world_size must be > 0, got {self.world_size}")
-        if self.global_batch % self.world_size:
-            raise ValueError(
-                f"world_size must divide global_batch: global_batch={self.global_batch} is not a"
-                f" multiple of world_size={self.world_size}; pick a global batch that is")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
-
-    @property
-    def local_batch(self) -> int:
-        return self.global_batch // self.world_size
 
 
 def make_order(dataset, options: OrderOptions) -> Order:
@@ -116,7 +90,7 @@ class RankStream:
         """
         t = self.topology
         steps = max(1, _IDS_BLOCK_POSITIONS // t.local_batch)
-        cursors = [cursor + j * t.global_batch for j in range(steps)]
+        cursors = [step_cursor(cursor, j, t.global_batch) for j in range(steps)]
         if self.end is not None:
             cursors = [c for c in cursors if c < self.end] or [cursor]
         parts = [self.positions(c) for c in cursors]

@@ -34,32 +34,38 @@ from itertools import count
 
 import numpy as np
 
+from .topology import Topology
+
 __all__ = [
     "positions_for_rank",
     "tail_positions_for_rank",
     "step_is_lane_aligned",
-    "rank_lanes",
-    "node_lanes",
+    "step_ranks",
     "step_cursor",
     "batch_owner",
     "batches_for_worker",
 ]
 
 
-def _check_step(cursor: int, global_batch: int, world_size: int, rank: int) -> None:
+def _check_step(cursor: int, global_batch: int, world_size: int, rank: int,
+                lanes: int) -> None:
     if cursor < 0:
         raise ValueError(f"cursor must be >= 0, got {cursor}")
-    if global_batch <= 0:
-        raise ValueError(f"global_batch must be > 0, got {global_batch}")
-    if world_size <= 0:
-        raise ValueError(f"world_size must be > 0, got {world_size}")
-    if global_batch % world_size:
-        raise ValueError(
-            f"world_size must divide global_batch: global_batch={global_batch} is not a "
-            f"multiple of world_size={world_size}; pick a global batch that is"
-        )
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    Topology(global_batch, world_size, rank)
+    if lanes <= 0:
+        raise ValueError(f"lanes must be > 0, got {lanes}")
+
+
+def _lane_ranks(cursor: int, global_batch: int, world_size: int, lanes: int,
+                epoch_size: int | None) -> np.ndarray | None:
+    """The rank of every position of the step in lane mode, or ``None`` for plain mode.
+
+    The one place the rule picks its mode (module docstring): lane mode needs
+    ``world_size | lanes`` and balanced residues.
+    """
+    if lanes % world_size:
+        return None
+    return _step_residues(cursor, global_batch, world_size, epoch_size)
 
 
 def _step_residues(cursor: int, global_batch: int, world_size: int,
@@ -90,12 +96,28 @@ def step_is_lane_aligned(cursor: int, global_batch: int, world_size: int, *, lan
     >>> step_is_lane_aligned(96, 8, 4, lanes=8, epoch_size=102)  # crosses epoch 0 -> 1
     False
     """
-    _check_step(cursor, global_batch, world_size, 0)
-    if lanes <= 0:
-        raise ValueError(f"lanes must be > 0, got {lanes}")
-    if lanes % world_size:
-        return False
-    return _step_residues(cursor, global_batch, world_size, epoch_size) is not None
+    _check_step(cursor, global_batch, world_size, 0, lanes)
+    return _lane_ranks(cursor, global_batch, world_size, lanes, epoch_size) is not None
+
+
+def step_ranks(cursor: int, global_batch: int, world_size: int, *, lanes: int = 1,
+               epoch_size: int | None = None) -> np.ndarray:
+    """The rank that reads each position of the step ``[cursor, cursor + global_batch)``.
+
+    The same rule as :func:`positions_for_rank`, for all ranks at once: element ``j`` is
+    the rank of position ``cursor + j`` (the plan simulator's view of a step).
+
+    >>> step_ranks(0, 8, 2).tolist()                 # plain: contiguous halves
+    [0, 0, 0, 0, 1, 1, 1, 1]
+    >>> step_ranks(0, 8, 2, lanes=4).tolist()        # lanes: residue mod 2
+    [0, 1, 0, 1, 0, 1, 0, 1]
+    """
+    _check_step(cursor, global_batch, world_size, 0, lanes)
+    if world_size > 1:
+        ranks = _lane_ranks(cursor, global_batch, world_size, lanes, epoch_size)
+        if ranks is not None:
+            return ranks
+    return np.arange(global_batch, dtype=np.int64) // (global_batch // world_size)
 
 
 def positions_for_rank(cursor: int, global_batch: int, world_size: int, rank: int, *,
@@ -116,14 +138,12 @@ def positions_for_rank(cursor: int, global_batch: int, world_size: int, rank: in
     ...
     ValueError: world_size must divide global_batch: global_batch=6 is not a multiple of world_size=4; pick a global batch that is
     """
-    _check_step(cursor, global_batch, world_size, rank)
-    if lanes <= 0:
-        raise ValueError(f"lanes must be > 0, got {lanes}")
+    _check_step(cursor, global_batch, world_size, rank, lanes)
     per_rank = global_batch // world_size
-    if world_size > 1 and lanes % world_size == 0:
-        residues = _step_residues(cursor, global_batch, world_size, epoch_size)
-        if residues is not None:
-            return cursor + np.flatnonzero(residues == rank).astype(np.int64)
+    if world_size > 1:
+        ranks = _lane_ranks(cursor, global_batch, world_size, lanes, epoch_size)
+        if ranks is not None:
+            return cursor + np.flatnonzero(ranks == rank).astype(np.int64)
     start = cursor + rank * per_rank
     return np.arange(start, start + per_rank, dtype=np.int64)
 
@@ -149,41 +169,6 @@ def tail_positions_for_rank(cursor: int, end: int, world_size: int, rank: int) -
     r = end - cursor
     return np.arange(cursor + rank * r // world_size, cursor + (rank + 1) * r // world_size,
                      dtype=np.int64)
-
-
-def rank_lanes(rank: int, world_size: int, lanes: int) -> np.ndarray:
-    """The lanes a rank reads in lane mode: ``l`` with ``l % world_size == rank``.
-
-    >>> rank_lanes(1, 4, 12).tolist()
-    [1, 5, 9]
-    """
-    if world_size <= 0 or lanes % world_size:
-        raise ValueError(f"world_size must divide lanes: lanes={lanes}, world_size={world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    return np.arange(rank, lanes, world_size, dtype=np.int64)
-
-
-def node_lanes(node: int, ranks_per_node: int, world_size: int, lanes: int) -> np.ndarray:
-    """The lanes a node reads in lane mode, with ranks ``node*rpn ... (node+1)*rpn - 1``.
-
-    A node holds the lanes whose residue mod ``world_size`` is one of its ranks: whole
-    lanes, ``lanes * ranks_per_node / world_size`` of them, so nodes share no blocks
-    except where two lanes meet inside a block.
-
-    >>> node_lanes(1, 2, 4, 8).tolist()
-    [2, 3, 6, 7]
-    """
-    if ranks_per_node <= 0 or world_size % ranks_per_node:
-        raise ValueError(
-            f"ranks_per_node must divide world_size: world_size={world_size}, "
-            f"ranks_per_node={ranks_per_node}"
-        )
-    if not 0 <= node < world_size // ranks_per_node:
-        raise ValueError(f"node must be in [0, {world_size // ranks_per_node}), got {node}")
-    per_rank = [rank_lanes(r, world_size, lanes)
-                for r in range(node * ranks_per_node, (node + 1) * ranks_per_node)]
-    return np.sort(np.concatenate(per_rank))
 
 
 def step_cursor(start_cursor: int, i: int, global_batch: int) -> int:

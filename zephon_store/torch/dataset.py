@@ -16,9 +16,10 @@ import torch.utils.data
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
 from ..load.pipeline import BatchPipeline, default_decode_threads
-from ..load.stream import RankStream, Topology
-from ..order.assign import batches_for_worker
+from ..load.stream import RankStream
+from ..order.assign import batches_for_worker, step_cursor
 from ..order.order import OrderOptions
+from ..order.topology import Topology
 
 
 class ZephonIterableDataset(torch.utils.data.IterableDataset):
@@ -48,7 +49,8 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
 
     def step_row_groups(self, i: int):
         """Row groups local batch ``i`` reads (for the prefetcher)."""
-        return self.stream.row_groups(self.start_cursor + i * self.stream.topology.global_batch)
+        return self.stream.row_groups(
+            step_cursor(self.start_cursor, i, self.stream.topology.global_batch))
 
     def prefetcher(self, *, stride: int = 1, offset: int = 0) -> Prefetcher:
         """A prefetcher over this source's batches (``stride``/``offset``: one worker's share)."""

@@ -35,8 +35,10 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..load.state import MAX_CURSOR, LoaderState, check_state
-from ..load.stream import RankStream, Topology
+from ..load.stream import RankStream
+from ..order.assign import step_cursor
 from ..order.order import OrderOptions
+from ..order.topology import Topology
 from ..read.dataset import Dataset, open_dataset
 from .dataset import ZephonIterableDataset
 
@@ -282,7 +284,7 @@ class ZephonLoader:
                 # Consumed means handed to the training loop: advance before yielding so a
                 # state_dict() taken right after this batch resumes with the next one. A
                 # short last step (drop_last=False) ends the cursor exactly at the end.
-                self.cursor = min(start + (i + 1) * b, end)
+                self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
 
     def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
