@@ -126,7 +126,7 @@ def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_pat
          "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0)}[fault]()
         got = _stream(ds, steps)[:2]
         assert got == want
-        assert ds.range_fetcher().ranges >= 1   # through coalesced ranges
+        assert ds.row_groups.range_fetcher().ranges >= 1   # through coalesced ranges
         if fault not in ("latency", "down"):
             assert proxy.injected >= 1
         if fault != "latency":
@@ -256,7 +256,7 @@ def test_sequential_pass_coalesces_row_groups_into_few_gets(corpus, remote, tmp_
                                                                _stream_seq)
     m = ds.manifest
     assert got == want
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher.row_groups == read and fetcher.refetched == 0   # all of them in ranges
     # footers (one per shard) + the first step's range + about one range per shard
     assert gets <= 2 * m.num_shards + 2
@@ -297,7 +297,7 @@ def test_a_flipped_byte_in_a_coalesced_range_names_shard_and_row_group(corpus, r
     msg = str(e.value)
     assert m.shard_name(shard) in msg and f"row group {m.rg_local_index(rg)}:" in msg
     assert e.value.url.endswith(".parquet") and e.value.expected == m.rg_xxh3(rg)
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher.ranges >= 1 and fetcher.refetched >= 1   # found in a range, re-read alone
     assert not ds.cache.contains(m.rg_xxh3(rg))
     assert ds.cache.contains(m.rg_xxh3(rg - 1)) or ds.cache.contains(m.rg_xxh3(rg + 1))

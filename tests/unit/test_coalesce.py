@@ -15,7 +15,6 @@ from zephon_store import IntegrityError, convert, open_dataset
 from zephon_store.errors import RetriesExhaustedError
 from zephon_store.io.cache import ChunkCache
 from zephon_store.io.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
-from zephon_store.io.prefetch import Prefetcher
 from zephon_store.io.retry import RetryPolicy
 from zephon_store.write.shardwriter import WriteOptions
 
@@ -101,7 +100,7 @@ def _drain(ds, pre, steps):
     """Read each step's row groups as a reader would, telling the prefetcher as it goes."""
     out = []
     for i in range(steps):
-        out += [ds.fetch_row_group_bytes(int(rg)) for rg in pre.step_row_groups(i)]
+        out += [ds.row_groups.fetch_bytes(int(rg)) for rg in pre.step_row_groups(i)]
         pre.consumed(i)
     return out
 
@@ -110,17 +109,17 @@ def test_sequential_prefetch_reads_whole_shards_in_few_requests(local_ds, tmp_pa
     plain = open_dataset(local_ds)
     m = plain.manifest
     assert m.num_row_groups >= 20 and m.num_shards >= 2
-    want = [plain.fetch_row_group_bytes(rg) for rg in range(m.num_row_groups)]
+    want = [plain.row_groups.fetch_bytes(rg) for rg in range(m.num_row_groups)]
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     opened = ds.storage.stats.requests  # the manifest and its side tables
     steps = -(-m.num_row_groups // 2)
-    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
     got = _drain(ds, pre, steps)
     pre.close()
     assert got == want
     # The first step is planned alone (the first batch waits for its own row groups only),
     # then one range per shard (each far below 8 MiB); no row group is fetched alone.
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher.ranges == m.num_shards + 1 and fetcher.row_groups == m.num_row_groups
     assert ds.storage.stats.requests - opened == m.num_shards + 1
     assert ds.cache.info()["entries"] == m.num_row_groups
@@ -132,11 +131,11 @@ def test_small_ranges_respect_the_size_cap(local_ds, tmp_path):
     cap = 3 * int(m.rg_length.max())
     opened = ds.storage.stats.bytes_fetched
     steps = -(-m.num_row_groups // 2)
-    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps,
+    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps,
                      coalesce=CoalesceOptions(max_bytes=cap))
     _drain(ds, pre, steps)
     pre.close()
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher.row_groups == m.num_row_groups
     assert m.num_shards < fetcher.ranges <= m.num_row_groups // 2 + m.num_shards
     # contiguous row groups: no gap bytes, nothing read twice
@@ -156,14 +155,14 @@ def test_a_corrupt_row_group_in_a_range_is_refetched_alone_and_named(local_ds, t
     data[int(m.rg_offset[rg]) + 7] ^= 0x01
     open(path, "wb").write(bytes(data))
     steps = -(-m.num_row_groups // 2)
-    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
     with pytest.raises(IntegrityError) as e:
         _drain(ds, pre, steps)
     pre.close()
     msg = str(e.value)
     assert m.shard_name(0) in msg and f"row group {m.rg_local_index(rg)}:" in msg
     assert e.value.expected == m.rg_xxh3(rg)
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher.refetched >= 1
     # the good row groups of that range were cached; the bad one never was
     assert ds.cache.contains(m.rg_xxh3(rg - 1)) and not ds.cache.contains(m.rg_xxh3(rg))
@@ -176,13 +175,13 @@ def test_a_second_pass_fetches_nothing_and_a_second_process_cache_is_shared(loca
     m = ds.manifest
     steps = -(-m.num_row_groups // 2)
     for _ in range(2):
-        pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+        pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
         _drain(ds, pre, steps)
         pre.close()
     assert ds.storage.stats.requests - opened == m.num_shards + 1
     other = open_dataset(local_ds, cache=ChunkCache(cache_dir))
     opened = other.storage.stats.requests
-    pre = Prefetcher(other, _sequential_steps(m), num_batches=steps)
+    pre = other.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
     _drain(other, pre, steps)
     pre.close()
     assert other.storage.stats.requests == opened
@@ -194,7 +193,7 @@ def test_claimed_keys_are_left_to_their_holder(local_ds, tmp_path):
     cache = ChunkCache(str(tmp_path / "c"))
     ds = open_dataset(local_ds, cache=cache)
     m = ds.manifest
-    fetcher = ds.range_fetcher(CoalesceOptions(max_gap=0))  # no reading across the hole
+    fetcher = ds.row_groups.range_fetcher(CoalesceOptions(max_gap=0))  # no reading across the hole
     taken = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
     with cache.claim_keys([m.rg_xxh3(taken[1])]) as held:
         assert held == {m.rg_xxh3(taken[1])}
@@ -205,7 +204,7 @@ def test_claimed_keys_are_left_to_their_holder(local_ds, tmp_path):
             [f.result() for f in futs]
         assert fetcher.take(taken[1]) is None
         assert fetcher.ranges == 2   # split around the claimed row group
-    assert ds.fetch_row_group_bytes(taken[1]) == open_dataset(local_ds).fetch_row_group_bytes(
+    assert ds.row_groups.fetch_bytes(taken[1]) == open_dataset(local_ds).row_groups.fetch_bytes(
         taken[1])
 
 
@@ -216,12 +215,12 @@ def test_an_endless_stream_over_a_small_dataset_still_reads_ranges(local_ds, tmp
     m = ds.manifest
     n = m.num_row_groups
     opened = ds.storage.stats.requests
-    pre = Prefetcher(ds, lambda i: [i % n], num_batches=None)   # one row group per step, forever
+    pre = ds.row_groups.prefetcher(lambda i: [i % n], num_batches=None)   # one row group per step, forever
     for i in range(3 * n):
-        ds.fetch_row_group_bytes(i % n)
+        ds.row_groups.fetch_bytes(i % n)
         pre.consumed(i)
     pre.close()
-    assert ds.range_fetcher().row_groups == n
+    assert ds.row_groups.range_fetcher().row_groups == n
     assert ds.storage.stats.requests - opened <= 2 * m.num_shards + 1
 
 
@@ -238,16 +237,16 @@ def test_prefetched_row_groups_reach_their_reader_from_memory(local_ds, tmp_path
     monkeypatch.setattr(ChunkCache, "get_or_fetch", counting)
     plain = open_dataset(local_ds)
     m = plain.manifest
-    want = [plain.fetch_row_group_bytes(rg) for rg in range(m.num_row_groups)]
+    want = [plain.row_groups.fetch_bytes(rg) for rg in range(m.num_row_groups)]
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     steps = -(-m.num_row_groups // 2)
     reads.clear()
-    pre = Prefetcher(ds, _sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
     got = _drain(ds, pre, steps)
     pre.close()
     assert got == want
     assert reads == []
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     assert fetcher._held_bytes == 0 and not fetcher._held
     # Every row group is in the disk cache all the same, for the next pass and other ranks.
     assert ds.cache.info()["entries"] == m.num_row_groups
@@ -260,7 +259,7 @@ def test_bytes_held_for_readers_are_bounded(local_ds, tmp_path):
 
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     m = ds.manifest
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     limit = 4 * int(m.rg_length.max())
     fetcher.hold(limit)
     fetcher.hold(limit // 2)            # the largest asked for wins
@@ -273,7 +272,7 @@ def test_bytes_held_for_readers_are_bounded(local_ds, tmp_path):
     plain = open_dataset(local_ds)
     requests = ds.storage.stats.requests
     for rg in (0, rgs[-1]):             # dropped long ago / still held
-        assert ds.fetch_row_group_bytes(rg) == plain.fetch_row_group_bytes(rg)
+        assert ds.row_groups.fetch_bytes(rg) == plain.row_groups.fetch_bytes(rg)
     assert ds.storage.stats.requests == requests
     assert rgs[-1] not in fetcher._held
 
@@ -292,9 +291,9 @@ def test_each_step_s_row_groups_are_computed_once(local_ds, tmp_path):
         calls[i] += 1
         return seq(i)
 
-    pre = Prefetcher(ds, step_rgs, num_batches=m.num_row_groups, budget_bytes=1 << 30)
+    pre = ds.row_groups.prefetcher(step_rgs, num_batches=m.num_row_groups, budget_bytes=1 << 30)
     for i in range(m.num_row_groups):
-        ds.fetch_row_group_bytes(int(seq(i)[0]))
+        ds.row_groups.fetch_bytes(int(seq(i)[0]))
         pre.consumed(i)
     pre.close()
     assert set(calls) == set(range(m.num_row_groups)) and max(calls.values()) == 1
@@ -310,7 +309,7 @@ def test_a_range_that_ran_out_of_retries_is_not_retried_again_alone(local_ds, tm
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")),
                       retry=RetryPolicy(max_attempts=3, base_delay=0.0))
     m = ds.manifest
-    fetcher = ds.range_fetcher()
+    fetcher = ds.row_groups.range_fetcher()
     pool = ThreadPoolExecutor(1)
     pool.shutdown()   # nobody runs the range ahead: the reader runs it in its own thread
     rgs = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
@@ -322,6 +321,6 @@ def test_a_range_that_ran_out_of_retries_is_not_retried_again_alone(local_ds, tm
     monkeypatch.setattr("zephon_store.io.storage._pread", down)
     before = ds.storage.stats.requests
     with pytest.raises(RetriesExhaustedError) as e:
-        ds.fetch_row_group_bytes(rgs[1])
+        ds.row_groups.fetch_bytes(rgs[1])
     assert e.value.attempts == 3 and ds.storage.stats.requests - before == 3
     assert m.shard_name(0) in str(e.value) and "3 attempts" in str(e.value)

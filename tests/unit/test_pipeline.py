@@ -47,13 +47,13 @@ def test_pipeline_batches_equal_the_streams(ds, shuffle, world, rank, workers, w
 def test_each_row_group_is_decoded_once_per_epoch(ds, shuffle, monkeypatch):
     ds = open_dataset(ds.url)   # an empty decode cache
     calls: list[int] = []
-    real = type(ds)._decode_row_group
+    real = type(ds.row_groups)._decode
 
     def counting(self, rg):
         calls.append(rg)
         return real(self, rg)
 
-    monkeypatch.setattr(type(ds), "_decode_row_group", counting)
+    monkeypatch.setattr(type(ds.row_groups), "_decode", counting)
     stream = RankStream(ds, OrderOptions(seed=9, shuffle=shuffle, window_blocks=4), Topology(10))
     pipe = BatchPipeline(stream, 0, range(ds.num_samples // 10))
     n = sum(len(b["text"]) for _, b in pipe)
@@ -90,7 +90,7 @@ def test_a_decode_error_reaches_the_caller(ds, monkeypatch):
     def broken(self, rg):
         raise OSError(f"row group {rg} unreadable")
 
-    monkeypatch.setattr(type(ds), "_decode_row_group", broken)
+    monkeypatch.setattr(type(ds.row_groups), "_decode", broken)
     stream = RankStream(ds, OrderOptions(seed=1), Topology(8))
     with pytest.raises(OSError, match="unreadable"):
         list(BatchPipeline(stream, 0, range(3)))

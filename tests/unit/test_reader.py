@@ -45,9 +45,7 @@ def test_take_returns_rows_in_request_order(ds_and_records, seqs):
 
 
 def test_take_reads_each_row_group_once_per_call(ds_and_records, monkeypatch):
-    ds, _ = ds_and_records
-    ds._decoded.budget = 0  # no decode cache: count real reads
-    ds._decoded._d.clear()
+    ds = open_dataset(ds_and_records[0].url, decode_cache_bytes=0)  # count real reads
     calls = []
     orig = ds.storage.read_range
     monkeypatch.setattr(ds.storage, "read_range",
@@ -57,7 +55,7 @@ def test_take_reads_each_row_group_once_per_call(ds_and_records, monkeypatch):
     rg_reads = [c for c in calls]
     needed = {int(r) for r in ds.locate(seqs).row_group}
     # footers are fetched once per shard and kept; row groups once each
-    assert len(rg_reads) - len(ds._footers) <= len(needed)
+    assert len(rg_reads) - len(ds.row_groups.footers) <= len(needed)
     assert len(set(rg_reads)) == len(rg_reads)
 
 

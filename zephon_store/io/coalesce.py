@@ -149,12 +149,18 @@ class _Task:
 
 
 class RangeFetcher:
-    """Fetches planned ranges of one dataset into its disk cache.
+    """Fetches planned ranges of one dataset's shards into a disk cache.
 
-    ``dataset`` is a :class:`~zephon_store.read.dataset.Dataset` with a cache. :meth:`plan` groups
-    row groups into ranges, :meth:`submit` runs them on an executor (a thread pool);
-    :meth:`take` gives a reader the verified bytes of a row group that a planned range holds,
-    running that range in the caller's thread if no prefetch thread has started it yet.
+    ``manifest`` says where each row group lies and its xxh3; ``read_range(relpath, start,
+    end, *, what)`` returns bytes of a shard (retried; ``what`` labels errors, e.g.
+    :meth:`zephon_store.io.storage.Storage.read_range`); ``cache`` receives the verified row
+    groups; ``fetch_alone(rg)`` returns one row group's verified bytes by its own request (used
+    for a piece of a range that failed its hash); ``on_corrupt(n)`` counts such pieces.
+
+    :meth:`plan` groups row groups into ranges, :meth:`submit` runs them on an executor (a
+    thread pool); :meth:`take` gives a reader the verified bytes of a row group that a planned
+    range holds, running that range in the caller's thread if no prefetch thread has started
+    it yet.
 
     Across processes of a node the per-key locks of the cache decide who fetches a row group:
     a range fetches only the row groups whose lock it gets at once (others are being fetched
@@ -163,12 +169,19 @@ class RangeFetcher:
     The verified bytes a range fetched also stay in memory, up to :meth:`hold` bytes (oldest
     dropped first), until :meth:`take` hands them to their reader: without them a reader got
     a prefetched row group back from the disk cache, a file read, a lock and a second hash of
-    bytes already checked (a quarter of the decode threads' time on a remote token pass).
+    bytes already checked.
     """
 
-    def __init__(self, dataset, options: CoalesceOptions | None = None) -> None:
-        self.dataset = dataset
+    def __init__(self, manifest, read_range: Callable[..., bytes], cache, *,
+                 fetch_alone: Callable[[int], bytes],
+                 on_corrupt: Callable[[int], None] | None = None,
+                 options: CoalesceOptions | None = None) -> None:
+        self.manifest = manifest
+        self.cache = cache
         self.options = options or CoalesceOptions()
+        self._read_range = read_range
+        self._fetch_alone = fetch_alone
+        self._on_corrupt = on_corrupt
         self._tasks: dict[int, _Task] = {}   # row group -> the planned range that holds it
         self._lock = threading.Lock()
         self._held: OrderedDict[int, bytes] = OrderedDict()   # verified, not taken yet
@@ -205,7 +218,7 @@ class RangeFetcher:
 
     def spans(self, rgs: Iterable[int]) -> list[RowGroupSpan]:
         """The :class:`RowGroupSpan` of each global row group in ``rgs``."""
-        m = self.dataset.manifest
+        m = self.manifest
         return [RowGroupSpan(int(r), int(m.rg_offset[r]), int(m.rg_length[r]),
                              int(m.rg_shard[r])) for r in rgs]
 
@@ -274,8 +287,7 @@ class RangeFetcher:
     # -- one range -----------------------------------------------------------------------
 
     def _fetch_range(self, r: ByteRange) -> dict:
-        ds = self.dataset
-        m, cache = ds.manifest, ds.cache
+        m, cache = self.manifest, self.cache
         keys = {rg: m.rg_xxh3(rg) for rg in r.row_groups}
         missing = [rg for rg in r.row_groups if not cache.contains(keys[rg])]
         out: dict[int, bytes | BaseException] = {}
@@ -293,19 +305,18 @@ class RangeFetcher:
         # Outside the claim: the path alone takes the row group's own key lock.
         for rg in bad:
             try:
-                out[rg] = ds._fetch_row_group_alone(rg)
+                out[rg] = self._fetch_alone(rg)
             except Exception as exc:  # noqa: BLE001 - raised by take() for this row group
                 out[rg] = exc
         return out
 
     def _read_split(self, r: ByteRange, keys: dict[int, str]) -> tuple[dict[int, bytes], list[int]]:
-        ds = self.dataset
-        m = ds.manifest
+        m = self.manifest
         name = m.shard_name(r.shard)
         locals_ = [m.rg_local_index(rg) for rg in r.row_groups]
         what = (f"shard {name} row group {locals_[0]}" if len(locals_) == 1 else
                 f"shard {name} row groups {locals_[0]}-{locals_[-1]}")
-        data = ds.storage.read_range(m.shard_path(r.shard), r.start, r.end, what=what)
+        data = self._read_range(m.shard_path(r.shard), r.start, r.end, what=what)
         view = memoryview(data)
         good: dict[int, bytes] = {}
         bad: list[int] = []
@@ -320,8 +331,8 @@ class RangeFetcher:
             self.ranges += 1
             self.row_groups += len(good)
             self.refetched += len(bad)
-        if bad:
-            ds.storage._count(integrity_failures=len(bad))
+        if bad and self._on_corrupt is not None:
+            self._on_corrupt(len(bad))
         return good, bad
 
 

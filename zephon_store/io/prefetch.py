@@ -23,7 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .coalesce import CoalesceOptions
+from .cache import ChunkCache
+from .coalesce import RangeFetcher
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
 _PLAN_EVERY = 32        # steps between publishing the cache's future plan
@@ -38,48 +39,52 @@ class Prefetcher:
     """Keeps up to ``budget_bytes`` of upcoming row groups fetched ahead of consumption.
 
     ``step_row_groups(i)`` returns the row groups local batch ``i`` reads, in order.
-    Call :meth:`consumed` with the index of each batch as it is handed out. ``coalesce``
-    (remote datasets) sets the size of the ranged GETs and the gap allowed inside one.
+    Call :meth:`consumed` with the index of each batch as it is handed out. ``ranges`` (the
+    dataset's :class:`~zephon_store.io.coalesce.RangeFetcher`, whose options set the size of
+    the ranged GETs) fetches them into ``cache``, which is also told the upcoming keys; with
+    ``ranges=None`` (local shards, read in place) the prefetcher does nothing.
+
+    Threads: the prefetcher makes its own pool of ``threads`` (the ranged GETs in flight)
+    and :meth:`close` shuts it down; its owner (the loader, or
+    :meth:`zephon_store.read.rowgroups.RowGroups.close`) calls that.
     """
 
-    def __init__(self, dataset, step_row_groups, *, budget_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 threads: int = 4, num_batches: int | None = None,
-                 coalesce: CoalesceOptions | None = None) -> None:
-        self.dataset = dataset
+    def __init__(self, manifest, step_row_groups, *, ranges: RangeFetcher | None,
+                 cache: ChunkCache | None, budget_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 threads: int = 4, num_batches: int | None = None) -> None:
+        self.manifest = manifest
         self.step_row_groups = step_row_groups
+        self.cache = cache
         self.budget = budget_bytes
         self.num_batches = num_batches
-        # Only bytes that come over a network (a disk cache) are fetched ahead; local shards
-        # are read in place, so a local prefetcher does nothing.
-        self.fetch = dataset.cache is not None
-        self.enabled = self.fetch and self.budget > 0
+        self.enabled = ranges is not None and self.budget > 0
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-prefetch") \
             if self.enabled else None
         self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes planned for it
         # step -> its row groups, for steps not consumed yet: the plan published every
         # _PLAN_EVERY steps covers _PLAN_STEPS steps, so without this every step's row
-        # groups were computed ~8 times (most of a loop thread's time on a remote token
-        # pass of 1,144 small batches).
+        # groups were computed once per plan covering it.
         self._rgs: dict[int, np.ndarray] = {}
         self._seen: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
         self.started = 0
         if self.enabled:
-            self._init_ranges(coalesce or CoalesceOptions())
+            self._init_ranges(ranges)
 
     # -- remote: coalesced ranges ----------------------------------------------------------
 
-    def _init_ranges(self, options: CoalesceOptions) -> None:
-        self._ranges = self.dataset.range_fetcher(options)
+    def _init_ranges(self, ranges: RangeFetcher) -> None:
+        self._ranges = ranges
         self._ranges.hold(self.budget)    # fetched bytes wait in memory for their reader
         # Planned row groups not yet submitted -> the step that reads them (soonest first).
         self._pending: dict[int, int] = {}
         self._pending_bytes = 0
         self._futures: list[Future] = []
-        self._max_range = options.max_bytes
+        max_bytes = ranges.options.max_bytes
+        self._max_range = max_bytes
         # At least four ranges fit in the budget, so that many GETs can be in flight.
-        self._flush_bytes = max(1, min(options.max_bytes, self.budget // 4))
+        self._flush_bytes = max(1, min(max_bytes, self.budget // 4))
         if self.num_batches is None or self.num_batches > 0:
             # Plan the whole budget now, not at the first consumed(): readers (the loader's
             # decode-ahead) ask for row groups before the first batch is handed out, and one
@@ -105,7 +110,7 @@ class Prefetcher:
             keep = {rg: self._pending[rg] for rg in ranges.pop().row_groups}
         self._futures = [f for f in self._futures if not f.done()]
         self._futures += self._ranges.submit(ranges, self._pool)
-        m = self.dataset.manifest
+        m = self.manifest
         self._pending = keep
         self._pending_bytes = sum(int(m.rg_length[rg]) for rg in keep)
 
@@ -142,7 +147,7 @@ class Prefetcher:
                 self._publish_plan(i + 1)
 
     def _plan_step(self, step: int) -> int:
-        m = self.dataset.manifest
+        m = self.manifest
         total = 0
         for rg in self._step_rgs(step).tolist():
             if rg in self._seen:
@@ -157,14 +162,14 @@ class Prefetcher:
         return total
 
     def _publish_plan(self, first_step: int) -> None:
-        m = self.dataset.manifest
+        m = self.manifest
         last = first_step + _PLAN_STEPS
         if self.num_batches is not None:
             last = min(last, self.num_batches)
         rgs = [self._step_rgs(s) for s in range(first_step, last)]
         if rgs:
             order = dict.fromkeys(np.concatenate(rgs).tolist())   # soonest use first, once
-            self.dataset.cache.set_future(m.rg_xxh3(r) for r in order)
+            self.cache.set_future(m.rg_xxh3(r) for r in order)
 
     def close(self) -> None:
         """Stop prefetching: queued work is dropped (readers then fetch what they need)."""

@@ -253,7 +253,7 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
-        table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
+        table = self.stream.select(self.dataset.row_groups.read(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
         # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
         # its rows: converting whole row groups to Python in the decode threads was faster

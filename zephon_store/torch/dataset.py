@@ -60,8 +60,8 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         total = None
         if self.num_batches is not None:
             total = max(0, -(-(self.num_batches - offset) // stride))
-        return Prefetcher(self.stream.dataset, rgs, budget_bytes=self.prefetch_bytes,
-                          num_batches=total, coalesce=self.coalesce)
+        return self.stream.dataset.row_groups.prefetcher(
+            rgs, budget_bytes=self.prefetch_bytes, num_batches=total, coalesce=self.coalesce)
 
     def pipeline(self, worker: int = 0, workers: int = 0, *,
                  stop: threading.Event | None = None) -> BatchPipeline:
