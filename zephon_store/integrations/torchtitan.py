@@ -55,6 +55,7 @@ except ImportError as _main_error:
             "torchtitan 0.3.0 and main; install with: pip install 'zephon_store[torchtitan]'"
         ) from exc
 
+from ..io.cache import ChunkCache  # noqa: E402
 from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.assign import step_cursor  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
@@ -177,7 +178,7 @@ class ZephonDataLoader(BaseDataLoader):
                              f"(or ${DATASET_ENV})")
         self.config = config
         self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
-                                    cache=config.cache_dir or None)
+                                    cache=ChunkCache(config.cache_dir) if config.cache_dir else None)
         self.seq_len = dataset_seq_len(self.dataset)
         if seq_len is not None and local_batch_size is not None:
             self.layout = "rows"

@@ -179,6 +179,21 @@ class ChunkCache:
     def __repr__(self) -> str:
         return f"ChunkCache({self.directory!r}, budget_bytes={self.budget_bytes})"
 
+    def clone(self) -> ChunkCache:
+        """Another handle on the same folder with the same options, with its own stats and
+        its own plan (what a worker process uses; the plan file is per process).
+
+        >>> c = ChunkCache("/tmp/zc", budget_bytes=1 << 20).clone()
+        >>> c.directory, c.budget_bytes
+        ('/tmp/zc', 1048576)
+        """
+        return ChunkCache(self.directory, budget_bytes=self.budget_bytes,
+                          low_water=self.low_water, verify=self.verify)
+
+    def __reduce__(self):
+        # Locks and the plan belong to one process: a pickled cache arrives as a clone.
+        return (_unpickle_cache, (self.directory, self.budget_bytes, self.low_water, self.verify))
+
     # -- layout and locks -------------------------------------------------------------------
 
     def _ensure_dirs(self) -> None:
@@ -598,6 +613,11 @@ class ChunkCache:
                     pass
             self._write_usage(0)
         return freed
+
+
+def _unpickle_cache(directory: str, budget_bytes: int, low_water: float,
+                    verify: bool) -> ChunkCache:
+    return ChunkCache(directory, budget_bytes=budget_bytes, low_water=low_water, verify=verify)
 
 
 def cache_info(directory: str | None = None) -> dict[str, object]:

@@ -9,6 +9,8 @@ cache, in-flight de-duplication, the decoded LRU, fork safety) have one owner,
 from __future__ import annotations
 
 import operator
+import os
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -36,10 +38,11 @@ class Dataset:
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
-                 cache=None,
+                 cache: ChunkCache | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
                  io_threads: int = 8, expect_dataset_id: str | None = None) -> None:
         check_dataset_id(expect_dataset_id)   # a malformed pin fails before any I/O
+        check_cache(cache)
         self.url = url
         self.storage_options = storage_options
         self._cache_arg = cache
@@ -55,10 +58,10 @@ class Dataset:
     def _open_row_groups(self) -> None:
         # Local datasets are read in place; a disk cache only pays for remote bytes.
         cache = self._cache_arg
-        if cache is False or (cache is None and self.storage.local):
-            cache = None
+        if cache is None and not self.storage.local:
+            cache = ChunkCache()
         elif not isinstance(cache, ChunkCache):
-            cache = ChunkCache(cache if isinstance(cache, str) else None)
+            cache = None
         self.row_groups = RowGroups(self.manifest, self.storage, cache=cache,
                                     decode_cache_bytes=self._decode_cache_bytes,
                                     io_threads=self._io_threads, dataset_url=self.url)
@@ -80,7 +83,7 @@ class Dataset:
     def __getstate__(self) -> dict:
         cache = self._cache_arg
         return {"url": self.url, "storage_options": self.storage_options,
-                "_cache_arg": cache.directory if isinstance(cache, ChunkCache) else cache,
+                "_cache_arg": cache.clone() if isinstance(cache, ChunkCache) else cache,
                 "_retry": self._retry,
                 "_decode_cache_bytes": self._decode_cache_bytes,
                 "_io_threads": self._io_threads, "manifest": self.manifest}
@@ -179,6 +182,27 @@ class Dataset:
         self.close()
 
 
+def check_cache(cache) -> None:
+    """Raise TypeError unless ``cache`` is a :class:`~zephon_store.io.cache.ChunkCache`,
+    ``None`` (the default disk cache for remote datasets, none for local ones) or ``False``
+    (no disk cache).
+
+    >>> check_cache("/tmp/c")
+    Traceback (most recent call last):
+    ...
+    TypeError: cache must be a ChunkCache, None (the default disk cache for remote datasets) or False (none), got '/tmp/c': pass cache=ChunkCache('/tmp/c')
+    """
+    if cache is None or cache is False or isinstance(cache, ChunkCache):
+        return
+    hint = ""
+    if isinstance(cache, (str, os.PathLike)):
+        hint = f": pass cache=ChunkCache({os.fspath(cache)!r})"
+    elif cache is True:
+        hint = ": pass cache=ChunkCache() for the default disk cache"
+    raise TypeError("cache must be a ChunkCache, None (the default disk cache for remote "
+                    f"datasets) or False (none), got {cache!r}{hint}")
+
+
 def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
     """Row ``rows[j]`` of ``tables[inverse[j]]`` for every j, in that order, as one table.
 
@@ -239,13 +263,16 @@ def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.take(i64(rows))
 
 
-def open_dataset(url: str, *, storage_options: dict | None = None, cache=None,
+def open_dataset(url: str, *, storage_options: dict | None = None,
+                 cache: ChunkCache | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
                  expect_dataset_id: str | None = None) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
-    ``cache``: a :class:`zephon_store.io.cache.ChunkCache`, a directory, ``None`` (a disk
-    cache for remote datasets only) or ``False`` (none). ``retry``: a
+    ``cache``: the :class:`~zephon_store.io.cache.ChunkCache` remote row groups go through;
+    ``None`` (default) is ``ChunkCache()`` for a remote dataset and none for a local one;
+    ``False`` disables it. A directory is refused with a TypeError naming the
+    ``ChunkCache(dir)`` to pass. ``retry``: a
     :class:`~zephon_store.io.retry.RetryPolicy` (default: the ``"retry"`` storage option, else a
     60 s budget per read). ``expect_dataset_id``
     (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
