@@ -29,11 +29,11 @@ from typing import NamedTuple
 from .._util.hashing import xxh3_hex
 from ..errors import RetriesExhaustedError
 
-# 8 MiB ranges, 4 at a time, fetched the benchmark's shards ~14x faster than one GET per
-# row group (docs/benchmarks.md, S3); S3 itself recommends 8-16 MiB ranged GETs.
+# 8 MiB ranges, 4 at a time: far fewer requests than one GET per row group (measured in
+# docs/benchmarks.md, S3); S3 itself recommends 8-16 MiB ranged GETs.
 DEFAULT_MAX_RANGE_BYTES = 8 << 20
-# A gap this small costs less to read and drop than a second request (one round trip moves
-# ~1 MiB on a LAN); in a shard written by zephon row groups are contiguous anyway.
+# A gap this small costs less to read and drop than a second request (a round trip moves
+# far more than this on a LAN); in a shard written by zephon row groups are contiguous anyway.
 DEFAULT_MAX_GAP_BYTES = 64 << 10
 
 

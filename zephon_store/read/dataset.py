@@ -219,8 +219,8 @@ def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -
         if "overflow" not in str(exc) or rows.size < 2:
             raise
     # Arrow refused a chunk past 2 GiB ("offset overflow"): halve the request until each
-    # half fits. Trying first costs nothing on the usual path (an estimate of the result's
-    # size cost ~40 us a call); the rare huge take pays one failed attempt.
+    # half fits. Trying first costs nothing on the usual path (no size estimate per call,
+    # docs/benchmarks.md); the rare huge take pays one failed attempt.
     half = rows.size // 2
     return pa.concat_tables([gather_rows(tables, inverse[:half], rows[:half]),
                              gather_rows(tables, inverse[half:], rows[half:])])
@@ -232,8 +232,8 @@ def _gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) 
     # Take from each row group, then put the rows in the requested order. A take on the
     # concatenated row groups would be one call, but Arrow's take on a many-chunk column
     # of a nested or variable-width type (token windows, text) first concatenates every
-    # chunk: it copied all the row groups a batch touches (~28 MB for a 256 KB shuffled
-    # batch of token windows) where this copies only the rows asked for.
+    # chunk: it copied all the row groups a batch touches where this copies only the rows
+    # asked for (one copy per row).
     by_group = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(tables)))])
     grouped_rows = rows[by_group]

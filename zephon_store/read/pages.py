@@ -6,9 +6,8 @@ once the row group's bytes have passed their xxh3 check, the values of an uncomp
 *are* the column: :func:`read_fixed_chunk` returns them as an Arrow ``fixed_size_binary``
 array over the very same buffer (the memory-mapped shard, or the fetched range), with no
 copy; a compressed page is decompressed once, into the buffer that becomes the array.
-pyarrow's reader copies every value into a fresh array after decompressing; on 300 MB of
-token windows that copy and the definition levels were 0.15 s of a 0.27 s uncompressed pass
-(``tools/bench/peers/probe_zephon.py costs``).
+pyarrow's reader copies every value into a fresh array after decompressing: about half of
+an uncompressed token pass (``docs/benchmarks.md``).
 
 Only what this module can prove it reads exactly takes this path: a top-level leaf with
 no repetition, no dictionary, PLAIN values, version 1 or 2 data pages, a codec
@@ -19,8 +18,8 @@ result is the same either way (``tests/unit/test_pages.py`` compares them).
 
 Strings are left to pyarrow. Reading PLAIN string pages here (a Python scan of each value's
 4-byte length, then one ``str`` per value straight from the page) was built and measured:
-the scan holds the GIL where pyarrow's copy does not, and the loader's text pass got 7-15%
-slower on two cores (``git log`` of this file).
+the scan holds the GIL where pyarrow's copy does not, and the loader's text pass got slower
+(``docs/benchmarks.md``).
 
 The page headers are Thrift compact-protocol structs (the Parquet format's
 ``PageHeader``); :class:`_Compact` reads the few fields needed and skips the rest.

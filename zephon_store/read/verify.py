@@ -264,7 +264,7 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
         pf = pq.ParquetFile(pa.BufferReader(data), metadata=md)
         for local in sorted(sound):
             try:
-                # use_threads=False: Arrow's own CPU pool, once started, aborted ~1.5% of
+                # use_threads=False: Arrow's own CPU pool, once started, aborted some
                 # processes at exit ("terminate called without an active exception", exit
                 # 134) after a correct report; the shards are already checked in parallel.
                 m.to_logical(pf.read_row_group(local, use_threads=False))
