@@ -14,7 +14,7 @@ from tests.helpers import write_jsonl_corpus
 from zephon_store import IntegrityError, convert, open_dataset
 from zephon_store.errors import RetriesExhaustedError
 from zephon_store.io.cache import ChunkCache
-from zephon_store.io.coalesce import CoalesceOptions, RowGroupSpan, plan_ranges
+from zephon_store.io.coalesce import CoalesceOptions, RowGroupSpan, coalesce_ranges
 from zephon_store.io.retry import RetryPolicy
 from zephon_store.write.shardwriter import WriteOptions
 
@@ -38,10 +38,10 @@ def layouts(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(layout=layouts(), max_bytes=st.integers(1, 1500), max_gap=st.integers(0, 100))
-def test_plan_ranges_rules(layout, max_bytes, max_gap):
+def test_coalesce_ranges_rules(layout, max_bytes, max_gap):
     spans, requested = layout
     by_rg = {s.rg: s for s in spans}
-    ranges = plan_ranges(requested, max_bytes=max_bytes, max_gap=max_gap)
+    ranges = coalesce_ranges(requested, max_bytes=max_bytes, max_gap=max_gap)
     covered = [rg for r in ranges for rg in r.row_groups]
     assert sorted(covered) == sorted({s.rg for s in requested})  # each exactly once
     for r in ranges:
@@ -62,11 +62,11 @@ def test_plan_ranges_rules(layout, max_bytes, max_gap):
 
 @settings(max_examples=100, deadline=None)
 @given(layout=layouts(), max_gap=st.integers(0, 100))
-def test_plan_ranges_merges_every_mergeable_neighbour(layout, max_gap):
+def test_coalesce_ranges_merges_every_mergeable_neighbour(layout, max_gap):
     """With no size cap, consecutive requested row groups of a shard within the gap share a
     range: the planner never splits where the rules allow a merge."""
     spans, requested = layout
-    ranges = plan_ranges(requested, max_bytes=1 << 40, max_gap=max_gap)
+    ranges = coalesce_ranges(requested, max_bytes=1 << 40, max_gap=max_gap)
     where = {rg: i for i, r in enumerate(ranges) for rg in r.row_groups}
     chosen = sorted({s for s in requested}, key=lambda s: (s.shard, s.offset))
     for a, b in zip(chosen, chosen[1:]):
@@ -200,7 +200,7 @@ def test_claimed_keys_are_left_to_their_holder(local_ds, tmp_path):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as pool:
-            futs = fetcher.submit(fetcher.plan(taken), pool)
+            futs = fetcher.submit(fetcher.coalesce(taken), pool)
             [f.result() for f in futs]
         assert fetcher.take(taken[1]) is None
         assert fetcher.ranges == 2   # split around the claimed row group
@@ -265,7 +265,7 @@ def test_bytes_held_for_readers_are_bounded(local_ds, tmp_path):
     fetcher.hold(limit // 2)            # the largest asked for wins
     rgs = list(range(m.num_row_groups))
     with ThreadPoolExecutor(1) as pool:
-        [f.result() for f in fetcher.submit(fetcher.plan(rgs), pool)]
+        [f.result() for f in fetcher.submit(fetcher.coalesce(rgs), pool)]
     assert 0 < fetcher._held_bytes <= limit
     assert fetcher._held_bytes == sum(len(b) for b in fetcher._held.values())
     assert list(fetcher._held) == sorted(fetcher._held)[-len(fetcher._held):]   # the newest
@@ -313,7 +313,7 @@ def test_a_range_that_ran_out_of_retries_is_not_retried_again_alone(local_ds, tm
     pool = ThreadPoolExecutor(1)
     pool.shutdown()   # nobody runs the range ahead: the reader runs it in its own thread
     rgs = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
-    fetcher.submit(fetcher.plan(rgs), pool)
+    fetcher.submit(fetcher.coalesce(rgs), pool)
 
     def down(*_args):
         raise ConnectionResetError("the store is down")

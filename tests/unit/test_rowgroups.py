@@ -140,7 +140,7 @@ def test_the_range_fetcher_needs_only_callables_and_a_cache(local_ds, tmp_path):
     fetcher.hold(1 << 20)    # verified pieces wait in memory for their reader
     rgs = [int(r) for r in np.flatnonzero(m.rg_shard == 0)[:4]]
     with ThreadPoolExecutor(1) as pool:
-        [f.result() for f in fetcher.submit(fetcher.plan(rgs), pool)]
+        [f.result() for f in fetcher.submit(fetcher.coalesce(rgs), pool)]
     assert len(reads) == 1 and fetcher.ranges == 1        # one ranged read for four
     assert alone == [1] and corrupt == [1] and fetcher.refetched == 1
     assert all(cache.contains(m.rg_xxh3(r)) for r in rgs if r != 1)

@@ -6,14 +6,14 @@ per shard. The prefetcher knows which row groups come next, so neighbours in the
 are read as one range of up to ``max_bytes`` (small gaps between them are read and dropped),
 then split and each row group checked against its own xxh3 before it reaches the disk cache.
 
-The planning is a pure function, :func:`plan_ranges`; :class:`RangeFetcher` runs the plans
+The grouping is a pure function, :func:`coalesce_ranges`; :class:`RangeFetcher` runs the ranges
 (several GETs in flight on the prefetcher's threads) and lets a reader that needs a row group
 now take it from the range being fetched instead of fetching it a second time.
 
 >>> spans = [RowGroupSpan(rg=0, offset=4, length=100, shard=0),
 ...          RowGroupSpan(rg=1, offset=104, length=100, shard=0),
 ...          RowGroupSpan(rg=2, offset=4, length=100, shard=1)]
->>> [(r.shard, r.start, r.end, r.row_groups) for r in plan_ranges(spans)]
+>>> [(r.shard, r.start, r.end, r.row_groups) for r in coalesce_ranges(spans)]
 [(0, 4, 204, (0, 1)), (1, 4, 104, (2,))]
 """
 
@@ -81,7 +81,7 @@ class CoalesceOptions:
             raise ValueError(f"max_gap must be >= 0, got {self.max_gap}")
 
 
-def plan_ranges(spans: Iterable[RowGroupSpan], *, max_bytes: int = DEFAULT_MAX_RANGE_BYTES,
+def coalesce_ranges(spans: Iterable[RowGroupSpan], *, max_bytes: int = DEFAULT_MAX_RANGE_BYTES,
                 max_gap: int = DEFAULT_MAX_GAP_BYTES) -> list[ByteRange]:
     """Group row groups into ranged GETs.
 
@@ -91,7 +91,7 @@ def plan_ranges(spans: Iterable[RowGroupSpan], *, max_bytes: int = DEFAULT_MAX_R
     Ranges come in the order their first row group appears in ``spans``, so the one needed
     soonest is fetched first.
 
-    >>> [r.row_groups for r in plan_ranges([RowGroupSpan(0, 0, 10, 0), RowGroupSpan(1, 20, 10, 0)],
+    >>> [r.row_groups for r in coalesce_ranges([RowGroupSpan(0, 0, 10, 0), RowGroupSpan(1, 20, 10, 0)],
     ...                                    max_gap=5)]
     [(0,), (1,)]
     """
@@ -122,7 +122,7 @@ def plan_ranges(spans: Iterable[RowGroupSpan], *, max_bytes: int = DEFAULT_MAX_R
 
 
 class _Task:
-    """One planned range: run by whichever comes first, a prefetch thread or a reader."""
+    """One submitted range: run by whichever comes first, a prefetch thread or a reader."""
 
     def __init__(self, fn: Callable[[], dict]) -> None:
         self.future: Future = Future()
@@ -149,7 +149,7 @@ class _Task:
 
 
 class RangeFetcher:
-    """Fetches planned ranges of one dataset's shards into a disk cache.
+    """Fetches coalesced ranges of one dataset's shards into a disk cache.
 
     ``manifest`` says where each row group lies and its xxh3; ``read_range(relpath, start,
     end, *, what)`` returns bytes of a shard (retried; ``what`` labels errors, e.g.
@@ -157,8 +157,8 @@ class RangeFetcher:
     groups; ``fetch_alone(rg)`` returns one row group's verified bytes by its own request (used
     for a piece of a range that failed its hash); ``on_corrupt(n)`` counts such pieces.
 
-    :meth:`plan` groups row groups into ranges, :meth:`submit` runs them on an executor (a
-    thread pool); :meth:`take` gives a reader the verified bytes of a row group that a planned
+    :meth:`coalesce` groups row groups into ranges, :meth:`submit` runs them on an executor (a
+    thread pool); :meth:`take` gives a reader the verified bytes of a row group that a submitted
     range holds, running that range in the caller's thread if no prefetch thread has started
     it yet.
 
@@ -182,7 +182,7 @@ class RangeFetcher:
         self._read_range = read_range
         self._fetch_alone = fetch_alone
         self._on_corrupt = on_corrupt
-        self._tasks: dict[int, _Task] = {}   # row group -> the planned range that holds it
+        self._tasks: dict[int, _Task] = {}   # row group -> the submitted range that holds it
         self._lock = threading.Lock()
         self._held: OrderedDict[int, bytes] = OrderedDict()   # verified, not taken yet
         self._held_bytes = 0
@@ -222,16 +222,16 @@ class RangeFetcher:
         return [RowGroupSpan(int(r), int(m.rg_offset[r]), int(m.rg_length[r]),
                              int(m.rg_shard[r])) for r in rgs]
 
-    def plan(self, rgs: Iterable[int]) -> list[ByteRange]:
-        """:func:`plan_ranges` of the row groups ``rgs`` (soonest first) with these options."""
-        return plan_ranges(self.spans(rgs), max_bytes=self.options.max_bytes,
+    def coalesce(self, rgs: Iterable[int]) -> list[ByteRange]:
+        """:func:`coalesce_ranges` of the row groups ``rgs`` (soonest first) with these options."""
+        return coalesce_ranges(self.spans(rgs), max_bytes=self.options.max_bytes,
                            max_gap=self.options.max_gap)
 
-    def submit(self, planned: Iterable[ByteRange], executor) -> list[Future]:
-        """Start the ranges ``planned`` on ``executor``; returns one Future per range
+    def submit(self, ranges: Iterable[ByteRange], executor) -> list[Future]:
+        """Start ``ranges`` on ``executor``; returns one Future per range
         (cancel one that has not started to drop it)."""
         futures = []
-        for r in planned:
+        for r in ranges:
             task = _Task(lambda r=r: self._fetch_range(r))
             futures.append(task.future)
             with self._lock:
@@ -252,7 +252,7 @@ class RangeFetcher:
                     del self._tasks[rg]
 
     def take(self, rg: int) -> bytes | None:
-        """Verified bytes of ``rg`` from its planned range, or None (not planned, cached
+        """Verified bytes of ``rg`` from its submitted range, or None (not submitted, cached
         meanwhile, fetched by another process, or the range failed: fetch it alone).
 
         Raises the row group's own error (e.g. IntegrityError) when the range found its bytes
@@ -295,7 +295,7 @@ class RangeFetcher:
         if missing:
             with cache.claim_keys({keys[rg] for rg in missing}) as claimed:
                 mine = [rg for rg in missing if keys[rg] in claimed]
-                for sub in plan_ranges(self.spans(mine), max_bytes=max(r.nbytes, 1),
+                for sub in coalesce_ranges(self.spans(mine), max_bytes=max(r.nbytes, 1),
                                        max_gap=self.options.max_gap):
                     got, failed = self._read_split(sub, keys)
                     out.update(got)
@@ -337,4 +337,4 @@ class RangeFetcher:
 
 
 __all__ = ["ByteRange", "CoalesceOptions", "DEFAULT_MAX_GAP_BYTES", "DEFAULT_MAX_RANGE_BYTES",
-           "RangeFetcher", "RowGroupSpan", "plan_ranges"]
+           "RangeFetcher", "RowGroupSpan", "coalesce_ranges"]

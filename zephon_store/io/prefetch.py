@@ -7,11 +7,11 @@ eviction spares what is needed soonest. Only remote datasets (with a disk cache)
 local shards are read in place (decoding ahead is the loader's pipeline,
 :mod:`zephon_store.load.pipeline`, for both).
 
-Remote row groups are not fetched one GET each: the planned ones are collected until about
+Remote row groups are not fetched one GET each: the queued ones are collected until about
 one range's worth (``CoalesceOptions.max_bytes``, at most a quarter of the budget) is pending,
 then neighbours in a shard are merged into multi-MiB ranged GETs (:mod:`.coalesce`) that run
 ``threads`` at a time. The first step's row groups (in ranges of their own, first in
-line) and the rest of the budget are planned as soon as the prefetcher exists, so the first
+line) and the rest of the budget are queued as soon as the prefetcher exists, so the first
 batch reads them as ranges too.
 """
 
@@ -29,9 +29,9 @@ from .coalesce import RangeFetcher
 DEFAULT_PREFETCH_BYTES = 64 << 20
 _PLAN_EVERY = 32        # steps between publishing the cache's future plan
 _PLAN_STEPS = 256       # steps of future row groups in that plan
-# Steps planned ahead at most. Steps whose row groups were all planned already add no bytes,
+# Steps queued ahead at most. Steps whose row groups were all queued already add no bytes,
 # so without a horizon an endless stream over a dataset smaller than the budget (or any
-# dataset once every row group was seen) planned forever and the first batch never came.
+# dataset once every row group was seen) queued forever and the first batch never came.
 _MAX_AHEAD_STEPS = _PLAN_STEPS
 
 
@@ -60,7 +60,7 @@ class Prefetcher:
         self.enabled = ranges is not None and self.budget > 0
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-prefetch") \
             if self.enabled else None
-        self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes planned for it
+        self._ahead: OrderedDict[int, int] = OrderedDict()   # step -> bytes queued for it
         # step -> its row groups, for steps not consumed yet: the plan published every
         # _PLAN_EVERY steps covers _PLAN_STEPS steps, so without this every step's row
         # groups were computed once per plan covering it.
@@ -77,7 +77,7 @@ class Prefetcher:
     def _init_ranges(self, ranges: RangeFetcher) -> None:
         self._ranges = ranges
         self._ranges.hold(self.budget)    # fetched bytes wait in memory for their reader
-        # Planned row groups not yet submitted -> the step that reads them (soonest first).
+        # Queued row groups not yet submitted -> the step that reads them (soonest first).
         self._pending: dict[int, int] = {}
         self._pending_bytes = 0
         self._futures: list[Future] = []
@@ -86,12 +86,12 @@ class Prefetcher:
         # At least four ranges fit in the budget, so that many GETs can be in flight.
         self._flush_bytes = max(1, min(max_bytes, self.budget // 4))
         if self.num_batches is None or self.num_batches > 0:
-            # Plan the whole budget now, not at the first consumed(): readers (the loader's
+            # Queue the whole budget now, not at the first consumed(): readers (the loader's
             # decode-ahead) ask for row groups before the first batch is handed out, and one
             # that no range holds yet is fetched alone. Step 0 goes first, in ranges of its
             # own, so the first batch waits for its own row groups only.
             with self._lock:
-                self._ahead[0] = self._plan_step(0)
+                self._ahead[0] = self._queue_step(0)
                 self._next = 1
                 self._flush(final=True)
             self.consumed(-1)
@@ -104,7 +104,7 @@ class Prefetcher:
         """
         if not self._pending:
             return
-        ranges = self._ranges.plan(self._pending)
+        ranges = self._ranges.coalesce(self._pending)
         keep: dict[int, int] = {}
         if not final and len(ranges) > 1 and ranges[-1].nbytes < self._max_range // 2:
             keep = {rg: self._pending[rg] for rg in ranges.pop().row_groups}
@@ -133,9 +133,9 @@ class Prefetcher:
             while (sum(self._ahead.values()) < self.budget
                    and self._next <= i + _MAX_AHEAD_STEPS
                    and (self.num_batches is None or self._next < self.num_batches)):
-                self._ahead[self._next] = self._plan_step(self._next)
+                self._ahead[self._next] = self._queue_step(self._next)
                 self._next += 1
-            # Wait for a range's worth unless planning reached the end of the stream or
+            # Wait for a range's worth unless queueing reached the end of the stream or
             # the pending row groups are about to be read. (Stopping at the horizon is no
             # reason: over a small dataset that would submit every new step alone.)
             end = self.num_batches is not None and self._next >= self.num_batches
@@ -146,14 +146,14 @@ class Prefetcher:
             if i % _PLAN_EVERY == 0:
                 self._publish_plan(i + 1)
 
-    def _plan_step(self, step: int) -> int:
+    def _queue_step(self, step: int) -> int:
         m = self.manifest
         total = 0
         for rg in self._step_rgs(step).tolist():
             if rg in self._seen:
                 continue
             self._seen.add(rg)
-            if len(self._seen) > 65536:  # forget old ones; a re-plan only costs a cache hit
+            if len(self._seen) > 65536:  # forget old ones; a re-queued one only costs a cache hit
                 self._seen.clear()
             total += int(m.rg_length[rg])
             self._pending[rg] = step
