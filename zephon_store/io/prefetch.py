@@ -68,7 +68,6 @@ class Prefetcher:
         self._seen: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
-        self.started = 0
         if self.enabled:
             self._init_ranges(ranges)
 
@@ -158,7 +157,6 @@ class Prefetcher:
             total += int(m.rg_length[rg])
             self._pending[rg] = step
             self._pending_bytes += int(m.rg_length[rg])
-            self.started += 1
         return total
 
     def _publish_plan(self, first_step: int) -> None:

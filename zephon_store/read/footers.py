@@ -48,10 +48,6 @@ class Footers:
         self._lock = threading.Lock()   # guards inserts into _footers only
         self._fetching: OncePerKey[ShardFooter] = OncePerKey()
 
-    def __len__(self) -> int:
-        """Footers fetched so far."""
-        return len(self._footers)
-
     def after_fork(self) -> None:
         """In a forked child: a parent thread may have held a lock at the fork."""
         self._lock = threading.Lock()
