@@ -59,13 +59,13 @@ class TiledManifest:
 
 
 def run(manifest, label: str, log) -> list[dict]:
-    from zephon_store.load.simulate import PlanSpec, simulate
-    from zephon_store.order import OrderOptions
+    from zephon_store.load.simulate import simulate
+    from zephon_store.order import OrderOptions, Topology
 
     rows = []
     for variant in LANE_VARIANTS:
         for w in WORLD_SIZES:
-            spec = PlanSpec(w, GLOBAL_BATCH, ranks_per_node=min(RANKS_PER_NODE, w))
+            spec = Topology(GLOBAL_BATCH, w, ranks_per_node=min(RANKS_PER_NODE, w))
             lanes = {"default": OrderOptions().lanes, "5040": 5040, "plain": 1, "=W": w,
                      "=nodes": spec.num_nodes}[variant]
             t0 = time.perf_counter()

@@ -7,9 +7,9 @@ and drops it right after the last planned step that reads from it. Batches are t
 from the decoded row groups in order, in the caller's thread.
 
 Why not an LRU of decoded row groups: an LRU does not know that a row group will never be
-read again this epoch, so a sequential pass kept 256 MiB of dead row groups (peak RSS
-~790 MB against raw pyarrow's ~380 MB), and a shuffled pass whose working set exceeded the
-LRU decoded row groups several times. Planned release holds exactly the row groups of the
+read again this epoch, so a sequential pass kept dead row groups up to its budget, and a
+shuffled pass whose working set exceeded the LRU decoded row groups several times
+(docs/benchmarks.md, "Why the code is shaped this way: loading"). Planned release holds exactly the row groups of the
 steps in flight plus the decode-ahead budget, and decodes each row group once per pass
 (:attr:`BatchPipeline.decodes` counts them; the tests check it).
 
@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.arrow import gather_pylist, is_flat_binary
-from .._util.decode import array_type, array_view, decode_column
+from .._util.decode import array_type, array_view, decode_column, decode_table
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .stream import SEQ_KEY
@@ -101,8 +101,7 @@ def plan_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object
     # Row groups are listed in order of first use, so decodes start with the one needed first.
     rg_of = starts.searchsorted(ids, "right") - 1
     if n <= 512:
-        # A dict is ~10x cheaper than np.unique + argsort on a batch this small (planning
-        # was a quarter of a shuffled pass of 32-window batches).
+        # On a batch this small a dict beats np.unique + argsort (docs/benchmarks.md).
         seen: dict[int, int] = {}
         inverse = np.fromiter((seen.setdefault(r, len(seen)) for r in rg_of.tolist()),
                               dtype=np.int64, count=n)
@@ -132,8 +131,7 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
     out = np.empty((step.rows.size,) + views[0].shape[1:], dtype=views[0].dtype)
     if views[0].ndim > 1 and views[0][:1].nbytes >= 1024:
         # Long rows (token windows): one copy per row straight into place. The grouped
-        # fancy indexing below makes a temporary per row group and copies twice (0.058 s vs
-        # 0.038 s for a 300 MB shuffled pass of 2049-token windows).
+        # fancy indexing below makes a temporary per row group and copies twice.
         for j, (k, r) in enumerate(zip(step.inverse.tolist(), step.rows.tolist())):
             out[j] = views[k][r]
         return out
@@ -152,8 +150,8 @@ def _gather_text(step: _Step, decoded: list[_Decoded], name: str,
     Where ``whole`` says this pipeline reads most of every row group of the step (a
     shuffled order reads all rows of a row group within one window of steps, when one rank
     and one worker read them all), each row group's column is converted whole, once, by
-    Arrow's loop (``_Decoded.pylist``), and steps pick from those lists: a row-by-row
-    conversion cost 1.4x that. Otherwise (the first step after a start or resume, or a
+    Arrow's loop (``_Decoded.pylist``), and steps pick from those lists, cheaper than a
+    row-by-row conversion. Otherwise (the first step after a start or resume, or a
     rank's or worker's share of the rows) only the step's own rows are converted.
     """
     if not whole or not all(whole):
@@ -256,10 +254,9 @@ class BatchPipeline:
         table = self.stream.select(self.dataset.row_groups.read(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
         # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
-        # its rows: converting whole row groups to Python in the decode threads was faster
-        # in a warm process but made a fresh process's first pass ~1.8x slower (84k page
-        # faults instead of 6k per 286 MB pass: the strings came from the decode threads'
-        # malloc arenas, which glibc grows and trims rather than reuses).
+        # its rows: Python strings made in the decode threads come from those threads'
+        # malloc arenas, which glibc grows and trims rather than reuses, so a fresh
+        # process's first pass page-faults far more (docs/benchmarks.md).
         views = {}
         for name, col in zip(table.column_names, table.columns):
             view = array_view(col) if array_type(col.type) else None
@@ -338,8 +335,9 @@ class BatchPipeline:
                 if decoded:
                     batch = self._assemble(step, decoded, whole)
                 else:   # a short last step can leave a rank no rows: an empty batch
-                    batch = self.stream.finish(
-                        step.ids, self.stream.select(self.dataset.schema.empty_table()))
+                    batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
+                    if self.stream.with_seq:
+                        batch[SEQ_KEY] = step.ids
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)

@@ -1,9 +1,10 @@
-"""One rank's batches as a pure function of the cursor (no torch needed).
+"""One rank's positions and sample ids as a pure function of the cursor (no torch needed).
 
 ``RankStream`` ties the order (which sample at which position), the assignment (which rank
 reads which position) and the reader (the bytes) together: local batch ``i`` after a start
-cursor ``c`` is the rank's share of global step ``[c + i*B, c + (i+1)*B)``. The torch
-loader, the TorchTitan integration and ``zephon plan`` all build on it.
+cursor ``c`` is the rank's share of global step ``[c + i*B, c + (i+1)*B)``. The engine
+(:mod:`zephon_store.load.engine`), and through it the torch and TorchTitan loaders, build
+on it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .._util.decode import decode_table
 from ..order.assign import positions_for_rank, step_cursor, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
 from ..order.topology import Topology
@@ -20,27 +20,28 @@ SEQ_KEY = "_seq"
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
 
 
-def make_order(dataset, options: OrderOptions) -> Order:
+def make_order(dataset, order_options: OrderOptions) -> Order:
     """The order over ``dataset``'s row groups (its blocks)."""
-    return Order(dataset.manifest.rg_rows, options)
+    return Order(dataset.manifest.rg_rows, order_options)
 
 
 class RankStream:
-    """Positions, sample ids and decoded batches for one rank.
+    """Positions, sample ids and row groups for one rank.
 
     >>> rs = RankStream(ds, OrderOptions(seed=7), Topology(global_batch=8, world_size=2, rank=1))  # doctest: +SKIP
     >>> rs.ids(cursor=0)           # the 4 sample ids rank 1 reads in step 0   # doctest: +SKIP
-    >>> rs.batch(cursor=0)         # {"text": [...], "_seq": array([...])}     # doctest: +SKIP
+
+    Batches are made by :class:`~zephon_store.load.pipeline.BatchPipeline` over a stream.
     """
 
-    def __init__(self, dataset, options: OrderOptions, topology: Topology, *,
+    def __init__(self, dataset, order_options: OrderOptions, topology: Topology, *,
                  columns: list[str] | None = None, with_seq: bool = False,
                  end: int | None = None) -> None:
         self.dataset = dataset
         # Positions at or past ``end`` are never read: a step that would cross it is the
         # short last step (assign.tail_positions_for_rank). None: no end, full steps only.
         self.end = end
-        self.order = make_order(dataset, options)
+        self.order = make_order(dataset, order_options)
         self.topology = topology
         self.columns = columns
         self.with_seq = with_seq
@@ -66,8 +67,8 @@ class RankStream:
 
         ``ahead``: also compute (and memoise) the ids of many following steps in one call;
         ``None`` does so unless nothing was computed ahead yet. The first step after a start
-        or resume should be computed alone (``ahead=False``): a block costs a shuffled
-        resume ~5-50 ms before its first batch.
+        or resume should be computed alone (``ahead=False``): a start or resume waits only
+        for its own step's ids.
         """
         ids = self._ids_memo.pop(cursor, None)  # the batch takes them: one owner per array
         if ids is not None:
@@ -83,9 +84,8 @@ class RankStream:
     def _ids_ahead(self, cursor: int) -> dict[int, np.ndarray]:
         """Ids of the steps from ``cursor`` on, many steps per ``sample_at`` call, memoised.
 
-        A shuffled ``sample_at`` for one small batch is mostly per-call numpy overhead
-        (~0.2 ms for 32 positions, as much as decoding the batch's data), and the prefetcher
-        asks for every step before its batch does. Dict operations are atomic, so threads
+        A shuffled ``sample_at`` for one small batch is mostly per-call numpy overhead, and
+        the prefetcher asks for every step before its batch does. Dict operations are atomic, so threads
         share the memo without a lock; a race only computes a step twice.
         """
         t = self.topology
@@ -109,7 +109,7 @@ class RankStream:
         if ids is None:
             ids = self._ids_ahead(cursor)[cursor]
         rg = self.dataset.manifest.rg_row_start.searchsorted(ids, "right") - 1
-        if rg.size <= 512:     # a dict is ~10x cheaper than np.unique on a small step
+        if rg.size <= 512:     # on a small step a dict beats np.unique (docs/benchmarks.md)
             return np.fromiter(dict.fromkeys(rg.tolist()), dtype=np.int64)
         _, first = np.unique(rg, return_index=True)
         return rg[np.sort(first)]
@@ -134,21 +134,6 @@ class RankStream:
             lanes //= t.world_size
         return int(min(m.num_row_groups, lanes * (self.order.options.window_blocks + 2) + step))
 
-    def table(self, cursor: int) -> tuple[np.ndarray, pa.Table]:
-        ids = self.ids(cursor)
-        return ids, self.select(self.dataset.take(ids))
-
     def select(self, table: pa.Table) -> pa.Table:
         """``table`` with only the stream's ``columns`` (all when none were chosen)."""
         return table if self.columns is None else table.select(self.columns)
-
-    def finish(self, ids: np.ndarray, table: pa.Table) -> dict:
-        """The batch dict of a step's rows: :func:`decode_table`, plus ``_seq`` if asked."""
-        out = decode_table(table)
-        if self.with_seq:
-            out[SEQ_KEY] = ids
-        return out
-
-    def batch(self, cursor: int) -> dict:
-        """The decoded batch of the step starting at ``cursor`` (see :func:`decode_table`)."""
-        return self.finish(*self.table(cursor))

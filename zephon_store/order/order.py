@@ -47,8 +47,8 @@ _TAG_WINDOW = 0x77696E646F77  # "window"
 # only occur for tiny windows (lane tails, tiny datasets), so the extra rounds cost little.
 _ROUND_SCHEDULE = ((3, 24), (5, 12), (6, 8))  # (max bits, rounds); wider domains: 6
 _ROUNDS_WIDE = 6
-# Elements per vectorised pass: every Feistel step is one numpy pass over its operands, and
-# keeping the working arrays in L2 cache is 3-4x faster than streaming 40 MB arrays.
+# Elements per vectorised pass: every Feistel step is one numpy pass over its operands, so
+# the working arrays are kept small enough to stay in L2 cache (docs/benchmarks.md).
 _CHUNK = 1 << 17
 # Epoch tables kept per Order: the current epoch and its neighbour across a boundary.
 _CACHED_EPOCHS = 2
@@ -225,7 +225,7 @@ def _feistel(x: np.ndarray, bits: np.ndarray | np.uint64, key: np.ndarray,
     left = np.empty_like(x)
     f = np.empty_like(x)
     tmp = np.empty_like(x)
-    # A single key stays a numpy scalar: a (1,)-shaped operand broadcasts ~3x slower.
+    # A single key stays a numpy scalar: a (1,)-shaped operand broadcasts more slowly.
     key0 = int(key.reshape(-1)[0]) if key.size == 1 else None
     for r in range(rounds):
         np.right_shift(x, lo, out=left)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import numbers
 import os
 import queue
 import threading
@@ -33,6 +31,8 @@ import torch
 from ..errors import StateMismatchError
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+from ..load.engine import ShareEngine
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..load.state import MAX_CURSOR, LoaderState, check_state
 from ..load.stream import RankStream
@@ -113,21 +113,16 @@ class ZephonLoader:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
             raise ValueError(f"seed={seed} disagrees with order.seed={order.seed}; pass one")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if max_steps is not None and epochs is not None:
-            raise ValueError("pass max_steps or epochs, not both")
-        if max_steps is not None and (not isinstance(max_steps, numbers.Integral)
-                                      or isinstance(max_steps, (bool, np.bool_))
-                                      or max_steps < 0):
-            raise ValueError(f"max_steps must be an int >= 0 (None: endless), got {max_steps!r}")
-        if epochs is not None and (isinstance(epochs, (bool, np.bool_))
-                                   or not isinstance(epochs, numbers.Real)
-                                   or not math.isfinite(epochs) or epochs < 0):
-            raise ValueError(f"epochs must be a finite number >= 0 (None: endless), got "
-                             f"{epochs!r}")
+        # The keywords travel on as named groups (load/options.py), validated here.
+        self.workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch,
+                                     multiprocessing_context=multiprocessing_context,
+                                     pin_memory=pin_memory)
+        self.stop = StopOptions(max_steps=max_steps, epochs=epochs, drop_last=drop_last)
+        self.batch_options = BatchOptions(columns=columns, with_seq=with_seq,
+                                          transform=transform)
+        self.read_ahead = ReadAheadOptions(prefetch_bytes=prefetch_bytes,
+                                           decode_ahead_bytes=decode_ahead_bytes,
+                                           coalesce=coalesce)
         ws, rk = detect_topology()
         self.topology = Topology(global_batch, ws if world_size is None else world_size,
                                  rk if rank is None else rank)
@@ -138,43 +133,30 @@ class ZephonLoader:
         else:
             self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
                                         expect_dataset_id=expect_dataset_id)
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last must be a bool, got {drop_last!r}")
-        self.drop_last = drop_last
-        self._warned_drop = False
         self.order = order
-        self.num_workers = num_workers
-        self.prefetch = prefetch
-        self.columns = columns
-        self.with_seq = with_seq
-        self.transform = transform
         self.collate = collate
-        self.mp_context = multiprocessing_context
-        self.pin_memory = pin_memory
-        self.prefetch_bytes = prefetch_bytes
-        self.decode_ahead_bytes = decode_ahead_bytes
-        if coalesce is not None and not isinstance(coalesce, CoalesceOptions):
-            raise TypeError(f"coalesce must be a CoalesceOptions, got {coalesce!r}")
-        self.coalesce = coalesce
         self.cursor = 0
+        self._warned_drop = False
         # The iterator made by the last iter(); load_state_dict closes it, and every
         # iterator made before the last load_state_dict stops (STYLE 13).
         self._live: weakref.ref | None = None
         self._loads = 0
-        n = self.dataset.num_samples
-        self._max_cursor = None
-        if epochs is not None:
-            self._max_cursor = int(epochs * n)
-            if self._max_cursor >= MAX_CURSOR:
-                raise ValueError(f"epochs={epochs!r} of {n} samples is past 2**63 positions")
-        self._max_steps = max_steps
+        self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers.num_workers
+
+    @property
+    def drop_last(self) -> bool:
+        return self.stop.drop_last
 
     def _check_working_set(self) -> None:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
         # at once; the pipeline holds two such sets decoded. Beyond its automatic cap, row
         # groups are decoded more than once per epoch: say so, with the numbers.
-        if self.decode_ahead_bytes is not None:
+        if self.read_ahead.decode_ahead_bytes is not None:
             return
         stream = RankStream(self.dataset, self.order, self.topology)
         need = two_working_sets_bytes(stream)
@@ -223,26 +205,18 @@ class ZephonLoader:
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
-        b = self.topology.global_batch
-        limits = []
-        if self._max_steps is not None:
-            limits.append(self._max_steps)
-        if self._max_cursor is not None:
-            left = max(0, self._max_cursor - start)
-            limits.append(left // b if self.drop_last else -(-left // b))
-        return min(limits) if limits else None
+        return self.stop.num_batches(start, self.topology.global_batch,
+                                     self.dataset.num_samples)
 
     @property
     def _end(self) -> int | None:
         """The position the run stops at, when its last step may be short (drop_last=False)."""
         return None if self.drop_last else self._max_cursor
 
-    def _iter_dataset(self, start: int) -> ZephonIterableDataset:
-        return ZephonIterableDataset(
-            self.dataset, order=self.order, topology=self.topology, start_cursor=start,
-            num_batches=self._num_batches(start), columns=self.columns, with_seq=self.with_seq,
-            transform=self.transform, prefetch_bytes=self.prefetch_bytes,
-            decode_ahead_bytes=self.decode_ahead_bytes, coalesce=self.coalesce, end=self._end)
+    def _engine(self, start: int) -> ShareEngine:
+        return ShareEngine(self.dataset, self.order, self.topology, batch=self.batch_options,
+                           read_ahead=self.read_ahead, start_cursor=start,
+                           num_batches=self._num_batches(start), end=self._end)
 
     def _warn_dropped(self, start: int) -> None:
         left = 0 if self._max_cursor is None else max(0, self._max_cursor - start)
@@ -273,8 +247,8 @@ class ZephonLoader:
 
     def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
-        source = self._iter_dataset(start)
-        batches = self._threaded(source) if self.num_workers == 0 else self._processes(source)
+        engine = self._engine(start)
+        batches = self._threaded(engine) if self.num_workers == 0 else self._processes(engine)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
         with contextlib.closing(batches):
@@ -287,28 +261,19 @@ class ZephonLoader:
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
 
-    def _threaded(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
+    def _threaded(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
         # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead
         # into the disk cache (the prefetcher). Without a transform the batches are cut here,
         # in the loop's thread: that is a numpy slice or gather (token windows, numbers) or
-        # one str per document (text), and a thread handing each batch over cost more than
-        # it saved (a 1,144-batch pass over uncompressed token windows: 0.27 s with the
-        # handoff, 0.21 s without; tools/bench/peers read_seq). A transform (tokenizing,
-        # say) can be heavy, so it runs in a thread up to `prefetch` batches ahead.
-        pre = source.prefetcher() if self.dataset.cache is not None else None
-        if self.transform is None:
-            pipeline = source.pipeline()
-            try:
-                for item in pipeline:
-                    if pre is not None:
-                        pre.consumed(item[0])
-                    yield item
-            finally:
-                pipeline.cancel()
-                if pre is not None:
-                    pre.close()
+        # one str per document (text), cheaper than handing each batch over from a thread
+        # (docs/benchmarks.md, "Why the code is shaped this way: loading"). A transform
+        # (tokenizing, say) can be heavy, so it runs in a thread up to `prefetch` batches
+        # ahead.
+        if self.batch_options.transform is None:
+            yield from engine.batches()
             return
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        pre = engine.prefetcher() if self.dataset.cache is not None else None
+        ready: queue.Queue = queue.Queue(maxsize=self.workers.prefetch)
         stop = threading.Event()
 
         def offer(item) -> bool:
@@ -321,7 +286,7 @@ class ZephonLoader:
                     continue
             return False
 
-        pipeline = source.pipeline(stop=stop)
+        pipeline = engine.pipeline(stop=stop)
 
         def produce() -> None:
             try:
@@ -347,8 +312,8 @@ class ZephonLoader:
                 yield item
         finally:
             # Not joined: the producer sees `stop` at its next step (at most one row-group
-            # decode away) and ends the pipeline, whose decodes are cancelled. Waiting here
-            # made closing an iterator after its first batch cost ~50 ms.
+            # decode away) and ends the pipeline, whose decodes are cancelled; closing an
+            # iterator never waits for a decode.
             pipeline.cancel()
             try:
                 while True:
@@ -358,12 +323,14 @@ class ZephonLoader:
             if pre is not None:
                 pre.close()
 
-    def _processes(self, source: ZephonIterableDataset) -> Iterator[tuple[int, dict]]:
+    def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
         from torch.utils.data import DataLoader
 
-        dl = DataLoader(source, batch_size=None, num_workers=self.num_workers,
-                        prefetch_factor=self.prefetch, pin_memory=self.pin_memory,
-                        multiprocessing_context=self.mp_context, collate_fn=_identity)
+        w = self.workers
+        dl = DataLoader(ZephonIterableDataset.over(engine), batch_size=None,
+                        num_workers=w.num_workers, prefetch_factor=w.prefetch,
+                        pin_memory=w.pin_memory,
+                        multiprocessing_context=w.multiprocessing_context, collate_fn=_identity)
         yield from dl
 
     def __len__(self) -> int:

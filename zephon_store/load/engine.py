@@ -1,0 +1,108 @@
+"""One share's batches, wired once: rank stream + decode-ahead pipeline + byte prefetch.
+
+A *share* is what one process makes: a rank's batches, or one DataLoader worker's part of
+them. :class:`ShareEngine` builds the rank stream once and hands out, for a share, its
+pipeline (row groups decoded ahead, batches cut in order) and, for a remote dataset, its
+prefetcher (bytes fetched ahead into the disk cache). The torch loader, its
+``IterableDataset`` and the TorchTitan loader are thin shells over it; nothing here imports
+torch.
+
+>>> engine = ShareEngine(ds, OrderOptions(seed=7), Topology(64, 2, 0))   # doctest: +SKIP
+>>> for i, batch in engine.batches():  ...                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from ..io.prefetch import Prefetcher
+from ..order.assign import batches_for_worker, step_cursor
+from ..order.order import OrderOptions
+from ..order.topology import Topology
+from .options import BatchOptions, ReadAheadOptions
+from .pipeline import BatchPipeline, default_decode_threads
+from .stream import RankStream
+
+__all__ = ["ShareEngine"]
+
+
+class ShareEngine:
+    """The batches ``[start_cursor, ...)`` of one rank, for the whole rank or one worker.
+
+    ``num_batches=None`` is endless (epochs follow each other, each a fresh permutation).
+    ``end``: no position at or past it is read; the step that would cross it is short.
+    """
+
+    def __init__(self, dataset, order_options: OrderOptions, topology: Topology, *,
+                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+                 start_cursor: int = 0, num_batches: int | None = None,
+                 end: int | None = None) -> None:
+        batch = batch or BatchOptions()
+        columns = None if batch.columns is None else list(batch.columns)
+        self.stream = RankStream(dataset, order_options, topology, columns=columns,
+                                 with_seq=batch.with_seq, end=end)
+        self.batch = batch
+        self.read_ahead = read_ahead or ReadAheadOptions()
+        self.start_cursor = start_cursor
+        self.num_batches = num_batches
+
+    @property
+    def dataset(self):
+        return self.stream.dataset
+
+    def step_row_groups(self, i: int):
+        """Row groups local batch ``i`` reads (for the prefetcher)."""
+        return self.stream.row_groups(
+            step_cursor(self.start_cursor, i, self.stream.topology.global_batch))
+
+    def prefetcher(self, *, stride: int = 1, offset: int = 0) -> Prefetcher:
+        """A prefetcher over this engine's batches (``stride``/``offset``: one worker's share)."""
+        def rgs(j: int):
+            return self.step_row_groups(offset + j * stride)
+
+        total = None
+        if self.num_batches is not None:
+            total = max(0, -(-(self.num_batches - offset) // stride))
+        ra = self.read_ahead
+        return self.dataset.row_groups.prefetcher(
+            rgs, budget_bytes=ra.prefetch_bytes, num_batches=total, coalesce=ra.coalesce)
+
+    def pipeline(self, worker: int = 0, workers: int = 0, *,
+                 stop: threading.Event | None = None,
+                 transform: bool = True) -> BatchPipeline:
+        """The batches of ``worker`` of ``workers`` (0: all of them), decoded ahead, in order.
+
+        Setting ``stop`` ends the pipeline at its next step (the loader's close).
+        ``transform=False`` leaves the batch options' transform to the caller.
+        """
+        # Process workers share the cores: on a local dataset each gets its share of them
+        # (docs/benchmarks.md, "Why the code is shaped this way: loading").
+        threads = default_decode_threads(self.dataset, workers=max(1, workers))
+        return BatchPipeline(self.stream, self.start_cursor,
+                             batches_for_worker(worker, workers, 0, self.num_batches),
+                             transform=self.batch.transform if transform else None,
+                             ahead_bytes=self.read_ahead.decode_ahead_bytes,
+                             stop=stop, decode_threads=threads)
+
+    def batches(self, worker: int = 0, workers: int = 0) -> Iterator[tuple[int, dict]]:
+        """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote.
+
+        The prefetcher learns what was consumed from the share's own count of batches, so
+        it never runs more than its budget ahead of the consumer.
+        """
+        pipeline = self.pipeline(worker, workers)
+        if self.dataset.cache is None:
+            try:
+                yield from pipeline
+            finally:
+                pipeline.cancel()
+            return
+        pre = self.prefetcher(stride=max(1, workers), offset=worker)
+        try:
+            for j, item in enumerate(pipeline):
+                pre.consumed(j)
+                yield item
+        finally:
+            pipeline.cancel()
+            pre.close()

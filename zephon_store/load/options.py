@@ -1,0 +1,132 @@
+"""The loader's options in named groups (STYLE 15), each frozen and validated on creation.
+
+``ZephonLoader(...)``'s keywords build them; the engine and the torch shells pass the groups
+on instead of copying twenty keyword arguments through each signature.
+
+- :class:`BatchOptions`: what a batch holds (columns, ``_seq``, a transform);
+- :class:`ReadAheadOptions`: how far ahead bytes are fetched and row groups decoded;
+- :class:`StopOptions`: where a run ends (``max_steps``, ``epochs``, ``drop_last``);
+- :class:`WorkerOptions`: process workers of a torch ``DataLoader``.
+
+Who reads (:class:`~zephon_store.order.Topology`) and in which order
+(:class:`~zephon_store.order.OrderOptions`) are the order layer's.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.coalesce import CoalesceOptions
+from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+from .state import MAX_CURSOR
+
+__all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions"]
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """What each batch holds: ``columns`` (None: all), ``with_seq`` adds ``_seq`` (int64
+    global sample ids), ``transform`` maps the decoded batch dict."""
+
+    columns: tuple[str, ...] | None = None
+    with_seq: bool = False
+    transform: Callable[[dict], dict] | None = None
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            object.__setattr__(self, "columns", tuple(self.columns))
+
+
+@dataclass(frozen=True)
+class ReadAheadOptions:
+    """``prefetch_bytes`` of a remote dataset fetched ahead into the disk cache, in ranged
+    GETs merged by ``coalesce`` (None: the default CoalesceOptions); ``decode_ahead_bytes``
+    of decoded row groups held ahead (None: two working sets of the order, see
+    :mod:`zephon_store.load.pipeline`)."""
+
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    decode_ahead_bytes: int | None = None
+    coalesce: CoalesceOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.coalesce is not None and not isinstance(self.coalesce, CoalesceOptions):
+            raise TypeError(f"coalesce must be a CoalesceOptions, got {self.coalesce!r}")
+
+
+@dataclass(frozen=True)
+class StopOptions:
+    """Where a run ends: after ``max_steps`` steps from where it starts, or at position
+    ``int(epochs * num_samples)``; None for both: endless. ``drop_last`` drops the positions
+    of that end which do not fill a global batch; False reads them in a short last step."""
+
+    max_steps: int | None = None
+    epochs: float | None = None
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        max_steps, epochs = self.max_steps, self.epochs
+        if max_steps is not None and epochs is not None:
+            raise ValueError("pass max_steps or epochs, not both")
+        if max_steps is not None and (not isinstance(max_steps, numbers.Integral)
+                                      or isinstance(max_steps, (bool, np.bool_))
+                                      or max_steps < 0):
+            raise ValueError(f"max_steps must be an int >= 0 (None: endless), got {max_steps!r}")
+        if epochs is not None and (isinstance(epochs, (bool, np.bool_))
+                                   or not isinstance(epochs, numbers.Real)
+                                   or not math.isfinite(epochs) or epochs < 0):
+            raise ValueError(f"epochs must be a finite number >= 0 (None: endless), got "
+                             f"{epochs!r}")
+        if not isinstance(self.drop_last, bool):
+            raise ValueError(f"drop_last must be a bool, got {self.drop_last!r}")
+
+    def end_position(self, num_samples: int) -> int | None:
+        """The position ``epochs`` ends at (None without ``epochs``).
+
+        >>> StopOptions(epochs=1.5).end_position(100)
+        150
+        """
+        if self.epochs is None:
+            return None
+        end = int(self.epochs * num_samples)
+        if end >= MAX_CURSOR:
+            raise ValueError(f"epochs={self.epochs!r} of {num_samples} samples is past 2**63 "
+                             "positions")
+        return end
+
+    def num_batches(self, start: int, global_batch: int, num_samples: int) -> int | None:
+        """Steps a run starting at cursor ``start`` takes (None: endless).
+
+        >>> StopOptions(epochs=1, drop_last=False).num_batches(0, 8, 20)
+        3
+        """
+        limits = []
+        if self.max_steps is not None:
+            limits.append(self.max_steps)
+        end = self.end_position(num_samples)
+        if end is not None:
+            left = max(0, end - start)
+            limits.append(left // global_batch if self.drop_last else -(-left // global_batch))
+        return min(limits) if limits else None
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """``num_workers`` process workers (0: threads in this process), ``prefetch`` batches
+    made ahead of the loop, and the DataLoader's ``multiprocessing_context`` and
+    ``pin_memory``."""
+
+    num_workers: int = 0
+    prefetch: int = 4
+    multiprocessing_context: str | None = None
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
