@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store._util.decode import decode_table
-from zephon_store.load.pipeline import BatchPipeline, plan_rows
+from zephon_store.load.pipeline import BatchPipeline, step_rows
 from zephon_store.load.stream import RankStream
 from zephon_store.order import OrderOptions, Topology
 from zephon_store.write.shardwriter import WriteOptions
@@ -109,7 +109,7 @@ def test_a_decode_error_reaches_the_caller(ds, monkeypatch):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_plan_rows_points_at_the_located_rows(ds, data):
+def test_step_rows_points_at_the_located_rows(ds, data):
     n = ds.num_samples
     if data.draw(st.booleans()):
         lo = data.draw(st.integers(0, n - 1))
@@ -120,7 +120,7 @@ def test_plan_rows_points_at_the_located_rows(ds, data):
     else:   # past the small-batch path
         seed = data.draw(st.integers(0, 2**32 - 1))
         ids = np.random.default_rng(seed).integers(0, n, data.draw(st.integers(513, 900)))
-    rgs, runs, inverse, rows = plan_rows(ds.manifest, ids)
+    rgs, runs, inverse, rows = step_rows(ds.manifest, ids)
     loc = ds.locate(ids)
     if runs is not None:
         got = [(rg, b + k) for rg, (b, cnt) in zip(rgs, runs) for k in range(cnt)]

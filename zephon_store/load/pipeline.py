@@ -1,19 +1,20 @@
 """Decode ahead, assemble in order: the engine behind every loader path.
 
-The order is known in advance, so a run of batches is planned, not guessed: for each
+The order is known in advance, so the coming batches are known, not guessed: for each
 upcoming step the pipeline computes its sample ids and the row groups that hold them,
 starts decoding each row group once (a small thread pool; pyarrow decodes without the GIL),
-and drops it right after the last planned step that reads from it. Batches are then cut
+and drops it right after the last queued step that reads from it. Batches are then cut
 from the decoded row groups in order, in the caller's thread.
 
 Why not an LRU of decoded row groups: an LRU does not know that a row group will never be
 read again this epoch, so a sequential pass kept dead row groups up to its budget, and a
 shuffled pass whose working set exceeded the LRU decoded row groups several times
-(docs/benchmarks.md, "Why the code is shaped this way: loading"). Planned release holds exactly the row groups of the
-steps in flight plus the decode-ahead budget, and decodes each row group once per pass
+(docs/benchmarks.md, "Why the code is shaped this way: loading"). Releasing a row group
+after its last queued step holds exactly the row groups of the steps in flight plus the
+decode-ahead budget, and decodes each row group once per pass
 (:attr:`BatchPipeline.decodes` counts them; the tests check it).
 
-The first step is planned and decoded alone, and nothing else is decoded until it has been
+The first step is queued and decoded alone, and nothing else is decoded until it has been
 handed out: a start or a resume waits only for its own row groups.
 """
 
@@ -35,20 +36,20 @@ from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .stream import SEQ_KEY
 
-# Decoded bytes planned ahead, at least (the working set of a shuffled order may need more).
+# Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
-# At most this much is planned ahead automatically, whatever the working set; a larger one
+# At most this much is queued ahead automatically, whatever the working set; a larger one
 # is the caller's call (memory is per rank and per worker process).
 MAX_AUTO_AHEAD_BYTES = 1 << 30
-# Steps planned ahead at most: bounds the planning work when row groups are tiny.
+# Steps queued ahead at most: bounds the queueing work when row groups are tiny.
 MAX_AHEAD_STEPS = 1024
 
 
 @dataclass
 class _Slot:
     future: Future
-    last: int          # serial number of the last planned step that reads this row group
-    rows: int = 0      # rows of it the steps planned so far read
+    last: int          # serial number of the last queued step that reads this row group
+    rows: int = 0      # rows of it the steps queued so far read
 
 
 @dataclass
@@ -69,7 +70,7 @@ class _Decoded:
 @dataclass
 class _Step:
     index: int              # local batch index (from the start cursor)
-    serial: int             # running number of planned steps
+    serial: int             # running number of queued steps
     ids: np.ndarray
     row_groups: list[int]   # in order of first use
     # Either runs: rows [start, start + n) of each row group in turn (ids that follow each
@@ -79,10 +80,10 @@ class _Step:
     rows: np.ndarray | None = None
 
 
-def plan_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object, object]:
+def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object, object]:
     """Where a step's rows are: ``(row_groups, runs, inverse, rows)``, see ``_Step``.
 
-    >>> plan_rows(m, np.arange(5, 12))    # row groups of 10 rows  # doctest: +SKIP
+    >>> step_rows(m, np.arange(5, 12))    # row groups of 10 rows  # doctest: +SKIP
     ([0, 1], [(5, 5), (0, 2)], None, None)
     """
     n = ids.size
@@ -182,7 +183,7 @@ def two_working_sets_bytes(stream) -> int:
 def default_ahead_bytes(stream) -> int:
     """Decode-ahead budget for ``stream``: two working sets, at least 16 MiB, at most 1 GiB.
 
-    Two working sets, so that a shuffled order's next window is planned before the current
+    Two working sets, so that a shuffled order's next window is queued before the current
     one is released (a row group cut by a window boundary is then still held, not decoded
     twice).
     """
@@ -282,11 +283,11 @@ class BatchPipeline:
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="zephon-decode")
         slots: dict[int, _Slot] = {}
-        planned: deque[_Step] = deque()
+        queued: deque[_Step] = deque()
         it = iter(self.indices)
         serial = 0
 
-        def plan_one() -> bool:
+        def queue_one() -> bool:
             nonlocal serial
             i = next(it, None)
             if i is None:
@@ -294,7 +295,7 @@ class BatchPipeline:
             ids = self.stream.ids(
                 step_cursor(self.start_cursor, i, self.stream.topology.global_batch),
                 ahead=serial > 0)
-            rgs, runs, inverse, rows = plan_rows(self.dataset.manifest, ids)
+            rgs, runs, inverse, rows = step_rows(self.dataset.manifest, ids)
             counts = ([n for _, n in runs] if runs is not None
                       else np.bincount(inverse, minlength=len(rgs)).tolist())
             for rg, count in zip(rgs, counts):
@@ -310,23 +311,23 @@ class BatchPipeline:
                 else:
                     slot.last = serial
                 slots[rg].rows += count
-            planned.append(_Step(i, serial, ids, rgs, runs, inverse, rows))
+            queued.append(_Step(i, serial, ids, rgs, runs, inverse, rows))
             serial += 1
             return True
 
-        def plan_ahead() -> None:
+        def queue_ahead() -> None:
             nonlocal more
             while more and not self.stop.is_set() and (
-                    not planned or (len(slots) * self._per_rg < self.ahead_bytes
-                                    and len(planned) < MAX_AHEAD_STEPS)):
-                more = plan_one()
+                    not queued or (len(slots) * self._per_rg < self.ahead_bytes
+                                    and len(queued) < MAX_AHEAD_STEPS)):
+                more = queue_one()
 
         rg_rows = self.dataset.manifest.rg_rows
         try:
-            more = plan_one()   # the first step alone (see the module docstring)
+            more = queue_one()   # the first step alone (see the module docstring)
             first = True
-            while planned and not self.stop.is_set():
-                step = planned.popleft()
+            while queued and not self.stop.is_set():
+                step = queued.popleft()
                 decoded = [slots[rg].future.result() for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
@@ -341,18 +342,18 @@ class BatchPipeline:
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)
-                # Plan (and start decoding) ahead before a batch is handed out, so decodes
+                # Queue (and start decoding) ahead before a batch is handed out, so decodes
                 # run while the caller works on it (the loader's thread path calls next()
                 # only when the training loop wants the next batch); after it for the
                 # first batch, which waits for nothing else. Then drop the row groups no
-                # planned step reads any more: planning first, so that one the next step
+                # queued step reads any more: queueing first, so that one the next step
                 # reads again (sequential steps share row groups) is not dropped and
                 # decoded twice.
                 if not first:
-                    plan_ahead()
+                    queue_ahead()
                 yield step.index, batch
                 if first:
-                    plan_ahead()
+                    queue_ahead()
                     first = False
                 for rg in step.row_groups:
                     slot = slots.get(rg)

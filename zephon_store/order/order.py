@@ -49,7 +49,7 @@ _ROUND_SCHEDULE = ((3, 24), (5, 12), (6, 8))  # (max bits, rounds); wider domain
 _ROUNDS_WIDE = 6
 # Elements per vectorised pass: every Feistel step is one numpy pass over its operands, so
 # the working arrays are kept small enough to stay in L2 cache (docs/benchmarks.md).
-_CHUNK = 1 << 17
+_PASS_ELEMENTS = 1 << 17
 # Epoch tables kept per Order: the current epoch and its neighbour across a boundary.
 _CACHED_EPOCHS = 2
 _OPTION_KEYS = ("seed", "shuffle", "window_blocks", "lanes", "algorithm")
@@ -285,13 +285,13 @@ def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | in
     idx = np.asarray(indices, dtype=np.int64)
     shape = idx.shape
     idx = idx.reshape(-1)
-    if idx.size > _CHUNK:
+    if idx.size > _PASS_ELEMENTS:
         n_b = np.broadcast_to(np.asarray(n, dtype=np.int64), shape).reshape(-1)
         k_b = np.broadcast_to(np.asarray(key), shape).reshape(-1)
         single_n, single_k = np.size(n) == 1, np.size(key) == 1
         out = np.empty(idx.size, dtype=np.int64)
-        for lo in range(0, idx.size, _CHUNK):
-            hi = lo + _CHUNK
+        for lo in range(0, idx.size, _PASS_ELEMENTS):
+            hi = lo + _PASS_ELEMENTS
             out[lo:hi] = permute(idx[lo:hi], n if single_n else n_b[lo:hi],
                                  key if single_k else k_b[lo:hi])
         return out.reshape(shape)
@@ -444,22 +444,22 @@ class Order:
         if p.size == 0:
             return q.reshape(shape)
         out = np.empty_like(p)
-        for lo in range(0, p.size, _CHUNK):
-            hi = lo + _CHUNK
-            e_chunk, q_chunk = epochs[lo:hi], q[lo:hi]
-            first, last = int(e_chunk.min()), int(e_chunk.max())
+        for lo in range(0, p.size, _PASS_ELEMENTS):
+            hi = lo + _PASS_ELEMENTS
+            e_part, q_part = epochs[lo:hi], q[lo:hi]
+            first, last = int(e_part.min()), int(e_part.max())
             if first == last:
-                out[lo:hi] = self._shuffled(q_chunk, first)
+                out[lo:hi] = self._shuffled(q_part, first)
                 continue
-            uniq, inverse = np.unique(e_chunk, return_inverse=True)
+            uniq, inverse = np.unique(e_part, return_inverse=True)
             if uniq.size <= _CACHED_EPOCHS:
                 # An epoch boundary: both epochs' tables stay cached for the next call.
                 for i, epoch in enumerate(uniq.tolist()):
                     sel = np.flatnonzero(inverse == i)
-                    out[lo + sel] = self._shuffled(q_chunk[sel], epoch)
+                    out[lo + sel] = self._shuffled(q_part[sel], epoch)
             else:
                 # Many short epochs (a tiny dataset): stack their tables, one pass.
-                out[lo:hi] = self._shuffled_many(q_chunk, uniq, inverse.reshape(-1))
+                out[lo:hi] = self._shuffled_many(q_part, uniq, inverse.reshape(-1))
         return out.reshape(shape)
 
     def __repr__(self) -> str:
