@@ -31,7 +31,6 @@ def local_ds(tmp_path_factory):
 
 
 @pytest.mark.parametrize("cache, hint", [
-    ("/tmp/zc", "pass cache=ChunkCache('/tmp/zc')"),
     (True, "pass cache=ChunkCache() for the default disk cache"),
     (42, "got 42"),
 ])
@@ -40,6 +39,13 @@ def test_cache_is_a_chunk_cache_none_or_false_and_anything_else_says_what_to_pas
     with pytest.raises(TypeError, match="cache must be a ChunkCache") as e:
         open_dataset(local_ds, cache=cache)
     assert hint in str(e.value)
+
+
+def test_a_folder_path_is_shorthand_for_a_chunk_cache(local_ds, tmp_path):
+    ds = open_dataset(local_ds, cache=str(tmp_path / "zc"))
+    assert isinstance(ds.cache, ChunkCache) and ds.cache.directory == str(tmp_path / "zc")
+    ds.take([0, 5])
+    assert ds.cache.stats.misses + ds.cache.stats.fetches > 0
 
 
 def test_none_reads_a_local_dataset_in_place_and_a_chunk_cache_is_used_as_given(local_ds,

@@ -38,14 +38,13 @@ class Dataset:
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
-                 cache: ChunkCache | Literal[False] | None = None,
+                 cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
                  io_threads: int = 8, expect_dataset_id: str | None = None) -> None:
         check_dataset_id(expect_dataset_id)   # a malformed pin fails before any I/O
-        check_cache(cache)
         self.url = url
         self.storage_options = storage_options
-        self._cache_arg = cache
+        self._cache_arg = as_cache(cache)
         self._retry = retry
         self._decode_cache_bytes = decode_cache_bytes
         self._io_threads = io_threads
@@ -182,25 +181,25 @@ class Dataset:
         self.close()
 
 
-def check_cache(cache) -> None:
-    """Raise TypeError unless ``cache`` is a :class:`~zephon_store.io.cache.ChunkCache`,
-    ``None`` (the default disk cache for remote datasets, none for local ones) or ``False``
-    (no disk cache).
+def as_cache(cache):
+    """The one cache type: a :class:`~zephon_store.io.cache.ChunkCache`, ``None`` (the default
+    disk cache for remote datasets, none for local ones) or ``False`` (no disk cache). A folder
+    path is shorthand for ``ChunkCache(path)``; anything else is a TypeError saying what to pass.
 
-    >>> check_cache("/tmp/c")
+    >>> as_cache("/tmp/c").directory
+    '/tmp/c'
+    >>> as_cache(True)
     Traceback (most recent call last):
     ...
-    TypeError: cache must be a ChunkCache, None (the default disk cache for remote datasets) or False (none), got '/tmp/c': pass cache=ChunkCache('/tmp/c')
+    TypeError: cache must be a ChunkCache, a folder path, None (the default disk cache for remote datasets) or False (none), got True: pass cache=ChunkCache() for the default disk cache
     """
     if cache is None or cache is False or isinstance(cache, ChunkCache):
-        return
-    hint = ""
+        return cache
     if isinstance(cache, (str, os.PathLike)):
-        hint = f": pass cache=ChunkCache({os.fspath(cache)!r})"
-    elif cache is True:
-        hint = ": pass cache=ChunkCache() for the default disk cache"
-    raise TypeError("cache must be a ChunkCache, None (the default disk cache for remote "
-                    f"datasets) or False (none), got {cache!r}{hint}")
+        return ChunkCache(os.fspath(cache))
+    hint = ": pass cache=ChunkCache() for the default disk cache" if cache is True else ""
+    raise TypeError("cache must be a ChunkCache, a folder path, None (the default disk cache for "
+                    f"remote datasets) or False (none), got {cache!r}{hint}")
 
 
 def gather_rows(tables: list[pa.Table], inverse: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -264,15 +263,14 @@ def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 
 def open_dataset(url: str, *, storage_options: dict | None = None,
-                 cache: ChunkCache | Literal[False] | None = None,
+                 cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
                  expect_dataset_id: str | None = None) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
     ``cache``: the :class:`~zephon_store.io.cache.ChunkCache` remote row groups go through;
     ``None`` (default) is ``ChunkCache()`` for a remote dataset and none for a local one;
-    ``False`` disables it. A directory is refused with a TypeError naming the
-    ``ChunkCache(dir)`` to pass. ``retry``: a
+    ``False`` disables it; a folder path is shorthand for ``ChunkCache(path)``. ``retry``: a
     :class:`~zephon_store.io.retry.RetryPolicy` (default: the ``"retry"`` storage option, else a
     60 s budget per read). ``expect_dataset_id``
     (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
