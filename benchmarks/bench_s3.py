@@ -10,8 +10,8 @@ each case in a fresh subprocess, ``--runs`` times, interleaved:
 - ``zephon_seq_cold`` / ``zephon_shuffled_cold``: one epoch of ``ZephonLoader`` (batch 256,
   thread path) from S3 into an empty cache directory (``ZEPHON_CACHE_DIR``, a fresh temp dir);
 - ``zephon_seq_warm``: the same with the cache filled by a previous process;
-- ``zephon_fetch_cold``: the fetch path alone, no decoding: the loader's ``Prefetcher`` over
-  every row group in order (one per step), each read with ``Dataset.fetch_row_group_bytes``
+- ``zephon_fetch_cold``: the fetch path alone, no decoding: the loader's prefetcher over
+  every row group in order (one per step), each read with ``ds.row_groups.fetch_bytes``
   as the decoder would, into an empty cache.
 
 Reported: MB/s of stored (compressed) shard bytes, ``zephon_seq_cold / raw_cat_file`` (target
@@ -75,23 +75,21 @@ def child_raw(url: str, so: dict) -> dict:
 
 def child_fetch(url: str, so: dict) -> dict:
     from zephon_store import open_dataset
-    from zephon_store.io.prefetch import Prefetcher
 
     ds = open_dataset(url, storage_options=so)
     n = ds.manifest.num_row_groups
     t0 = time.perf_counter()
-    pre = Prefetcher(ds, lambda i: [i], num_batches=n)
+    pre = ds.row_groups.prefetcher(lambda i: [i], num_batches=n)
     total = 0
     for rg in range(n):
-        total += len(ds.fetch_row_group_bytes(rg))
+        total += len(ds.row_groups.fetch_bytes(rg))
         pre.consumed(rg)
     secs = time.perf_counter() - t0
     pre.close()
     st = ds.storage.stats
-    fetcher = ds.__dict__.get("_range_fetcher")
     return {"seconds": secs, "stored_bytes": total, "bytes_fetched": st.bytes_fetched,
             "requests": st.requests, "bytes_consumed": total,
-            "ranged_gets": fetcher[1].ranges if fetcher is not None else None}
+            "ranged_gets": ds.row_groups.range_fetcher().ranges}
 
 
 def child_zephon(url: str, so: dict, *, shuffle: bool, epochs: int = 1) -> dict:
@@ -127,8 +125,7 @@ def child_zephon(url: str, so: dict, *, shuffle: bool, epochs: int = 1) -> dict:
     used = np.bincount(rg, minlength=m.num_row_groups)
     consumed = float((m.rg_length * np.minimum(used, m.rg_rows) / m.rg_rows).sum())
     st = ds.storage.stats
-    fetcher = ds.__dict__.get("_range_fetcher")   # coalesced ranges (absent before them)
-    ranges = fetcher[1].ranges if fetcher is not None else None
+    ranges = ds.row_groups.range_fetcher().ranges
     return {"seconds": secs, "samples": int(ids.size), "stored_bytes": int(m.rg_length.sum()),
             "bytes_fetched": st.bytes_fetched, "requests": st.requests, "retries": st.retries,
             "ranged_gets": ranges,
