@@ -1,10 +1,11 @@
 """Zephon: content-hashed Parquet shards, a global sample manifest, and an elastically
 deterministic loader whose sample order does not depend on how many machines read it.
 
->>> import zephon_store as z                                   # doctest: +SKIP
->>> z.convert(["corpus/*.jsonl.zst"], "/data/ds", workers=4)   # doctest: +SKIP
->>> ds = z.open_dataset("/data/ds")                            # doctest: +SKIP
->>> ds.take([0, 17, 42]).to_pylist()                           # doctest: +SKIP
+>>> import os, zephon_store as z
+>>> result = z.convert([tiny_jsonl], os.path.join(tmp, "ds"))   # or "corpus/*.jsonl.zst", "s3://..."
+>>> ds = z.open_dataset(result.url)
+>>> ds.take([0, 17, 42]).to_pylist()
+[{'id': 0, 'text': 'record 0'}, {'id': 17, 'text': 'record 17'}, {'id': 42, 'text': 'record 42'}]
 
 Importing the package imports neither torch nor s3fs; they load when first needed.
 """

@@ -32,9 +32,11 @@ __all__ = ["DEFAULT_DECODE_CACHE_BYTES", "Dataset", "check_dataset_id", "gather_
 class Dataset:
     """A converted dataset opened for reading. Use :func:`open_dataset` to make one.
 
-    >>> ds = open_dataset("/data/ds")                 # doctest: +SKIP
-    >>> ds.num_samples, ds.dataset_id                 # doctest: +SKIP
-    >>> ds.take([5, 0, 5]).column("text").to_pylist() # doctest: +SKIP
+    >>> ds = open_dataset(tiny_dataset)
+    >>> ds.num_samples, ds.dataset_id
+    (100, 'xxh3:...')
+    >>> ds.take([5, 0, 5]).column("text").to_pylist()
+    ['record 5', 'record 0', 'record 5']
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
@@ -69,7 +71,12 @@ class Dataset:
         """Raise :class:`~zephon_store.errors.ManifestError` unless this is dataset
         ``dataset_id`` (``"xxh3:<32 hex>"``; ValueError if malformed).
 
-        >>> ds.expect_id("xxh3:9f0c...")   # doctest: +SKIP
+        >>> ds = open_dataset(tiny_dataset)
+        >>> ds.expect_id(ds.dataset_id)
+        >>> ds.expect_id("xxh3:" + "0" * 32)
+        Traceback (most recent call last):
+        ...
+        zephon_store.errors.ManifestError: ...
         """
         check_dataset_id(dataset_id)
         if self.manifest.dataset_id != dataset_id:
@@ -141,9 +148,8 @@ class Dataset:
         which come as a 1-D numpy array viewing the decoded row group (read-only), as in
         the loader's batches. The row group is decoded once and kept in the decoded LRU.
 
-        >>> ds[17]["text"]               # doctest: +SKIP
-        >>> ds[17]["tokens"].shape       # doctest: +SKIP
-        (2049,)
+        >>> open_dataset(tiny_dataset)[17]
+        {'id': 17, 'text': 'record 17'}
         """
         if isinstance(seq, (bool, np.bool_)):
             # operator.index(True) is 1: a mask or a flag passed by mistake must not read
@@ -278,8 +284,11 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
     validated on open; each shard's footer is checked against them before its first
     decode. Use it as a context manager (or call :meth:`Dataset.close`) to stop its threads.
 
-    >>> ds = open_dataset("s3://bucket/ds", storage_options={"endpoint_url": "http://127.0.0.1:8333"})  # doctest: +SKIP
-    >>> ds.take([0]).to_pylist()   # doctest: +SKIP
+    >>> with open_dataset(tiny_dataset) as ds:
+    ...     ds.take([0]).to_pylist()
+    [{'id': 0, 'text': 'record 0'}]
+
+    A remote one: ``open_dataset("s3://bucket/ds", storage_options={"endpoint_url": ...})``.
     """
     return Dataset(url, storage_options=storage_options, cache=cache,
                    decode_cache_bytes=decode_cache_bytes, retry=retry,

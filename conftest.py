@@ -1,0 +1,38 @@
+"""Doctest namespace: small real data for the examples in ``zephon_store`` docstrings.
+
+``tiny_dataset`` is a local dataset (100 JSONL records ``{"id", "text"}``, row groups of 10
+rows) converted once per session; ``tiny_jsonl`` is its input file; ``tmp`` is a fresh
+temporary directory per doctest. Examples write only there, never into the working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def _tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    import zephon_store as z
+
+    work = tmp_path_factory.mktemp("doctest-data")
+    src = os.path.join(work, "a.jsonl")
+    with open(src, "w") as f:
+        for i in range(100):
+            f.write(json.dumps({"id": i, "text": f"record {i}"}) + "\n")
+    out = os.path.join(work, "ds")
+    z.convert([src], out, options=z.WriteOptions(row_group_rows=10, target_shard_bytes="4KiB"),
+              progress=False)
+    return src, out
+
+
+@pytest.fixture(autouse=True)
+def _doctest_data(request: pytest.FixtureRequest, tmp_path) -> None:
+    """Fill ``doctest_namespace`` for doctests only (plain tests do not pay for the dataset)."""
+    if not isinstance(request.node, pytest.DoctestItem):
+        return
+    src, out = request.getfixturevalue("_tiny")
+    ns = request.getfixturevalue("doctest_namespace")
+    ns.update(tiny_dataset=out, tiny_jsonl=src, tmp=str(tmp_path))
