@@ -6,10 +6,9 @@ rename itself survives a crash. The file gets the mode ``open()`` would give it 
 the umask), never mkstemp's private 0600, so a shared dataset stays readable by its users.
 Temp names are ``.<target name>.<random>.tmp``: hidden, and recognisable as debris.
 
->>> import os, tempfile
->>> d = tempfile.mkdtemp()
->>> atomic_write(os.path.join(d, "a.json"), b"{}")
->>> open(os.path.join(d, "a.json"), "rb").read(), os.listdir(d)
+>>> import os
+>>> atomic_write(os.path.join(tmp, "a.json"), b"{}")
+>>> open(os.path.join(tmp, "a.json"), "rb").read(), os.listdir(tmp)
 (b'{}', ['a.json'])
 """
 

@@ -181,8 +181,10 @@ def compute_dataset_id(doc: dict) -> str:
 class Manifest:
     """A loaded, validated manifest.
 
-    >>> m = Manifest.from_parts(doc, tables)        # doctest: +SKIP
-    >>> m.num_samples, m.num_shards, m.dataset_id   # doctest: +SKIP
+    >>> from zephon_store.io.storage import Storage
+    >>> m = load_manifest(Storage(tiny_dataset))
+    >>> m.num_samples, m.num_shards, m.dataset_id
+    (100, 1, 'xxh3:...')
     """
 
     def __init__(self, doc: dict, tables: dict[str, pa.Table], *, url: str = "<memory>",
@@ -334,7 +336,12 @@ class Manifest:
     def to_logical(self, table: pa.Table) -> pa.Table:
         """A decoded shard table in the logical types of ``schema`` (no-op without encodings).
 
-        >>> ds.manifest.to_logical(pf.read_row_group(0))   # doctest: +SKIP
+        >>> import os, pyarrow.parquet as pq
+        >>> from zephon_store.io.storage import Storage
+        >>> m = load_manifest(Storage(tiny_dataset))
+        >>> pf = pq.ParquetFile(os.path.join(tiny_dataset, m.shard_path(0)))
+        >>> m.to_logical(pf.read_row_group(0)).schema == m.schema
+        True
         """
         if not self.storage:
             return table

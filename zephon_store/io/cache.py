@@ -11,9 +11,8 @@ it needs next (:meth:`ChunkCache.set_future`). Over budget, the cache first evic
 process plans to read (least recently used first), then the planned key needed furthest in the
 future (Belady).
 
->>> import tempfile
 >>> from zephon_store._util.hashing import xxh3_hex
->>> cache = ChunkCache(tempfile.mkdtemp(), budget_bytes=1 << 20)
+>>> cache = ChunkCache(tmp, budget_bytes=1 << 20)
 >>> key = xxh3_hex(b"row group bytes")
 >>> cache.get_or_fetch(key, lambda: b"row group bytes")
 b'row group bytes'
@@ -147,9 +146,12 @@ class ChunkCache:
     then returns the fetched bytes uncached. Each later operation tries the disk again, so a
     cache that heals (space freed, folder made again) is used again.
 
-    >>> cache = ChunkCache("/tmp/zc", budget_bytes=64 << 20)  # doctest: +SKIP
-    >>> cache.set_future([k1, k2, k3])   # the keys the reader needs next, in order  # doctest: +SKIP
-    >>> data = cache.get_or_fetch(k1, lambda: storage.read_range(...))  # doctest: +SKIP
+    >>> cache = ChunkCache(tmp, budget_bytes=64 << 20)
+    >>> blobs = [b"row group 0", b"row group 1"]
+    >>> keys = [xxh3_hex(b) for b in blobs]
+    >>> cache.set_future(keys)   # the keys the reader needs next, in order
+    >>> cache.get_or_fetch(keys[0], lambda: blobs[0])   # in practice: storage.read_range(...)
+    b'row group 0'
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *,
@@ -183,9 +185,9 @@ class ChunkCache:
         """Another handle on the same folder with the same options, with its own stats and
         its own plan (what a worker process uses; the plan file is per process).
 
-        >>> c = ChunkCache("/tmp/zc", budget_bytes=1 << 20).clone()
-        >>> c.directory, c.budget_bytes
-        ('/tmp/zc', 1048576)
+        >>> c = ChunkCache(tmp, budget_bytes=1 << 20).clone()
+        >>> c.directory == tmp, c.budget_bytes
+        (True, 1048576)
         """
         return ChunkCache(self.directory, budget_bytes=self.budget_bytes,
                           low_water=self.low_water, verify=self.verify)
@@ -314,7 +316,8 @@ class ChunkCache:
         run by any process of the node protects it; it is removed when this cache object is
         garbage collected or the process exits (plans of dead processes are ignored).
 
-        >>> cache.set_future(manifest_row_group_hashes_in_read_order[:4096])  # doctest: +SKIP
+        >>> cache = ChunkCache(tmp)
+        >>> cache.set_future([xxh3_hex(b"rg 7"), xxh3_hex(b"rg 3")])   # row group hashes, read order
         """
         plan: dict[str, int] = {}
         for i, key in enumerate(keys_in_order):
@@ -434,8 +437,7 @@ class ChunkCache:
     def get(self, key: str) -> bytes | None:
         """The cached bytes for ``key``, or None.
 
-        >>> import tempfile
-        >>> ChunkCache(tempfile.mkdtemp()).get("0" * 32) is None
+        >>> ChunkCache(tmp).get("0" * 32) is None
         True
         """
         data = self._read(key)
@@ -458,7 +460,8 @@ class ChunkCache:
         Raises :class:`~zephon_store.errors.IntegrityError` (before publishing any) when
         ``verify`` is on and some bytes do not hash to their key.
 
-        >>> cache.put_many([(xxh3_hex(b), b) for b in row_group_bytes])  # doctest: +SKIP
+        >>> cache = ChunkCache(tmp)
+        >>> cache.put_many([(xxh3_hex(b), b) for b in (b"rg 0", b"rg 1", b"rg 2")])
         [True, True, True]
         """
         items = list(items)
@@ -533,8 +536,10 @@ class ChunkCache:
         :meth:`get_or_fetch` for a claimed key wait until the claim ends, then read the
         entry the claimer published.
 
-        >>> with cache.claim_keys(keys) as mine:  # doctest: +SKIP
-        ...     cache.put_many((k, fetch(k)) for k in mine)
+        >>> cache, blobs = ChunkCache(tmp), {xxh3_hex(b): b for b in (b"rg 0", b"rg 1")}
+        >>> with cache.claim_keys(blobs) as mine:
+        ...     cache.put_many((k, blobs[k]) for k in mine)
+        [True, True]
         """
         keys = sorted(set(keys))
         for key in keys:
@@ -566,8 +571,11 @@ class ChunkCache:
         Processes (and threads) of the node asking for the same missing key wait on a per-key
         file lock, so the fetch runs once while it fits in the budget.
 
-        >>> data = cache.get_or_fetch(rg_xxh3, lambda: st.read_range(  # doctest: +SKIP
-        ...     shard, off, off + n, expected_xxh3=rg_xxh3))
+        >>> cache, key = ChunkCache(tmp), xxh3_hex(b"rg 0")
+        >>> cache.get_or_fetch(key, lambda: b"rg 0")   # e.g. st.read_range(shard, off, end, ...)
+        b'rg 0'
+        >>> cache.get_or_fetch(key, lambda: 1 / 0)     # cached: no fetch
+        b'rg 0'
         """
         data = self._read(key)
         if data is not None:
