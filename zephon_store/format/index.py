@@ -131,8 +131,11 @@ class RowGroupFinder:
 def locate(manifest, seqs) -> Located:
     """Locate global sequence numbers.
 
-    >>> loc = locate(manifest, [0, 1_000_000])          # doctest: +SKIP
-    >>> loc.shard, loc.row_group, loc.row_in_group      # doctest: +SKIP
+    >>> from zephon_store.io.storage import Storage
+    >>> from zephon_store.format.manifest import load_manifest
+    >>> loc = locate(load_manifest(Storage(tiny_dataset)), [0, 57, 99])   # row groups of 10
+    >>> loc.shard.tolist(), loc.row_group.tolist(), loc.row_in_group.tolist()
+    ([0, 0, 0], [0, 5, 9], [0, 7, 9])
     """
     s = as_seqs(seqs, manifest.num_samples)
     finder = getattr(manifest, "_finder", None)

@@ -1,9 +1,9 @@
 """Raw inputs (JSONL, Parquet, text, CSV; compressed, local or remote) to Arrow record batches.
 
 >>> from zephon_store.ingest import InputOptions, expand_inputs, read_input
->>> files = expand_inputs(["data/*.jsonl.zst", "s3://b/raw/"])  # doctest: +SKIP
->>> for batch in read_input(files[0], options=InputOptions()):  # doctest: +SKIP
-...     ...
+>>> files = expand_inputs([tiny_jsonl])   # also globs, folders, "s3://b/raw/"
+>>> [batch.num_rows for batch in read_input(files[0], options=InputOptions())]
+[100]
 
 See docs/inputs.md for detection rules, options, error messages and limits.
 """

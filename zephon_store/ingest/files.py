@@ -73,9 +73,11 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
     followed (a loop is an :class:`~zephon_store.errors.InputError`), and one local file
     reached under several names is one input, under the first name in sorted order.
 
-    >>> files = expand_inputs(["data/*.jsonl.zst", "s3://b/raw/"])  # doctest: +SKIP
-    >>> files[0]  # doctest: +SKIP
-    InputFile(url='/work/data/a.jsonl.zst', kind='jsonl', compression='zstd', size=5120)
+    >>> import os
+    >>> expand_inputs([os.path.dirname(tiny_jsonl)])   # the dataset beside it is skipped
+    [InputFile(url='.../a.jsonl', kind='jsonl', compression=None, size=3180)]
+
+    Globs and URLs work the same way: ``expand_inputs(["data/*.jsonl.zst", "s3://b/raw/"])``.
     """
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -175,8 +177,9 @@ def open_stream(file: InputFile, storage_options: dict | None = None) -> Iterato
     :class:`~zephon_store.errors.InputError` from ``read`` (see :mod:`.containers`); a remote
     file is read in retried ranges (see :mod:`.source`).
 
-    >>> with open_stream(InputFile("/d/a.jsonl.gz", "jsonl", "gzip", 0)) as f:  # doctest: +SKIP
-    ...     head = f.read(100)
+    >>> with open_stream(expand_inputs(tiny_jsonl)[0]) as f:   # .gz/.zst: the same, decompressed
+    ...     f.read(29)
+    b'{"id": 0, "text": "record 0"}'
     """
     with open_raw(file, storage_options) as raw:
         yield raw if file.compression is None else DecompressedReader(raw, file)

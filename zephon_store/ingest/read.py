@@ -30,12 +30,14 @@ def read_input(file: InputFile, *, options: InputOptions = DEFAULT_OPTIONS,
     the ``"retry"`` storage option; a :class:`~zephon_store.errors.StorageError` naming the
     file is raised when that budget runs out.
 
+    >>> from zephon_store.ingest import expand_inputs
     >>> stats = InputStats()
-    >>> for batch in read_input(files[0], options=InputOptions(on_error="skip"),
-    ...                         stats=stats):  # doctest: +SKIP
-    ...     write(batch)
-    >>> stats.skipped  # doctest: +SKIP
-    0
+    >>> for batch in read_input(expand_inputs(tiny_jsonl)[0],
+    ...                         options=InputOptions(on_error="skip"), stats=stats):
+    ...     batch.num_rows
+    100
+    >>> stats.rows, stats.skipped
+    (100, 0)
     """
     if stats is not None:
         stats.files += 1
