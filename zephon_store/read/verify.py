@@ -77,8 +77,9 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
            workers: int = 4, progress: bool = False) -> VerifyReport:
     """Check the dataset at ``url``; return every finding.
 
-    >>> report = verify("/data/ds", deep=True)   # doctest: +SKIP
-    >>> report.ok, [f.kind for f in report.findings]   # doctest: +SKIP
+    >>> report = verify(tiny_dataset, deep=True)
+    >>> report.ok, report.shards_checked, [f.kind for f in report.findings]
+    (True, 1, [])
     """
     st = Storage(url, storage_options=storage_options)
     report = VerifyReport(dataset_id=None)

@@ -115,8 +115,12 @@ def convert(
 ) -> ConvertResult:
     """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
 
-    >>> convert(["corpus/*.jsonl.zst"], "s3://bucket/ds", workers=4)   # doctest: +SKIP
-    ConvertResult(url='s3://bucket/ds', dataset_id='xxh3:…', num_samples=…, …)
+    >>> import os
+    >>> r = convert([tiny_jsonl], os.path.join(tmp, "ds"), options=WriteOptions(row_group_rows=10))
+    >>> r.num_samples, r.num_shards, r.num_row_groups, r.dataset_id
+    (100, 1, 10, 'xxh3:...')
+
+    Globs and URLs work the same way: ``convert(["corpus/*.jsonl.zst"], "s3://bucket/ds")``.
 
     ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
     inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).

@@ -38,8 +38,13 @@ def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) 
     runs) and needs a manifest that loads (``ManifestError`` otherwise: without it every file
     would look unreferenced).
 
-    >>> gc("s3://bucket/ds", dry_run=True).removed   # doctest: +SKIP
-    ['shards/3f2a….parquet']
+    >>> import os, shutil
+    >>> ds = shutil.copytree(tiny_dataset, os.path.join(tmp, "ds"))
+    >>> open(os.path.join(ds, "shards", "orphan.parquet"), "wb").close()
+    >>> gc(ds, dry_run=True).removed   # a URL works too: gc("s3://bucket/ds")
+    ['shards/orphan.parquet']
+    >>> gc(ds).removed, os.path.exists(os.path.join(ds, "shards", "orphan.parquet"))
+    (['shards/orphan.parquet'], False)
     """
     st = Storage(url, storage_options=storage_options)
     if not st.exists(MANIFEST_NAME):

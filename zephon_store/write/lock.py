@@ -170,8 +170,14 @@ def output_lock(out: Storage, *, command: str = "convert") -> Iterator[dict]:
     process holds it. Yields the holder record written into the lock.
 
     >>> from zephon_store.io.storage import Storage
-    >>> with output_lock(Storage("/data/ds")) as holder:   # doctest: +SKIP
-    ...     ...
+    >>> with output_lock(Storage(tmp)) as holder:
+    ...     sorted(holder)
+    ['command', 'host', 'pid', 'since', 'token']
+    >>> with output_lock(Storage(tmp)), output_lock(Storage(tmp)):
+    ...     pass
+    Traceback (most recent call last):
+    ...
+    zephon_store.errors.OutputLockedError: another convert (pid ...) holds ...
     """
     holder = _holder(command)
     if out.local:
