@@ -7,8 +7,13 @@ prefetcher (bytes fetched ahead into the disk cache). The torch loader, its
 ``IterableDataset`` and the TorchTitan loader are thin shells over it; nothing here imports
 torch.
 
->>> engine = ShareEngine(ds, OrderOptions(seed=7), Topology(64, 2, 0))   # doctest: +SKIP
->>> for i, batch in engine.batches():  ...                                # doctest: +SKIP
+>>> from zephon_store import open_dataset
+>>> engine = ShareEngine(open_dataset(tiny_dataset), OrderOptions(seed=7), Topology(8, 2, 0),
+...                      num_batches=2)
+>>> for i, batch in engine.batches():
+...     i, batch["id"].tolist(), batch["text"][0]
+(0, [79, 41, 78, 45], 'record 79')
+(1, [49, 5, 87, 4], 'record 49')
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ class _Step:
 def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object, object]:
     """Where a step's rows are: ``(row_groups, runs, inverse, rows)``, see ``_Step``.
 
-    >>> step_rows(m, np.arange(5, 12))    # row groups of 10 rows  # doctest: +SKIP
+    >>> from zephon_store import open_dataset
+    >>> step_rows(open_dataset(tiny_dataset).manifest, np.arange(5, 12))   # row groups of 10 rows
     ([0, 1], [(5, 5), (0, 2)], None, None)
     """
     n = ids.size
@@ -209,9 +210,11 @@ class BatchPipeline:
     ``indices`` are local batch numbers counted from ``start_cursor`` (one worker's share
     is ``range(worker, n, workers)``; ``itertools.count()`` is endless).
 
-    >>> p = BatchPipeline(RankStream(ds, OrderOptions(seed=7), Topology(8)), 0, range(3))  # doctest: +SKIP
-    >>> [i for i, batch in p]                                                              # doctest: +SKIP
-    [0, 1, 2]
+    >>> from zephon_store import OrderOptions, Topology, open_dataset
+    >>> from zephon_store.load.stream import RankStream
+    >>> stream = RankStream(open_dataset(tiny_dataset), OrderOptions(seed=7), Topology(8))
+    >>> [(i, batch["id"].tolist()) for i, batch in BatchPipeline(stream, 0, range(2))]
+    [(0, [79, 41, 78, 45, 68, 97, 30, 33]), (1, [49, 5, 87, 4, 43, 40, 0, 3])]
     """
 
     def __init__(self, stream, start_cursor: int, indices: Iterable[int], *,

@@ -28,8 +28,13 @@ def make_order(dataset, order_options: OrderOptions) -> Order:
 class RankStream:
     """Positions, sample ids and row groups for one rank.
 
-    >>> rs = RankStream(ds, OrderOptions(seed=7), Topology(global_batch=8, world_size=2, rank=1))  # doctest: +SKIP
-    >>> rs.ids(cursor=0)           # the 4 sample ids rank 1 reads in step 0   # doctest: +SKIP
+    >>> from zephon_store import open_dataset
+    >>> ds = open_dataset(tiny_dataset)
+    >>> RankStream(ds, OrderOptions(seed=7), Topology(global_batch=8)).ids(cursor=0)
+    array([79, 41, 78, 45, 68, 97, 30, 33])
+    >>> rs = RankStream(ds, OrderOptions(seed=7), Topology(global_batch=8, world_size=2, rank=1))
+    >>> rs.ids(cursor=0)           # rank 1 of 2: the second half of the same step
+    array([68, 97, 30, 33])
 
     Batches are made by :class:`~zephon_store.load.pipeline.BatchPipeline` over a stream.
     """
