@@ -1,9 +1,14 @@
 """PyTorch loading: one cursor, any world size, any number of workers.
 
->>> from zephon_store.torch import ZephonLoader                         # doctest: +SKIP
->>> loader = ZephonLoader("s3://b/ds", global_batch=256, seed=7)         # doctest: +SKIP
->>> for batch in loader: ...                                             # doctest: +SKIP
->>> torch.save(loader.state_dict(), "ckpt.pt")  # {version, dataset_id, seed, order, cursor}  # doctest: +SKIP
+>>> import os, torch
+>>> from zephon_store.torch import ZephonLoader
+>>> loader = ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=1, rank=0,
+...                       max_steps=2)   # a URL works too: "s3://b/ds"
+>>> [batch["id"].shape for batch in loader]
+[torch.Size([8]), torch.Size([8])]
+>>> sorted(loader.state_dict())
+['cursor', 'dataset_id', 'order', 'seed', 'version']
+>>> torch.save(loader.state_dict(), os.path.join(tmp, "ckpt.pt"))
 
 Needs the ``torch`` extra; the rest of zephon_store works without it.
 """

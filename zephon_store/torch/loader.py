@@ -70,10 +70,18 @@ def to_torch(batch: dict) -> dict:
 class ZephonLoader:
     """Iterate this rank's batches of a dataset in the global, elastic order.
 
-    >>> loader = ZephonLoader("/data/ds", global_batch=64, order=OrderOptions(seed=7))  # doctest: +SKIP
-    >>> it = iter(loader); batch = next(it)                                           # doctest: +SKIP
-    >>> sd = loader.state_dict()   # {"version": 1, "dataset_id": ..., "seed": 7, "order": {...}, "cursor": 64}  # doctest: +SKIP
-    >>> ZephonLoader("/data/ds", global_batch=96, world_size=3, rank=0).load_state_dict(sd)  # doctest: +SKIP
+    >>> loader = ZephonLoader(tiny_dataset, global_batch=8, order=OrderOptions(seed=7),
+    ...                       world_size=1, rank=0, max_steps=1)   # or "s3://bucket/ds"
+    >>> [batch["id"].tolist() for batch in loader]
+    [[79, 41, 78, 45, 68, 97, 30, 33]]
+    >>> sd = loader.state_dict()
+    >>> sd["cursor"], sd["seed"]
+    (8, 7)
+    >>> resumed = ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=2, rank=1,
+    ...                        max_steps=1)
+    >>> resumed.load_state_dict(sd)   # step 1, now on two ranks: rank 1 reads its half
+    >>> [batch["id"].tolist() for batch in resumed]
+    [[43, 40, 0, 3]]
 
     Arguments: ``global_batch`` samples per step over all ranks (``world_size`` must divide
     it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
