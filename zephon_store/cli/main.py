@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
 
->>> main(["info", "/data/ds", "--json"])   # doctest: +SKIP
+>>> main(["info", tiny_dataset, "--json"])
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 2, "num_samples": 100, ...}
 0
 """
 

@@ -227,8 +227,14 @@ def read_fixed_chunk(buf: pa.Buffer, base: int, column, max_def: int, max_rep: i
     levels; ``width`` the value size in bytes. Uncompressed pages come back as views of
     ``buf``; one chunk per data page.
 
-    >>> read_fixed_chunk(buf, 0, md.row_group(0).column(0), 1, 0, 8196)  # doctest: +SKIP
-    <pyarrow.lib.ChunkedArray object at ...>
+    >>> import io, pyarrow.parquet as pq
+    >>> sink = io.BytesIO()
+    >>> pq.write_table(pa.table({"v": pa.array([b"ab", b"cd"], pa.binary(2))}), sink,
+    ...                compression="none", use_dictionary=False)
+    >>> buf = pa.py_buffer(sink.getvalue())
+    >>> md = pq.ParquetFile(pa.BufferReader(buf)).metadata
+    >>> read_fixed_chunk(buf, 0, md.row_group(0).column(0), 1, 0, 2).to_pylist()
+    [b'ab', b'cd']
     """
     try:
         return _read_fixed_chunk(buf, base, column, max_def, max_rep, width)

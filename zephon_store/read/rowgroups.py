@@ -85,8 +85,10 @@ class RowGroups:
     ``cache`` is the disk cache remote bytes go through (None: none); ``dataset_url`` names
     the dataset in errors.
 
-    >>> rgs = open_dataset("/data/ds").row_groups   # doctest: +SKIP
-    >>> rgs.read(0).num_rows                        # doctest: +SKIP
+    >>> from zephon_store import open_dataset
+    >>> rgs = open_dataset(tiny_dataset).row_groups
+    >>> rgs.read(0).num_rows, rgs.read(0).column("id")[0].as_py()
+    (10, 0)
     """
 
     def __init__(self, manifest: Manifest, storage: Storage, *, cache: ChunkCache | None,
