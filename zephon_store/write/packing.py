@@ -23,8 +23,12 @@ crash-safe staging and its byte-identical output for any number of workers:
   windows are staged under ``packed/<index>`` by one pool task that reads the token range
   it needs (including the head of the following files) from the memory-mapped parsed files.
 
->>> kwargs = packing_convert_kwargs(PackingOptions(tokenizer="tok.json", seq_len=2048))  # doctest: +SKIP
->>> convert(["corpus/*.jsonl.zst"], "/data/ds", workers=8, **kwargs)                   # doctest: +SKIP
+>>> import os
+>>> from zephon_store import convert, open_dataset
+>>> kwargs = packing_convert_kwargs(PackingOptions(tokenizer=tiny_tokenizer, seq_len=7))
+>>> ds = open_dataset(convert([tiny_jsonl], os.path.join(tmp, "ds"), **kwargs).url)
+>>> ds[0]   # <s> record 0 </s> <s> record 1 </s>
+{'tokens': array([1, 3, 4, 2, 1, 3, 5, 2], dtype=int32), 'doc_starts': [0, 4]}
 """
 
 from __future__ import annotations
@@ -510,8 +514,10 @@ def packing_convert_kwargs(options: PackingOptions) -> dict:
     manifest's ``packing`` entry with the totals ``restream`` returns (nothing is filled in
     place, so one set serves any number of ``convert`` calls).
 
-    >>> kw = packing_convert_kwargs(PackingOptions(tokenizer="tok.json", seq_len=8))  # doctest: +SKIP
-    >>> convert(["docs.jsonl"], "/data/ds", **kw).num_samples   # windows  # doctest: +SKIP
+    >>> from zephon_store import convert
+    >>> kw = packing_convert_kwargs(PackingOptions(tokenizer=tiny_tokenizer, seq_len=7))
+    >>> convert([tiny_jsonl], os.path.join(tmp, "ds"), **kw).num_samples   # 400 tokens, windows of 8
+    50
     """
     path = tokenizer_file(options.tokenizer)
     digest = xxh3_file(path)
