@@ -19,10 +19,16 @@ Select it with ``--module zephon_store.integrations.torchtitan --config zephon_l
 or with the override ``--override.imports zephon_store.integrations.torchtitan_override.use_zephon``
 (docs/torchtitan.md). Needs the ``torchtitan`` extra.
 
->>> cfg = ZephonDataLoader.Config(dataset="s3://b/ds", seed=7)                  # doctest: +SKIP
->>> dl = cfg.build(dp_world_size=2, dp_rank=0, tokenizer=None, seq_len=2048,    # doctest: +SKIP
-...                local_batch_size=8)
->>> inputs, labels = next(iter(dl))   # inputs["input"]: LongTensor[8, 2048]    # doctest: +SKIP
+>>> import os
+>>> from zephon_store import convert
+>>> from zephon_store.write.packing import PackingOptions, packing_convert_kwargs
+>>> kw = packing_convert_kwargs(PackingOptions(tokenizer=tiny_tokenizer, seq_len=7))
+>>> url = convert([tiny_jsonl], os.path.join(tmp, "ds"), **kw).url   # or "s3://b/ds"
+>>> dl = ZephonDataLoader.Config(dataset=url, seed=7).build(
+...     dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=7, local_batch_size=2)
+>>> inputs, labels = next(iter(dl))
+>>> inputs["input"].shape, labels.shape
+(torch.Size([2, 7]), torch.Size([2, 7]))
 """
 
 from __future__ import annotations
