@@ -23,10 +23,10 @@ demo: $(STAMP)
 	$(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider tests zephon_store docs/design.md --doctest-modules --doctest-glob=design.md
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check zephon_store tests benchmarks scripts
+	$(VENV)/bin/ruff check zephon_store tests benchmarks scripts conftest.py
 
 # litdata requires torchvision, which would pull another (CUDA) torch: install it without
 # dependencies, then the ones it needs.
