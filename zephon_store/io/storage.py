@@ -322,6 +322,11 @@ class Storage:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
 
+    def count_integrity_failures(self, n: int = 1) -> None:
+        """Count ``n`` reads that failed their hash outside this object (a coalesced range
+        split per row group is checked by its fetcher), so ``stats`` stays complete."""
+        self._count(integrity_failures=n)
+
     def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str,
               start: float | None = None) -> T:
         """Run one storage operation with retries; map failures to zephon errors.

@@ -163,7 +163,7 @@ class RowGroups:
                 storage = self.storage
                 self._fetcher = RangeFetcher(
                     self.manifest, storage.read_range, self.cache, fetch_alone=self.fetch_alone,
-                    on_corrupt=lambda n: storage._count(integrity_failures=n), options=options)
+                    on_corrupt=storage.count_integrity_failures, options=options)
             return self._fetcher
 
     def prefetcher(self, step_row_groups: Callable[[int], Iterable[int]], *,
