@@ -6,11 +6,12 @@ appends ``n`` faults to one FIFO queue; every request through the proxy (GET, HE
 takes the next queued fault, if any (a fault queued with ``path=`` waits for a request whose
 target contains that text).
 
->>> proxy = FaultProxy(upstream_port=8333)               # doctest: +SKIP
->>> proxy.reset_next(2)                                   # doctest: +SKIP
->>> fs = s3fs.S3FileSystem(endpoint_url=proxy.endpoint_url, ...)  # doctest: +SKIP
->>> proxy.requests, proxy.injected                        # doctest: +SKIP
-(3, 2)
+Usage (the tests in tests/integration show it against a real SeaweedFS)::
+
+    proxy = FaultProxy(upstream_port=8333)
+    proxy.reset_next(2)            # the next two requests get a connection reset
+    fs = s3fs.S3FileSystem(endpoint_url=proxy.endpoint_url, ...)
+    proxy.requests, proxy.injected # (3, 2) after one GET that was retried twice
 
 Faults: ``reset_next``, ``http503_next``, ``truncate_next``, ``corrupt_next`` (a flipped body
 byte), ``bad_checksum_next`` (a wrong S3 checksum header), ``blackhole_next``, ``latency``,
