@@ -308,6 +308,22 @@ def test_json_nested_too_deeply_names_line_depth_and_what_to_do(tmp_path, lists)
     assert _rows(path, InputOptions(on_error="skip"), stats) == 2 and stats.malformed_json == 1
 
 
+def test_brackets_inside_strings_keep_the_fast_path(tmp_path, monkeypatch):
+    """Source code in a text field holds thousands of brackets; only real nesting may send a
+    chunk to the slow exact pass (it made converting a code corpus 3x slower)."""
+    from zephon_store.ingest import jsonl as jsonl_mod
+
+    def no_exact_pass(*args, **kwargs):
+        raise AssertionError("the chunk took the exact pass")
+
+    monkeypatch.setattr(jsonl_mod, "check_chunk", no_exact_pass)
+    path = tmp_path / "code.jsonl"
+    code = "def f(x):\n    return [[{'k': x[i]} for i in range(3)]]\n" * 500
+    records = [{"path": f"m{i}.py", "text": code + '"\\'} for i in range(20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert _rows(path, InputOptions()) == 20
+
+
 def test_messages_name_only_options_the_cli_has():
     """Every '--flag' an ingest message suggests exists on 'zephon convert'."""
     import re

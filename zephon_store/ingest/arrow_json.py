@@ -46,20 +46,68 @@ def has_null_lines(data: bytes) -> bool:
 
 
 def may_be_too_deep(data: bytes, limit: int = _ARROW_SAFE_DEPTH) -> bool:
-    """True when some line holds more than ``limit`` ``[`` or ``{``, the cheap upper bound of
-    its depth (strings included); only such lines can crash pyarrow.
+    """True when some line of ``data`` may nest containers more than ``limit`` deep; only such
+    lines can crash pyarrow, and only chunks holding one take the slow exact path.
+
+    Brackets inside JSON strings do not count (source code in a ``text`` field is full of
+    them), so this is the exact depth of every well-formed line; a line whose quotes do not
+    pair up (malformed anyway) counts as too deep, and the exact path names it.
 
     >>> may_be_too_deep(b'{"a": [[1]]}\\n'), may_be_too_deep(b"[" * 1001)
     (False, True)
+    >>> may_be_too_deep(b'{"code": "' + b"[" * 2000 + b'"}\\n')
+    False
     """
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
+    return _max_line_depth(data) > limit
+
+
+_SPECIAL = np.zeros(256, bool)
+_SPECIAL[[0x0A, 0x22, 0x5B, 0x5C, 0x5D, 0x7B, 0x7D]] = True   # \n " [ \\ ] { }
+
+
+def _max_line_depth(data: bytes) -> int:
+    """The deepest nesting of any line, brackets inside strings aside (vectorised: O(n) in
+    numpy, no per-line Python); ``limit``-breaking sentinel for lines with unpaired quotes."""
     a = np.frombuffer(data, np.uint8)
-    ends = np.append(np.flatnonzero(a == 0x0A), len(a))
-    per_line = np.zeros(len(ends), np.int64)
-    for opener in (0x5B, 0x7B):
-        per_line += np.diff(np.searchsorted(np.flatnonzero(a == opener), ends), prepend=0)
-    return bool(per_line.max() > limit)
+    n = len(a)
+    # One pass over the bytes finds every byte that matters; the rest works on those few.
+    at = np.flatnonzero(_SPECIAL[a])
+    kind = a[at]
+    quotes = at[kind == 0x22]
+    slashes = at[kind == 0x5C]
+    if slashes.size and quotes.size:
+        # A quote is escaped when an odd run of backslashes ends right before it.
+        breaks = np.flatnonzero(np.diff(slashes) != 1)
+        starts = slashes[np.r_[0, breaks + 1]]
+        ends = slashes[np.r_[breaks, slashes.size - 1]]
+        after = (ends + 1)[((ends - starts) % 2 == 0) & (ends + 1 < n)]
+        escaped = after[a[after] == 0x22]
+        if escaped.size:
+            quotes = np.setdiff1d(quotes, escaped, assume_unique=True)
+    line_ends = np.append(at[kind == 0x0A], n)
+    per_line = np.diff(np.searchsorted(quotes, line_ends), prepend=0)
+    if np.any(per_line % 2):
+        return np.iinfo(np.int64).max   # unpaired quotes: let the exact pass decide
+    opens = at[(kind == 0x5B) | (kind == 0x7B)]
+    closes = at[(kind == 0x5D) | (kind == 0x7D)]
+    # Quotes pair up within each line, so an even count of quotes before a bracket means it
+    # stands outside every string.
+    opens = opens[np.searchsorted(quotes, opens) % 2 == 0]
+    if not opens.size:
+        return 0
+    closes = closes[np.searchsorted(quotes, closes) % 2 == 0]
+    pos = np.concatenate([opens, closes])
+    step = np.concatenate([np.ones(opens.size, np.int64), -np.ones(closes.size, np.int64)])
+    order = np.argsort(pos, kind="stable")
+    pos, step = pos[order], step[order]
+    depth = np.cumsum(step)
+    # Depth counts from each line's start: subtract the running depth before its first event.
+    line = np.searchsorted(line_ends, pos)
+    first = np.flatnonzero(np.r_[True, line[1:] != line[:-1]])
+    base = np.repeat(depth[first] - step[first], np.diff(np.r_[first, pos.size]))
+    return int((depth - base).max())
 
 
 def record_depth(schema: pa.Schema) -> int:
