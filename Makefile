@@ -32,7 +32,10 @@ lint: $(STAMP)
 # dependencies, then the ones it needs.
 bench: $(STAMP)
 	$(PY) -m pip install -q --no-deps litdata
-	$(PY) -m pip install -q lightning-utilities obstore tifffile filelock
+	# litdata imports boto3; pin botocore to the installed one, which aiobotocore (s3fs) needs,
+	# so pip picks the boto3 that matches it instead of upgrading botocore past that pin.
+	$(PY) -m pip install -q lightning-utilities obstore tifffile filelock boto3 \
+		"botocore==$$($(PY) -c 'import botocore; print(botocore.__version__)')"
 	$(PY) benchmarks/run_all.py
 
 # Peers (MosaicML Streaming, LitData, HF datasets) live in their own venv, .venv-bench.
