@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Order", "OrderOptions", "permute", "derive_key", "shuffle_quality"]
+__all__ = ["Order", "OrderOptions", "permute", "unpermute", "derive_key", "shuffle_quality"]
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
@@ -253,19 +253,69 @@ def _pick(a: np.ndarray | np.uint64, sel: np.ndarray) -> np.ndarray | np.uint64:
     return a if np.ndim(a) == 0 or a.size == 1 else a[sel]
 
 
+def _feistel_inverse(y: np.ndarray, bits: np.ndarray | np.uint64, key: np.ndarray,
+                     rounds: int) -> np.ndarray:
+    """The inverse of :func:`_feistel` with the same ``bits``, ``key`` and ``rounds``.
+
+    Round ``r`` of the forward network maps ``(L, R)`` (``hi`` and ``lo`` bits) to
+    ``(R, L ^ F_r(R))``; undoing it reads ``R`` from the top ``lo`` bits, recomputes
+    ``F_r(R)`` and xors it off the low ``hi`` bits. Rounds are undone last to first.
+    """
+    one = _U64(1)
+    hi0 = (bits + one) >> one
+    lo0 = bits >> one
+    key0 = int(key.reshape(-1)[0]) if key.size == 1 else None
+    x = y
+    for r in range(rounds - 1, -1, -1):
+        hi, lo = (hi0, lo0) if r % 2 == 0 else (lo0, hi0)  # widths before round r
+        right = x >> hi
+        g = x & ((one << hi) - one)
+        if key0 is not None:
+            f = right + _U64((key0 + (r + 1) * _GOLDEN) & _MASK64)
+        else:
+            f = right + (key + _U64((r + 1) * _GOLDEN & _MASK64))
+        f *= _U64(_FMIX1)
+        f ^= f >> _U64(29)
+        f *= _U64(_FMIX2)
+        f = (f >> (_U64(63) - hi)) >> one
+        x = ((g ^ f) << lo) | right
+    return x
+
+
 def _walk(out: np.ndarray, todo: np.ndarray | None, bits: np.ndarray | np.uint64,
-          keys: np.ndarray, n: np.ndarray | np.uint64, rounds: int) -> None:
-    """Cycle-walk ``out[todo]`` (all of ``out`` if ``None``) in place until each is below n."""
+          keys: np.ndarray, n: np.ndarray | np.uint64, rounds: int,
+          network: Callable = _feistel) -> None:
+    """Cycle-walk ``out[todo]`` (all of ``out`` if ``None``) in place until each is below n.
+
+    ``network`` is :func:`_feistel` (the permutation) or :func:`_feistel_inverse` (its
+    inverse: walking the same cycles backwards lands on the preimage).
+    """
     if todo is None:
-        _feistel(out, bits, keys, rounds)  # in place, no gather for the common first pass
+        res = network(out, bits, keys, rounds)  # no gather for the common first pass
+        if res is not out:   # _feistel works in place; its inverse returns a new array
+            out[...] = res
         todo = np.flatnonzero(out >= n)
     while todo.size:
-        nxt = _feistel(out[todo], _pick(bits, todo), _pick(keys, todo), rounds)
+        nxt = network(out[todo], _pick(bits, todo), _pick(keys, todo), rounds)
         out[todo] = nxt
         todo = todo[nxt >= _pick(n, todo)]
 
 
-def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
+def unpermute(values: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
+    """The inverse of :func:`permute`: ``unpermute(permute(i, n, k), n, k) == i``.
+
+    Same arguments, cost and broadcasting as :func:`permute` (O(1) per element, nothing of
+    size ``n``): the Feistel rounds are undone and the cycle walk runs backwards.
+
+    >>> x = permute(np.arange(10), 10, 77)
+    >>> unpermute(x, 10, 77).tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    return permute(values, n, key, _network=_feistel_inverse)
+
+
+def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int, *,
+            _network: Callable = _feistel) -> np.ndarray:
     """Apply a keyed pseudo-random bijection of ``[0, n)`` to ``indices`` (all in ``[0, n)``).
 
     A Feistel network over the next power of two ``>= n``, with cycle walking: an output
@@ -293,7 +343,7 @@ def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | in
         for lo in range(0, idx.size, _PASS_ELEMENTS):
             hi = lo + _PASS_ELEMENTS
             out[lo:hi] = permute(idx[lo:hi], n if single_n else n_b[lo:hi],
-                                 key if single_k else k_b[lo:hi])
+                                 key if single_k else k_b[lo:hi], _network=_network)
         return out.reshape(shape)
     n_arr = np.asarray(n, dtype=np.int64)
     if n_arr.size and int(n_arr.min()) < 1:
@@ -318,7 +368,7 @@ def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | in
         _as_u64(key_arr).reshape(key_arr.shape), shape).reshape(-1)
     out = idx.astype(_U64)
     if np.ndim(bits_all) == 0:
-        _walk(out, None, bits_all, keys, n_u, _rounds_for(int(bits_all)))
+        _walk(out, None, bits_all, keys, n_u, _rounds_for(int(bits_all)), _network)
         return out.astype(np.int64).reshape(shape)
     # Group elements by round count so each element always gets the rounds of its own
     # domain width, whatever else is in the call.
@@ -327,9 +377,9 @@ def permute(indices: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | in
         in_class = (bits_all >= _U64(lo_bits)) & (bits_all <= _U64(max_bits))
         lo_bits = max_bits + 1
         if in_class.all():
-            _walk(out, None, bits_all, keys, n_u, rounds)
+            _walk(out, None, bits_all, keys, n_u, rounds, _network)
         elif in_class.any():
-            _walk(out, np.flatnonzero(in_class), bits_all, keys, n_u, rounds)
+            _walk(out, np.flatnonzero(in_class), bits_all, keys, n_u, rounds, _network)
     return out.astype(np.int64).reshape(shape)
 
 
@@ -461,6 +511,62 @@ class Order:
                 # Many short epochs (a tiny dataset): stack their tables, one pass.
                 out[lo:hi] = self._shuffled_many(q_part, uniq, inverse.reshape(-1))
         return out.reshape(shape)
+
+    def positions_of(self, ids: np.ndarray | int, epochs: np.ndarray | int) -> np.ndarray:
+        """The inverse of :meth:`sample_at`: the stream position of each id in each epoch.
+
+        ``ids`` and ``epochs`` broadcast together; the result is ``epoch * N + q`` with
+        ``sample_at(result) == ids``. O(1) per element after an O(num_blocks) table per
+        distinct epoch: the window permutation and the block permutation are undone with
+        :func:`unpermute`, the lane interleave with a division. No scan, nothing of size N.
+
+        >>> o = Order(np.array([4, 4, 4]), OrderOptions(seed=3, window_blocks=1, lanes=3))
+        >>> p = o.positions_of(np.arange(12), 2)
+        >>> o.sample_at(p).tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        >>> bool(((p >= 24) & (p < 36)).all())
+        True
+        """
+        ids_arr, ep_arr = np.broadcast_arrays(np.asarray(ids, dtype=np.int64),
+                                              np.asarray(epochs, dtype=np.int64))
+        shape = ids_arr.shape
+        ids_flat, ep_flat = ids_arr.reshape(-1), ep_arr.reshape(-1)
+        self.block_of(ids_flat)   # validates the ids
+        if ep_flat.size and int(ep_flat.min()) < 0:
+            raise ValueError(f"epochs must be >= 0, got {int(ep_flat.min())}")
+        if not self._options.shuffle or ids_flat.size == 0:
+            return (ep_flat * self._n + ids_flat).reshape(shape)
+        out = np.empty(ids_flat.size, dtype=np.int64)
+        uniq, inverse = np.unique(ep_flat, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for i, epoch in enumerate(uniq.tolist()):
+            sel = np.flatnonzero(inverse == i) if uniq.size > 1 else slice(None)
+            out[sel] = epoch * self._n + self._q_of(ids_flat[sel], epoch)
+        return out.reshape(shape)
+
+    def _q_of(self, ids: np.ndarray, epoch: int) -> np.ndarray:
+        """Steps 1-4 of the module docstring undone: ids -> positions inside ``epoch``."""
+        n, lanes, w = self._n, self._lanes, self._window
+        # Step 1: the id's block sits at slot unpermute(block) of S.
+        block = np.searchsorted(self._block_start, ids, side="right") - 1
+        nb = self.num_blocks
+        slot = unpermute(block, nb, derive_key(self._options.seed, epoch, _TAG_BLOCKS))
+        slot_start = self._epoch_tables(epoch)[1]
+        s = slot_start[slot] + (ids - self._block_start[block])
+        # Step 2: the lane holding index s of S (the first N % P lanes hold m + 1).
+        m, extra = divmod(n, lanes)
+        big = extra * (m + 1)
+        lane = np.where(s < big, s // (m + 1), extra + (s - big) // max(m, 1))
+        lane_lo = lane * m + np.minimum(lane, extra)
+        lane_len = m + (lane < extra)
+        t_shuffled = s - lane_lo
+        # Step 3: undo the window shuffle.
+        win = t_shuffled // w
+        win_len = np.minimum(w, lane_len - win * w)
+        key = derive_key(self._options.seed, epoch, _TAG_WINDOW, lane, win)
+        t = win * w + unpermute(t_shuffled - win * w, win_len, key)
+        # Step 4: sample t of lane l is position t * P + l.
+        return t * lanes + lane
 
     def __repr__(self) -> str:
         return (f"Order(num_samples={self._n}, num_blocks={self.num_blocks}, "
