@@ -352,11 +352,15 @@ def test_ctrl_c_with_workers_prints_one_line_and_exits_130(src, tmp_path):
 @pytest.mark.parametrize("where", ["staging", "shard"])
 def test_disk_full_names_the_path_and_what_to_do(src, tmp_path, monkeypatch, where):
     import zephon_store.write.convert as conv
+    import zephon_store.write.staging as staging
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(conv, "atomic_write_json" if where == "staging" else "write_shard", full)
+    if where == "staging":
+        monkeypatch.setattr(staging, "atomic_write_json", full)
+    else:
+        monkeypatch.setattr(conv, "write_shard", full)
     out = tmp_path / "ds"
     with pytest.raises(OSError) as e:
         convert([str(src)], str(out), options=SMALL)

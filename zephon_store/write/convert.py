@@ -1,14 +1,17 @@
 """Convert raw corpora into content-hashed shards plus a manifest.
 
 Three phases, each a pure function of the inputs and options, so the output is
-byte-identical for any ``workers``:
+byte-identical for any ``workers`` and any executor (:mod:`executors`: local processes, Ray):
 
-1. **parse** (N processes, one input file per task): records -> Arrow IPC in a staging
-   folder, with every row's size (:mod:`rowsize`);
-2. **cut** (one process, cheap): cut the concatenated stream into row groups and shards
-   (:mod:`layout`);
-3. **write** (N processes, one shard per task): Parquet to a temp file, hash it, publish it
-   as ``shards/<hash>.parquet`` (rename locally, one PUT on object stores), then a receipt.
+1. **parse** (one task per input file): records -> Arrow IPC in the job's staging area, with
+   every row's size (:mod:`rowsize`);
+2. **cut** (the driver, cheap): cut the concatenated stream into row groups and shards
+   (:mod:`layout`) from the staged sizes alone;
+3. **write** (one task per shard): Parquet to a temp file, hash it, publish it as
+   ``shards/<hash>.parquet`` (rename locally, one PUT on object stores), then a receipt.
+
+Tasks read inputs from their URLs and write to the staging area or the output themselves;
+the driver only plans, cuts and publishes, so no rows pass through it.
 
 ``manifest.json`` is published last. Killing the converter at any moment and rerunning the
 same command reuses every parsed input and every published shard whose bytes still hash to
@@ -23,7 +26,6 @@ different dataset is replaced only with ``overwrite=True``.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 import time
@@ -39,23 +41,14 @@ from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
+from .executors import Executor, LocalExecutor
 from .layout import Cutter, ShardCut
 from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
-from .staged import StagedInput, read_staged
-from .staging import (
-    Pool,
-    atomic_write_json,
-    finish_job,
-    job_dir,
-    job_key,
-    open_job,
-    read_json,
-    remove_stale_jobs,
-    temp_name,
-)
+from .staged import StagedInput, arrow_batch_rows, read_staged
+from .staging import StagingArea, job_area, job_key
 
 
 @dataclass
@@ -87,9 +80,9 @@ ParseFn = Callable[[InputFile, InputOptions, "dict | None", InputStats], Iterabl
 
 
 # A restream pass re-stages the parsed inputs as a whole (token packing cuts windows across
-# them): ``restream(files, staged, staging, pool) -> (staged, schema, found)``, where ``found``
-# completes entries of ``extra_manifest`` (see :func:`_with_found`).
-Restream = Callable[[list[InputFile], "list[StagedInput]", str, Pool],
+# them): ``restream(files, staged, area, executor) -> (staged, schema, found)``, where
+# ``found`` completes entries of ``extra_manifest`` (see :func:`_with_found`).
+Restream = Callable[[list[InputFile], "list[StagedInput]", StagingArea, Executor],
                     "tuple[list[StagedInput], pa.Schema, dict]"]
 
 
@@ -112,6 +105,7 @@ def convert(
     extra_manifest: dict | None = None,
     restream: Restream | None = None,
     overwrite: bool = False,
+    executor: Executor | None = None,
 ) -> ConvertResult:
     """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
 
@@ -124,6 +118,8 @@ def convert(
 
     ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
     inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).
+    ``executor`` runs the stages (default: ``LocalExecutor(workers)``); the output does not
+    depend on it.
     An output holding a different dataset raises
     :class:`~zephon_store.errors.OutputExistsError` unless ``overwrite``; another convert
     into the same output raises :class:`~zephon_store.errors.OutputLockedError`.
@@ -140,6 +136,7 @@ def convert(
     if progress is None:
         progress = sys.stderr.isatty()
 
+    executor = executor or LocalExecutor(workers)
     out = Storage(output, storage_options=storage_options)
     # First: a second convert (or an S3 output without credentials) fails before any work.
     with output_lock(out):
@@ -147,20 +144,21 @@ def convert(
                               exclude=_own_roots(out, staging_dir))
         check_output(out, files, options, overwrite=overwrite)
         job = job_key(files, options, input_options, parse_fn, extra_manifest, out.root_url)
-        staging = job_dir(output, out, job, staging_dir)
-        active = _on_disk(staging, lambda: open_job(staging, out.root_url))
+        area = job_area(out, job, staging_dir, shared_hosts=executor.shared_hosts)
+        active = _on_disk(area.root, lambda: area.open_job(out.root_url))
         try:
-            remove_stale_jobs(staging, out.root_url)
+            area.remove_stale_jobs(out.root_url)
             metas, cuts, infos, schema, reuse, found = _stage_and_write(
-                files, out, staging, options, input_options, in_so, parse_fn, workers,
-                storage_options, progress, restream)
-            result = _on_disk(staging, lambda: publish_manifest(
+                files, out, area, options, input_options, in_so, parse_fn, executor,
+                progress, restream)
+            result = _on_disk(area.root, lambda: publish_manifest(
                 out, files, metas, cuts, infos, schema, options, input_options,
                 _with_found(extra_manifest, found), overwrite=overwrite))
         except BaseException:
-            os.close(active)  # the staged work stays for a rerun
+            if active is not None:
+                os.close(active)  # the staged work stays for a rerun
             raise
-        finish_job(staging, active)
+        area.finish_job(active)
     inputs_reused, shards_reused = reuse
     return ConvertResult(
         url=output, dataset_id=result.dataset_id, num_samples=result.num_samples,
@@ -172,10 +170,10 @@ def convert(
         seconds=round(time.perf_counter() - t0, 3))
 
 
-def _stage_and_write(files, out, staging, options, input_options, in_so, parse_fn, workers,
-                     storage_options, progress, restream):
-    with Pool(workers) as pool:
-        metas, inputs_reused = _parse_all(files, staging, input_options, in_so, parse_fn, pool,
+def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, executor,
+                     progress, restream):
+    with executor:
+        metas, inputs_reused = _parse_all(files, area, input_options, in_so, parse_fn, executor,
                                           progress)
         if not any(m.rows for m in metas):
             raise InputError(f"no records found in {len(files)} input file(s) ({files[0].url}, "
@@ -185,10 +183,10 @@ def _stage_and_write(files, out, staging, options, input_options, in_so, parse_f
         if restream is not None:
             # A global pass over the parsed stream (token packing) that re-stages the rows and
             # returns what it learnt for the manifest (the packing totals).
-            metas, schema, found = restream(files, metas, staging, pool)
-        cuts = _cut_shards(metas, staging, options)
-        infos, shards_reused = _write_all(cuts, metas, staging, schema, options, out.root_url,
-                                          storage_options, pool, progress)
+            metas, schema, found = restream(files, metas, area, executor)
+        cuts = _cut_shards(metas, area, options)
+        infos, shards_reused = _write_all(cuts, metas, area, schema, options, out, executor,
+                                          progress)
     return metas, cuts, infos, schema, (inputs_reused, shards_reused), found
 
 
@@ -236,18 +234,18 @@ def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
 
 
 # -- phase 1: parse ------------------------------------------------------------------------
-def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
+def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
     tasks, metas, reused = [], [None] * len(files), 0
     for i, f in enumerate(files):
-        meta = read_staged(os.path.join(staging, "parsed", f"{i:06d}.json"))
-        if meta is not None and meta.complete(staging):
+        meta = read_staged(area, f"parsed/{i:06d}.json")
+        if meta is not None and meta.complete(area):
             metas[i] = meta
             reused += 1
         else:
-            tasks.append((i, f, staging, input_options, so, parse_fn))
+            tasks.append((i, f, area, input_options, so, parse_fn))
     t0, rows = time.perf_counter(), 0
     with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
-        for meta in pool.map(_parse_one, tasks):
+        for meta in executor.map(_parse_one, tasks, name="parse"):
             metas[meta.index] = meta
             rows += meta.rows
             bar.update(meta.input_bytes)
@@ -257,16 +255,16 @@ def _parse_all(files, staging, input_options, so, parse_fn, pool, progress):
 
 
 def _parse_one(task) -> StagedInput:
-    return _on_disk(task[2], lambda: _parse_staged(task))
+    return _on_disk(task[2].root, lambda: _parse_staged(task))
 
 
 def _parse_staged(task) -> StagedInput:
-    i, f, staging, input_options, so, parse_fn = task
+    i, f, area, input_options, so, parse_fn = task
     stats = InputStats()
-    base = os.path.join(staging, "parsed", f"{i:06d}")
+    base = f"parsed/{i:06d}"
     rows, sizes, schema = 0, [], None
     writer = None
-    tmp = temp_name(f"{base}.arrow")
+    tmp = area.scratch(f"{base}.arrow")
     try:
         for batch in parse_fn(f, input_options, so, stats):
             if batch.num_rows == 0:
@@ -290,15 +288,15 @@ def _parse_staged(task) -> StagedInput:
         raise InputError(
             f"{f.url}: input holds no records; remove it from the inputs or pass "
             "--on-error skip to ignore empty inputs", path=f.url)
+    batch_rows = None
     if writer is not None:
-        os.replace(tmp, f"{base}.arrow")
-    sizes_tmp = temp_name(f"{base}.sizes") + ".npy"
-    np.save(sizes_tmp, np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
-    os.replace(sizes_tmp, f"{base}.sizes.npy")
+        batch_rows = arrow_batch_rows(tmp)
+        area.put(f"{base}.arrow", tmp)
+    area.save_npy(f"{base}.sizes.npy", np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
     meta = StagedInput(index=i, url=f.url, rows=rows, input_bytes=f.size,
                        schema_b64=schema_to_base64(schema) if schema is not None else None,
-                       stats=_stats_dict(stats))
-    atomic_write_json(f"{base}.json", meta.to_dict())
+                       stats=_stats_dict(stats), batch_rows=batch_rows)
+    area.write_json(f"{base}.json", meta.to_dict())
     return meta
 
 
@@ -321,12 +319,12 @@ def _stats_dict(stats) -> dict:
 
 
 # -- phase 2: cut --------------------------------------------------------------------------
-def _cut_shards(metas, staging, options: WriteOptions) -> list[ShardCut]:
+def _cut_shards(metas, area: StagingArea, options: WriteOptions) -> list[ShardCut]:
     cutter = Cutter(row_group_rows=options.row_group_rows, row_group_bytes=options.row_group_bytes,
                     target_shard_bytes=options.target_shard_bytes)
     for m in metas:
         if m.rows:
-            cutter.feed(np.load(m.base_path(staging) + ".sizes.npy"))
+            cutter.feed(area.load_npy(m.rel + ".sizes.npy"))
     return cutter.finish()
 
 
@@ -345,69 +343,60 @@ def _pieces(cut: ShardCut, input_starts: np.ndarray, input_rows: np.ndarray):
 
 
 # -- phase 3: write ------------------------------------------------------------------------
-def _write_all(cuts, metas, staging, schema, options, output, so, pool, progress):
+def _write_all(cuts, metas, area, schema, options, out, executor, progress):
     input_rows = np.array([m.rows for m in metas], dtype=np.int64)
     input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
     infos: list[ShardInfo | None] = [None] * len(cuts)
     tasks, reused = [], 0
-    out = Storage(output, storage_options=so)
     for p in cuts:
-        receipt = read_json(os.path.join(staging, "done", f"{p.index:06d}.json"))
+        receipt = area.read_json(f"done/{p.index:06d}.json")
         if receipt is not None:
             info = ShardInfo.from_dict(receipt)
             if stored_intact(out, shard_path(info.name), info.bytes, info.name):
                 infos[p.index] = info
                 reused += 1
                 continue
-        tasks.append((p, _pieces(p, input_starts, input_rows), staging,
-                      [m.base_path(staging) for m in metas], schema_to_base64(schema), options,
-                      output, so))
+        pieces = _pieces(p, input_starts, input_rows)
+        # Only the staged inputs this shard reads travel with its task.
+        tasks.append((p, pieces, area, {i: metas[i] for i, _, _ in pieces},
+                      schema_to_base64(schema), options, out))
     with _bar(progress, len(cuts), "write", unit="shard") as bar:
         bar.update(reused)
-        for index, info in pool.map(_write_one, tasks):
+        for index, info in executor.map(_write_one, tasks, name="write"):
             infos[index] = info
             bar.update(1)
     return infos, reused
 
 
 def _write_one(task):
-    return _on_disk(task[2], lambda: _write_staged(task))
+    return _on_disk(task[2].root, lambda: _write_staged(task))
 
 
 def _write_staged(task):
-    cut, pieces, staging, bases, schema_b64, options, output, so = task
+    cut, pieces, area, staged, schema_b64, options, out = task
     schema = schema_from_base64(schema_b64)
-    parts, readers = [], {}
-    for i, local, n in pieces:
-        if i not in readers:
-            readers[i] = pa.ipc.open_file(pa.memory_map(bases[i] + ".arrow")).read_all()
-        parts.append(conform_batch(readers[i].slice(local, n), schema))
+    parts = [conform_batch(staged[i].read_rows(area, local, n), schema) for i, local, n in pieces]
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    tmp = temp_name(os.path.join(staging, "tmp", f"{cut.index:06d}")) + ".parquet"
+    tmp = area.scratch(f"tmp/{cut.index:06d}") + ".parquet"
     try:
         info = write_shard(table, cut.row_group_rows, tmp, options)
     except ElementNullError as exc:
-        raise _input_error(exc, pieces, bases) from exc
-    out = Storage(output, storage_options=so)
+        raise _input_error(exc, pieces, staged) from exc
     rel = shard_path(info.name)
     if not stored_intact(out, rel, info.bytes, info.name):  # absent or damaged: (re)write
         out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)
-    atomic_write_json(os.path.join(staging, "done", f"{cut.index:06d}.json"), info.to_dict())
+    area.write_json(f"done/{cut.index:06d}.json", info.to_dict())
     return cut.index, info
 
 
-def _input_error(exc: ElementNullError, pieces, bases) -> InputError:
+def _input_error(exc: ElementNullError, pieces, staged) -> InputError:
     """Name the input file and record behind a shard row the shard writer rejected."""
     starts = np.cumsum([0] + [n for _, _, n in pieces])
     k = int(np.searchsorted(starts, exc.row, side="right")) - 1
     i, local, _ = pieces[k]
     row = exc.row - int(starts[k])
-    try:
-        with open(bases[i] + ".json") as fh:
-            url = json.load(fh)["url"]
-    except (OSError, ValueError, KeyError):
-        url = bases[i]
+    url = staged[i].url
     return InputError(f"{url} record {local + row} (0-based, after skipped records): column "
                       f"{exc.column!r}: {exc.detail}", path=url, row=local + row)

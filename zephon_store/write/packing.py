@@ -20,8 +20,9 @@ crash-safe staging and its byte-identical output for any number of workers:
   staged Arrow batches with a ``tokens: large_list<int32>`` column, one row per document;
 - ``restream`` (:class:`PackWindows`): the global pass. Window ``k`` covers global tokens
   ``[k*(L+1), (k+1)*(L+1))`` and belongs to the input file where it starts; each file's
-  windows are staged under ``packed/<index>`` by one pool task that reads the token range
-  it needs (including the head of the following files) from the memory-mapped parsed files.
+  windows are staged under ``packed/<index>`` by one task that reads the token range it
+  needs (including the head of the following files) from the staged parsed files; the token
+  counts it starts from are counted by tasks too, so no tokens pass through the driver.
 
 >>> import os
 >>> from zephon_store import convert, open_dataset
@@ -45,7 +46,8 @@ import pyarrow as pa
 from .._util.hashing import xxh3_file
 from ..errors import InputError, InputNotFoundError, require
 from ..format.manifest import schema_to_base64
-from .staged import StagedInput, read_staged
+from .staged import StagedInput, arrow_batch_rows, read_staged
+from .staging import StagingArea
 
 __all__ = [
     "PackingOptions",
@@ -339,20 +341,21 @@ def window_schema(seq_len: int, doc_starts: bool = True) -> pa.Schema:
 
 
 class _TokenSource:
-    """Random access to the concatenated token stream of the parsed inputs (memory-mapped)."""
+    """Random access to the concatenated token stream of the parsed inputs (staged Arrow
+    files; a record batch is read when first used, so the head of a following file costs only
+    its first batches)."""
 
-    def __init__(self, paths: list[str | None], file_starts: np.ndarray) -> None:
-        self.paths = paths
+    def __init__(self, area: StagingArea, rels: list[str | None], batch_tokens: list,
+                 file_starts: np.ndarray) -> None:
+        self.area, self.rels, self.batch_tokens = area, rels, batch_tokens
         self.file_starts = file_starts  # global token index where each input begins (+ total)
-        self._open: dict[int, tuple[list, np.ndarray]] = {}
+        self._open: dict[int, tuple[_LazyBatches, np.ndarray]] = {}
 
-    def _file(self, i: int) -> tuple[list, np.ndarray]:
+    def _file(self, i: int) -> tuple[_LazyBatches, np.ndarray]:
         if i not in self._open:
-            reader = pa.ipc.open_file(pa.memory_map(self.paths[i]))
-            batches = [reader.get_batch(j).column(0) for j in range(reader.num_record_batches)]
-            counts = [int(b.offsets[-1].as_py() - b.offsets[0].as_py()) for b in batches]
-            starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            self._open = {i: (batches, starts)}  # one file at a time: reads are sequential
+            reader = self.area.open_arrow(self.rels[i])
+            starts = np.concatenate([[0], np.cumsum(self.batch_tokens[i])]).astype(np.int64)
+            self._open = {i: (_LazyBatches(reader), starts)}  # one file at a time: sequential
         return self._open[i]
 
     def read(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -385,6 +388,22 @@ class _TokenSource:
         return out, starts
 
 
+class _LazyBatches:
+    """The token column of each record batch of a staged file, read on first use."""
+
+    def __init__(self, reader: pa.ipc.RecordBatchFileReader) -> None:
+        self._reader = reader
+        self._got: dict[int, pa.Array] = {}
+
+    def __len__(self) -> int:
+        return self._reader.num_record_batches
+
+    def __getitem__(self, j: int) -> pa.Array:
+        if j not in self._got:
+            self._got = {j: self._reader.get_batch(j).column(0)}  # sequential: keep one
+        return self._got[j]
+
+
 def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
                    schema: pa.Schema) -> pa.RecordBatch:
     n = len(tokens) // window
@@ -400,14 +419,13 @@ def _windows_batch(tokens: np.ndarray, starts: np.ndarray, a: int, window: int,
 def _pack_file(task) -> StagedInput:
     """Stage the windows ``[lo, hi)`` (those starting in input ``i``) as ``packed/<i>``."""
     from .rowsize import table_row_nbytes
-    from .staging import atomic_write_json
 
-    i, lo, hi, window, doc_starts, paths, file_starts, staging, parsed = task
+    i, lo, hi, window, doc_starts, rels, batch_tokens, file_starts, area, parsed = task
     schema = window_schema(window - 1, doc_starts)
-    base = os.path.join(staging, "packed", f"{i:06d}")
-    src = _TokenSource(paths, np.asarray(file_starts, dtype=np.int64))
+    base = f"packed/{i:06d}"
+    src = _TokenSource(area, rels, batch_tokens, np.asarray(file_starts, dtype=np.int64))
     per_batch = max(1, _BATCH_TOKENS // window)
-    tmp = f"{base}.arrow.tmp{os.getpid()}"
+    tmp = area.scratch(f"{base}.arrow")
     sizes = []
     with pa.ipc.new_file(tmp, schema) as writer:
         for k in range(lo, hi, per_batch):
@@ -417,11 +435,12 @@ def _pack_file(task) -> StagedInput:
             batch = _windows_batch(tokens, starts, a, window, schema)
             writer.write_batch(batch)
             sizes.append(table_row_nbytes(batch))
-    os.replace(tmp, f"{base}.arrow")
-    np.save(f"{base}.sizes.npy", np.concatenate(sizes))
-    out = parsed.restaged(rows=hi - lo, base=os.path.join("packed", f"{i:06d}"),
-                          schema_b64=schema_to_base64(schema), first_window=lo)
-    atomic_write_json(f"{base}.json", out.to_dict())  # written last: the file's done marker
+    batch_rows = arrow_batch_rows(tmp)
+    area.put(f"{base}.arrow", tmp)
+    area.save_npy(f"{base}.sizes.npy", np.concatenate(sizes))
+    out = parsed.restaged(rows=hi - lo, base=base, schema_b64=schema_to_base64(schema),
+                          first_window=lo, batch_rows=batch_rows)
+    area.write_json(f"{base}.json", out.to_dict())  # written last: the file's done marker
     return out
 
 
@@ -438,22 +457,20 @@ class PackWindows:
         self.window = seq_len + 1
         self.doc_starts = doc_starts
 
-    def __call__(self, files, metas: list[StagedInput], staging: str, pool):
-        from .staging import atomic_write_json, read_json
-
-        folder = os.path.join(staging, "packed")
-        os.makedirs(folder, exist_ok=True)
-        done_path = os.path.join(folder, "done.json")
+    def __call__(self, files, metas: list[StagedInput], area: StagingArea, executor):
+        done_path = "packed/done.json"
         schema = window_schema(self.window - 1, self.doc_starts)
-        done = read_json(done_path)
+        done = area.read_json(done_path)
         # Reused only when every staged file it names is still there (see staged_complete).
         staged = _read_done(done)
         if (staged is not None and isinstance(done.get("totals"), dict)
-                and all(s.complete(staging) for s in staged)):
+                and all(s.complete(area) for s in staged)):
             return staged, schema, {"packing": done["totals"]}
 
-        paths = [m.base_path(staging) + ".arrow" if m.rows else None for m in metas]
-        counts = np.array([_token_count(p) for p in paths], dtype=np.int64)
+        rels = [m.rel + ".arrow" if m.rows else None for m in metas]
+        batch_tokens = list(executor.map(_token_counts, [(area, r) for r in rels],
+                                         name="count tokens"))
+        counts = np.array([sum(b) for b in batch_tokens], dtype=np.int64)
         file_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         total, w = int(file_starts[-1]), self.window
         n_windows = total // w
@@ -466,15 +483,15 @@ class PackWindows:
         tasks, out = [], [None] * len(metas)
         for i, m in enumerate(metas):
             lo, hi = int(first[i]), int(first[i + 1])
-            meta_path = os.path.join(folder, f"{i:06d}.json")
             if hi <= lo:
-                out[i] = m.restaged(rows=0, schema_b64=None)
-            elif (meta := read_staged(meta_path)) is not None and meta.complete(staging):
+                out[i] = m.restaged(rows=0, schema_b64=None, batch_rows=None)
+            elif ((meta := read_staged(area, f"packed/{i:06d}.json")) is not None
+                  and meta.complete(area)):
                 out[i] = meta
             else:
-                tasks.append((i, lo, hi, w, self.doc_starts, paths, file_starts.tolist(), staging,
-                              m))
-        for meta in pool.map(_pack_file, tasks):
+                tasks.append((i, lo, hi, w, self.doc_starts, rels, batch_tokens,
+                              file_starts.tolist(), area, m))
+        for meta in executor.map(_pack_file, tasks, name="pack"):
             out[meta.index] = meta
         totals = {
             "num_documents": int(sum(m.rows for m in metas)),
@@ -483,7 +500,7 @@ class PackWindows:
             "packed_tokens": n_windows * w,
             "dropped_tail_tokens": total - n_windows * w,
         }
-        atomic_write_json(done_path, {"metas": [s.to_dict() for s in out], "totals": totals})
+        area.write_json(done_path, {"metas": [s.to_dict() for s in out], "totals": totals})
         return out, schema, {"packing": totals}
 
 
@@ -495,15 +512,17 @@ def _read_done(done: dict | None) -> list[StagedInput] | None:
         return None
 
 
-def _token_count(path: str | None) -> int:
-    if path is None:
-        return 0
-    reader = pa.ipc.open_file(pa.memory_map(path))
-    n = 0
+def _token_counts(task) -> list[int]:
+    """The tokens in each record batch of one staged parsed file (none for an empty input)."""
+    area, rel = task
+    if rel is None:
+        return []
+    reader = area.open_arrow(rel)
+    counts = []
     for j in range(reader.num_record_batches):
         offs = reader.get_batch(j).column(0).offsets
-        n += offs[-1].as_py() - offs[0].as_py()
-    return n
+        counts.append(int(offs[-1].as_py() - offs[0].as_py()))
+    return counts
 
 
 # -- wiring --------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""The converter's staging folder and worker pool.
+"""The converter's staging: the job key, the job folder and its :class:`StagingArea`.
 
 A conversion stages parsed inputs and per-shard receipts in a folder keyed by a hash of
 its output, inputs and options (the "job"), so rerunning the same command after a crash
 reuses them; a different input or option is a different job and never reuses stale work.
 
 Where: ``OUT/.zephon-staging/<job>`` for a local output, else
-``$ZEPHON_CACHE_DIR/staging/<job>`` (or ``staging_dir/<job>``). A job folder is only used
+``$ZEPHON_CACHE_DIR/staging/<job>`` (or ``staging_dir/<job>``); when tasks run on other hosts
+(Ray) and the output is remote, ``OUT/.zephon-staging/<job>`` on the object store. A job folder is only used
 under the output's lock (:mod:`zephon_store.write.lock`) and holds ``.active`` flock-ed while a
 convert runs in it, so ``zephon cache clear`` never removes a live one. Every temp file in it
 carries the writing process's pid and a random part. A finished job's folder is first renamed
@@ -16,22 +17,22 @@ half-deleted folder that a rerun would take for staged work.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
-import multiprocessing
 import os
 import shutil
-import signal
-import sys
+import tempfile
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, is_dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from .. import __version__
 from .._util.atomic import atomic_write
 from .._util.hashing import xxh3_hex
 from ..format.manifest import canonical_json
-from ..io.storage import Storage
+from ..io.storage import Storage, is_local_url, retry_policy
 
 STAGING_DIRNAME = ".zephon-staging"
 _ACTIVE = ".active"
@@ -73,6 +74,16 @@ def job_dir(output: str, out: Storage, job: str, base: str | None) -> str:
     return os.path.join(staging_root(), job)
 
 
+def job_area(out: Storage, job: str, base: str | None, *, shared_hosts: bool) -> StagingArea:
+    """The :class:`StagingArea` of ``job``: as :func:`job_dir`, except that when tasks may run
+    on other hosts (``shared_hosts``) and the output is remote, the job stages beside the
+    output (``OUT/.zephon-staging/<job>``), where every host reaches it and a rerun from any
+    host finds the finished work."""
+    if shared_hosts and not base and not out.local:
+        return StagingArea(out.url(f"{STAGING_DIRNAME}/{job}"), out.storage_options)
+    return StagingArea(job_dir(out.root_url, out, job, base))
+
+
 def temp_name(path: str) -> str:
     """A name beside ``path`` no other process or thread uses: ``path.<pid>.<random>.tmp``."""
     return f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -90,6 +101,159 @@ def read_json(path: str):
 def atomic_write_json(path: str, obj) -> None:
     """``obj`` as sorted-key JSON at ``path``, written by :func:`~zephon_store._util.atomic.atomic_write`."""
     atomic_write(path, json.dumps(obj, sort_keys=True).encode())
+
+
+# -- the staging area ------------------------------------------------------------------------
+
+class StagingArea:
+    """One job's staging: a local folder or a prefix on an object store, by relative paths.
+
+    Stage functions run in worker processes (or on other hosts) and see the job only through
+    this object, which pickles to a few strings. Files are written to a local scratch path
+    first (:meth:`scratch`), then published whole (:meth:`put`): a rename beside the target
+    locally, one PUT on an object store; a reader never sees half a file.
+
+    >>> area = StagingArea(tmp + "/job")
+    >>> area.write_json("parsed/000000.json", {"rows": 3})
+    >>> area.read_json("parsed/000000.json"), area.read_json("parsed/missing.json")
+    ({'rows': 3}, None)
+    >>> area.save_npy("parsed/000000.sizes.npy", np.arange(3))
+    >>> area.load_npy("parsed/000000.sizes.npy").tolist(), area.exists("parsed/000000.sizes.npy")
+    ([0, 1, 2], True)
+    """
+
+    def __init__(self, root: str, storage_options: dict | None = None) -> None:
+        self.root = root
+        self.storage_options = storage_options
+        self.local = is_local_url(root)
+        if self.local:
+            self.root = os.path.abspath(root.removeprefix("file://"))
+        self._storage: Storage | None = None
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["storage_options"])
+
+    def __repr__(self) -> str:
+        return f"StagingArea({self.root!r})"
+
+    @property
+    def storage(self) -> Storage:
+        if self._storage is None:
+            self._storage = Storage(self.root, storage_options=self.storage_options)
+        return self._storage
+
+    def path(self, rel: str) -> str:
+        """The local path of ``rel`` (local areas only)."""
+        if not self.local:
+            raise ValueError(f"{self.root} is remote: {rel} has no local path")
+        return os.path.join(self.root, rel)
+
+    def exists(self, rel: str) -> bool:
+        if self.local:
+            return os.path.exists(self.path(rel))
+        return self.storage.exists(rel)
+
+    def read_json(self, rel: str):
+        """The JSON at ``rel``, or None when it is absent or unreadable (redo the work)."""
+        if self.local:
+            return read_json(self.path(rel))
+        try:
+            return json.loads(self.storage.read_file(rel))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def write_json(self, rel: str, obj) -> None:
+        """``obj`` as sorted-key JSON at ``rel``, published at once."""
+        if self.local:
+            atomic_write_json(self.path(rel), obj)
+        else:
+            self.storage.write_atomic(rel, json.dumps(obj, sort_keys=True).encode())
+
+    def scratch(self, rel: str) -> str:
+        """A local path no other process uses, to write ``rel`` into before :meth:`put`."""
+        if self.local:
+            os.makedirs(os.path.dirname(self.path(rel)), exist_ok=True)
+            return temp_name(self.path(rel))
+        folder = os.path.join(tempfile.gettempdir(), "zephon-scratch")
+        os.makedirs(folder, exist_ok=True)
+        return temp_name(os.path.join(folder, rel.replace("/", "-")))
+
+    def put(self, rel: str, local_path: str) -> None:
+        """Publish the scratch file ``local_path`` at ``rel`` (it is moved, not copied)."""
+        if self.local:
+            os.replace(local_path, self.path(rel))
+        else:
+            self.storage.write_file_from_local(rel, local_path, move=True)
+
+    def save_npy(self, rel: str, array: np.ndarray) -> None:
+        tmp = self.scratch(rel) + ".npy"  # np.save appends .npy to other names
+        np.save(tmp, array)
+        self.put(rel, tmp)
+
+    def load_npy(self, rel: str) -> np.ndarray:
+        if self.local:
+            return np.load(self.path(rel))
+        return np.load(io.BytesIO(self.storage.read_file(rel)))
+
+    def open_arrow(self, rel: str) -> pa.ipc.RecordBatchFileReader:
+        """The Arrow IPC file at ``rel``: memory-mapped locally; remotely each record batch
+        asked for is one ranged read (retried), so a task fetches only the batches it uses."""
+        if self.local:
+            return pa.ipc.open_file(pa.memory_map(self.path(rel)))
+        from ..ingest.source import RangedReader
+
+        st = self.storage
+        reader = RangedReader(lambda a, b: st.read_range(rel, a, b), st.size(rel),
+                              url=st.url(rel), policy=retry_policy(self.storage_options))
+        return pa.ipc.open_file(pa.PythonFile(reader, mode="r"))
+
+    # -- the job's life ------------------------------------------------------------------------
+    def open_job(self, output: str) -> int | None:
+        """Create the job for ``output``; locally mark it active (see :func:`open_job`)."""
+        if self.local:
+            return open_job(self.root, output)
+        if self.read_json(_OWNER) is None:
+            self.write_json(_OWNER, {"output": output})
+        return None
+
+    def remove_stale_jobs(self, output: str) -> int:
+        """Remove the other jobs of ``output`` beside this one (under the output's lock)."""
+        if self.local:
+            return remove_stale_jobs(self.root, output)
+        parent_url, name = self.root.rstrip("/").rsplit("/", 1)
+        parent = Storage(parent_url, storage_options=self.storage_options)
+        removed = 0
+        for rel in parent.listdir():
+            if rel != name:  # OUT/.zephon-staging holds only this output's jobs
+                _remove_remote_tree(Storage(parent.url(rel),
+                                            storage_options=self.storage_options))
+                removed += 1
+        return removed
+
+    def finish_job(self, fd: int | None) -> None:
+        """Remove the finished job (see :func:`finish_job`)."""
+        if self.local:
+            finish_job(self.root, fd)
+        else:
+            _remove_remote_tree(self.storage)
+
+
+def _remove_remote_tree(st: Storage) -> None:
+    """Delete every object under ``st``'s root (the manifest is already published: what is
+    left behind by a crash here is only removed by the next run of the same output)."""
+    for rel in _walk(st, ""):
+        st.delete(rel)
+
+
+def _walk(st: Storage, rel: str) -> list[str]:
+    out = []
+    for child in st.listdir(rel):
+        sub = st.listdir(child)
+        out.extend(_walk(st, child) if sub else [child])
+    return out
 
 
 # -- the job folder -------------------------------------------------------------------------
@@ -211,84 +375,3 @@ def _tree_bytes(path: str) -> int:
             with contextlib.suppress(OSError):
                 size += os.lstat(os.path.join(dirpath, f)).st_size
     return size
-
-
-def _die_with_parent() -> None:
-    """Pool worker initializer: exit when the converter dies, even by SIGKILL; ignore SIGINT.
-
-    Otherwise a killed conversion leaves idle workers behind forever. Linux only (prctl
-    PR_SET_PDEATHSIG); elsewhere the workers exit when their task queue closes. A terminal's
-    Ctrl-C reaches the whole process group: the parent alone handles it (one line, exit 130)
-    and stops the workers, which would otherwise each print a KeyboardInterrupt traceback.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except OSError:
-            return
-        if os.getppid() == 1:  # the parent already died before prctl took effect
-            os._exit(1)
-
-
-class Pool:
-    """A process pool, or threads of the current process when ``workers == 1``.
-
-    With one worker, inputs are parsed and shards written by ``threads`` threads (default:
-    two, or one on a one-core host): pyarrow parses JSON, compresses and writes without the
-    GIL, so a second thread overlaps one shard's compression with the next one's (and one
-    input's parse with the next), where one thread left the second core idle. Results come
-    back in task order either way, so the output is the same byte for byte.
-    """
-
-    def __init__(self, workers: int, *, threads: int | None = None) -> None:
-        self.workers = workers
-        self.threads = threads if threads is not None else min(2, os.cpu_count() or 1)
-        self._ex = None
-
-    def __enter__(self) -> Pool:
-        if self.workers > 1:
-            # spawn, not fork: forking a process that already runs pyarrow/fsspec threads can
-            # deadlock.
-            self._ex = ProcessPoolExecutor(self.workers, initializer=_die_with_parent,
-                                           mp_context=multiprocessing.get_context("spawn"))
-            self._start_workers()
-        elif self.threads > 1:
-            self._ex = ThreadPoolExecutor(self.threads, thread_name_prefix="zephon-convert")
-        return self
-
-    def _start_workers(self) -> None:
-        """Start every worker now, with SIGINT ignored: the disposition survives fork + exec,
-        so a Ctrl-C that lands while a worker is still importing cannot print its traceback
-        (the initializer's own SIG_IGN comes only after the imports)."""
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            for _ in range(self.workers):  # each submit without an idle worker spawns one
-                self._ex.submit(int)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self._ex is None:
-            return
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.workers > 1:
-            # Do not wait for running tasks (a large input can take minutes): stop now.
-            processes = list((getattr(self._ex, "_processes", None) or {}).values())
-            self._ex.shutdown(wait=False, cancel_futures=True)
-            for p in processes:
-                with contextlib.suppress(Exception):
-                    p.kill()
-            return
-        self._ex.shutdown(cancel_futures=True)
-
-    def map(self, fn, items: list) -> Iterator:
-        if self._ex is None:
-            return map(fn, items)
-        return self._ex.map(fn, items)
