@@ -12,10 +12,12 @@ from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import (
     batch_owner,
     batches_for_worker,
+    positions_for_participant,
     positions_for_rank,
     step_cursor,
-    step_is_lane_aligned,
+    step_owners,
     step_ranks,
+    tail_positions_for_rank,
 )
 
 
@@ -77,36 +79,60 @@ def test_ids_of_a_step_do_not_depend_on_world_size(
 @given(blocks=st.integers(24, 200), rows=st.integers(1, 9), seed=st.integers(0, 2**32),
        world=st.sampled_from([1, 2, 3, 4, 6, 12]), per_rank=st.integers(1, 5),
        cursor=st.integers(0, 5000))
-def test_lane_mode_gives_each_rank_whole_lanes(
+def test_ranks_read_contiguous_lane_ranges(
         blocks: int, rows: int, seed: int, world: int, per_rank: int, cursor: int) -> None:
     o = Order(np.full(blocks, rows), OrderOptions(seed=seed, window_blocks=2, lanes=12))
     n, p = o.num_samples, o.effective_lanes
-    assert p == 12  # blocks // window_blocks >= 12, and every world size here divides 12
-    batch = world * per_rank
+    assert p == 12
+    batch = world * per_rank * p     # P | B: every lane occurs B / P times per step
     crosses = cursor // n != (cursor + batch - 1) // n
     for rank in range(world):
-        pos = positions_for_rank(cursor, batch, world, rank, lanes=p, epoch_size=n)
-        lanes_read = (pos % n) % p
-        if not crosses:
-            assert (lanes_read % world == rank).all()   # the lanes l with l % W == r only
-    assert step_is_lane_aligned(cursor, batch, world, lanes=p, epoch_size=n) or crosses
+        lanes_read = (positions_for_rank(cursor, batch, world, rank, lanes=p,
+                                         epoch_size=n) % n) % p
+        if not crosses:  # W | P here: rank r reads exactly the lanes [r*P/W, (r+1)*P/W)
+            assert sorted(set(lanes_read.tolist())) == list(range(rank * p // world,
+                                                                 (rank + 1) * p // world))
 
 
-def test_epoch_crossing_falls_back_to_contiguous_slices() -> None:
-    # N = 102, W = 4: the step [96, 104) crosses into epoch 1 with q = 96..101, 0, 1,
-    # residues mod 4 = 0,1,2,3,0,1,0,1 -> unbalanced -> plain slicing.
-    assert not step_is_lane_aligned(96, 8, 4, lanes=8, epoch_size=102)
-    assert positions_for_rank(96, 8, 4, 1, lanes=8, epoch_size=102).tolist() == [98, 99]
-    # N = 104: residues stay balanced across the boundary, lane mode holds.
-    assert step_is_lane_aligned(100, 8, 4, lanes=8, epoch_size=104)
-    assert positions_for_rank(100, 8, 4, 1, lanes=8, epoch_size=104).tolist() == [101, 105]
-    # Without epoch_size the residue of p itself is used (always balanced).
-    assert positions_for_rank(96, 8, 4, 1, lanes=8).tolist() == [97, 101]
+def test_epoch_crossing_steps_still_partition() -> None:
+    # N = 102, W = 4: the step [96, 104) crosses into epoch 1 (q = 96..101, 0, 1).
+    per_rank = [positions_for_rank(96, 8, 4, r, lanes=8, epoch_size=102) for r in range(4)]
+    assert sorted(np.concatenate(per_rank).tolist()) == list(range(96, 104))
+    # Lanes 0, 0, 1, 1, 2, 3, 4, 5 (q = 96, 0, 97, 1, 98, 99, 100, 101): rank 1 takes the
+    # second pair, lane 1.
+    assert per_rank[1].tolist() == [97, 103]
+    # Without epoch_size the lane is p % P.
+    assert positions_for_rank(96, 8, 4, 1, lanes=8).tolist() == [98, 99]
 
 
-def test_plain_mode_when_world_does_not_divide_lanes() -> None:
-    assert positions_for_rank(10, 12, 3, 2, lanes=8).tolist() == [18, 19, 20, 21]
-    assert not step_is_lane_aligned(10, 12, 3, lanes=8)
+def test_one_lane_is_contiguous_slices() -> None:
+    assert positions_for_rank(10, 12, 3, 2, lanes=1).tolist() == [18, 19, 20, 21]
+    assert positions_for_participant(10, 12, 5, 4).tolist() == [19, 20, 21]
+    assert tail_positions_for_rank(100, 105, 2, 1, lanes=1).tolist() == [102, 103, 104]
+
+
+@settings(max_examples=300, deadline=None)
+@given(cursor=st.integers(0, 10_000), batch=st.integers(1, 300), participants=st.integers(1, 40),
+       lanes=st.one_of(st.integers(1, 64), st.sampled_from([840, 5040])),
+       epoch_size=st.one_of(st.none(), st.integers(1, 500)))
+def test_any_participant_count_partitions_every_step(
+        cursor: int, batch: int, participants: int, lanes: int, epoch_size: int | None) -> None:
+    """Uneven splits too (n need not divide B): every position exactly once (issue 21)."""
+    pieces = [positions_for_participant(cursor, batch, participants, i, lanes=lanes,
+                                        epoch_size=epoch_size) for i in range(participants)]
+    for i, piece in enumerate(pieces):
+        assert piece.dtype == np.int64
+        assert piece.size == (i + 1) * batch // participants - i * batch // participants
+        assert (np.diff(piece) > 0).all()
+    assert np.array_equal(np.sort(np.concatenate(pieces)), np.arange(cursor, cursor + batch))
+    owners = step_owners(cursor, batch, participants, lanes=lanes, epoch_size=epoch_size)
+    for i, piece in enumerate(pieces):
+        assert np.array_equal(cursor + np.flatnonzero(owners == i), piece)
+    # The rule: pieces are contiguous runs of the lane-sorted step.
+    lanes_of = [np.unique((p_ % (epoch_size or cursor + batch + 1)) % lanes) for p_ in pieces]
+    nonempty = [lo for lo in lanes_of if lo.size]
+    for a, b in zip(nonempty, nonempty[1:]):
+        assert a.max() <= b.min()
 
 
 def test_argument_errors() -> None:
@@ -120,6 +146,10 @@ def test_argument_errors() -> None:
         positions_for_rank(0, 8, 4, 0, lanes=4, epoch_size=0)
     with pytest.raises(ValueError, match="lanes must be > 0"):
         step_ranks(0, 8, 4, lanes=0)
+    with pytest.raises(ValueError, match=r"index must be in \[0, 3\), got 3"):
+        positions_for_participant(0, 8, 3, 3)
+    with pytest.raises(ValueError, match="participants must be > 0"):
+        positions_for_participant(0, 8, 0, 0)
 
 
 @settings(max_examples=150, deadline=None)
