@@ -127,3 +127,25 @@ class DiskFullError(StorageError):
 
     ``errno`` is ``errno.ENOSPC``, so ``except OSError`` code that checks it keeps working.
     """
+
+
+class MixtureError(ZephonError, ValueError):
+    """A mixture file or schedule is invalid (unknown source, weights not summing to 1 or
+    negative, a stage starting in the past), or a mixture checkpoint does not match it.
+
+    Messages name the file and key path (or the stage and source) and say what to change.
+    """
+
+
+class SourceExhaustedError(MixtureError):
+    """A source capped by ``max_epochs`` ran out under the ``"error"`` exhaustion policy.
+
+    Carries ``source`` (its name or index) and ``position`` (the first mixture position that
+    would need a sample past the cap).
+    """
+
+    def __init__(self, message: str, *, source: str | int | None = None,
+                 position: int | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.position = position
