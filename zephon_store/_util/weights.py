@@ -126,3 +126,12 @@ def integer_weights(weights: Sequence[Fraction], *, where: str = "weights",
                     f"resolution 1/{MAX_DENOMINATOR}; give it 0 or a weight >= 1e-9")
     g = math.gcd(*nums) if any(nums) else 1
     return [m // g for m in nums], den // g
+
+
+def fraction_text(w: Fraction) -> str:
+    """An exact weight as JSON-friendly text: ``"3/10"``, or ``"1"`` for a whole number.
+
+    >>> fraction_text(Fraction(3, 10)), fraction_text(Fraction(0))
+    ('3/10', '0')
+    """
+    return str(w.numerator) if w.denominator == 1 else f"{w.numerator}/{w.denominator}"

@@ -184,10 +184,6 @@ class _Segment:
         return [o + self.tree.count(k, n) for k, o in enumerate(self.offsets)]
 
 
-def _fraction_text(w: Fraction) -> str:
-    return str(w.numerator) if w.denominator == 1 else f"{w.numerator}/{w.denominator}"
-
-
 class MixtureSchedule:
     """Stages of source weights over mixture positions; maps each position to a source sample.
 
@@ -375,6 +371,37 @@ class MixtureSchedule:
         self._segments = segs
         self._seg_starts = np.asarray([s.start for s in segs], dtype=np.int64)
         self._bound = Fraction(max(s.tree.depth for s in segs), 2)
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, global_batch: int | None = None,
+                  tokens_per_sample: int | None = None,
+                  mean_sizes: Sequence[float] | Mapping[str, float] | None = None,
+                  epoch_sizes: Sequence[int] | Mapping[str, int] | None = None
+                  ) -> MixtureSchedule:
+        """The schedule of a mixture file's spec (:class:`zephon_store.format.mixture_file.MixtureSpec`).
+
+        ``global_batch`` converts stage starts in steps, ``tokens_per_sample`` starts in
+        tokens; ``mean_sizes`` (mean tokens or bytes per sample of each source, from its
+        manifest) converts token/byte weights to sample weights (:func:`sample_weights`, in
+        expectation); ``epoch_sizes`` (samples per epoch) are needed for capped sources.
+        The global batch converts steps once, here: a run that later changes its global
+        batch keeps the schedule (in samples) its checkpoint carries.
+        """
+        names = list(spec.source_names)
+        starts = spec.stage_starts(global_batch=global_batch, tokens_per_sample=tokens_per_sample)
+        weights = spec.stage_weights()
+        if spec.weight_unit != "samples":
+            if mean_sizes is None:
+                raise MixtureError(
+                    f"{spec.origin}: weights are in {spec.weight_unit}; converting them to "
+                    f"sample weights needs mean_sizes (mean {spec.weight_unit} per sample of "
+                    "each source)")
+            sizes = _in_source_order(mean_sizes, names, "mean_sizes", spec.origin)
+            weights = [sample_weights(w, sizes) for w in weights]
+        sizes = None if epoch_sizes is None else _in_source_order(
+            epoch_sizes, names, "epoch_sizes", spec.origin)
+        return cls(list(zip(starts, weights)), names=names, stage_names=list(spec.stage_names),
+                   max_epochs=list(spec.max_epochs), epoch_sizes=sizes, policy=spec.exhaustion)
 
     # --- properties ---------------------------------------------------------------------
     @property
@@ -617,7 +644,7 @@ class MixtureSchedule:
                     "max_epochs": self._max_epochs[k], "epoch_size": self._epoch_sizes[k]}
                    for k in range(self._k)]
         stages = [{"name": self._stage_names[j], "start": s,
-                   "weights": [_fraction_text(w) for w in ws],
+                   "weights": [_w.fraction_text(w) for w in ws],
                    "consumed": list(self._boundary_consumed[j])}
                   for j, (s, ws) in enumerate(zip(self._starts, self._weights))]
         return {"version": _VERSION, "algorithm": MIXTURE_ALGORITHM, "policy": self._policy,
@@ -681,9 +708,21 @@ class MixtureSchedule:
         return hash(self.identity())
 
     def __repr__(self) -> str:
-        stages = ", ".join(f"({s}, [{', '.join(_fraction_text(w) for w in ws)}])"
+        stages = ", ".join(f"({s}, [{', '.join(_w.fraction_text(w) for w in ws)}])"
                            for s, ws in zip(self._starts, self._weights))
         return f"MixtureSchedule([{stages}], names={self._names}, policy={self._policy!r})"
+
+
+def _in_source_order(values, names: list[str], what: str, origin: str) -> list:
+    if isinstance(values, Mapping):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise MixtureError(f"{origin}: {what} has no entry for source {missing[0]!r}")
+        return [values[n] for n in names]
+    values = list(values)
+    if len(values) != len(names):
+        raise MixtureError(f"{origin}: {what} has {len(values)} entries for {len(names)} sources")
+    return values
 
 
 def _int_array(values, what: str) -> np.ndarray:
