@@ -89,23 +89,12 @@ def test_defaults_one_stage_and_a_single_weight(tmp_path) -> None:
 
 
 def test_token_weights_and_token_starts() -> None:
-    spec = parse_mixture(textwrap.dedent("""\
-        weight_unit = "tokens"
-        [[stages]]
-        name = "a"
-        start = {tokens = 0}
-        [[stages]]
-        name = "b"
-        start = {tokens = 1_000_000}
-        [[sources]]
-        name = "short"
-        url = "/s"
-        weights = [0.5, 0.5]
-        [[sources]]
-        name = "long"
-        url = "/l"
-        weights = [0.5, 0.5]
-        """))
+    spec = MixtureSpec.from_dict({
+        "weight_unit": "tokens",
+        "stages": [{"name": "a", "start": {"tokens": 0}},
+                   {"name": "b", "start": {"tokens": 1_000_000}}],
+        "sources": [{"name": "short", "url": "/s", "weights": [0.5, 0.5]},
+                    {"name": "long", "url": "/l", "weights": {"a": 0.5, "b": 0.5}}]})
     with pytest.raises(MixtureError, match="needs mean_sizes"):
         MixtureSchedule.from_spec(spec, tokens_per_sample=2048)
     with pytest.raises(MixtureError, match="needs tokens_per_sample > 0"):
@@ -173,21 +162,10 @@ def test_syntax_errors_name_the_line(tmp_path) -> None:
 
 
 def test_starts_that_cross_after_conversion_are_refused() -> None:
-    spec = parse_mixture(textwrap.dedent("""\
-        [[stages]]
-        name = "a"
-        start = {samples = 0}
-        [[stages]]
-        name = "b"
-        start = {steps = 10}
-        [[stages]]
-        name = "c"
-        start = {samples = 100}
-        [[sources]]
-        name = "x"
-        url = "/x"
-        weight = 1
-        """), origin="mix.toml")
+    spec = MixtureSpec.from_dict({
+        "stages": [{"name": n, "start": start} for n, start in
+                   (("a", {"samples": 0}), ("b", {"steps": 10}), ("c", {"samples": 100}))],
+        "sources": [{"name": "x", "url": "/x", "weight": 1}]}, origin="mix.toml")
     assert MixtureSchedule.from_spec(spec, global_batch=8).stages[1][0] == 80
     with pytest.raises(MixtureError, match=r"mix.toml: stages/2 \('c'\) starts at sample 100, "
                                            r"not after stage 'b' \(sample 160\)"):
