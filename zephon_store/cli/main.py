@@ -53,8 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fixed-size-lists", choices=["binary", "list"], default="binary",
                    help="store fixed-size lists of numbers as fixed-size binary (fast to decode, "
                         "default) or as Parquet lists (can hold null elements)")
-    c.add_argument("--workers", type=positive_int, default=1,
-                   help="conversion processes (default 1)")
+    c.add_argument("--workers", type=positive_int, default=None,
+                   help="conversion processes (local engine, default 1) or Ray tasks at once "
+                        "(default: the Ray cluster's CPUs)")
+    c.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="where the parse and write tasks run: processes of this host (default) "
+                        "or a Ray cluster (pip install 'zephon_store[ray]'); the output is the "
+                        "same byte for byte")
+    c.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--engine ray: the cluster to join (e.g. 127.0.0.1:6379 or auto); "
+                        "default: start a local Ray instance")
     c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
                    help="input format (default: from each file name)")
     c.add_argument("--text-mode", choices=["file", "line"], default="file",
@@ -179,11 +187,13 @@ def cmd_convert(args) -> int:
         kwargs = packing_convert_kwargs(build_options(
             PackingOptions, tokenizer=args.tokenizer, seq_len=args.seq_len,
             text_column=args.text_column, bos=args.bos, eos=args.eos))
+    if args.ray_address is not None and args.engine != "ray":
+        raise UsageError("--ray-address needs --engine ray")
     result = convert(args.inputs, args.output, options=wopts, input_options=iopts,
                      workers=args.workers, storage_options=args.storage_options,
                      input_storage_options=args.input_storage_options,
                      progress=None if not args.json else False, overwrite=args.overwrite,
-                     **kwargs)
+                     engine=args.engine, ray_address=args.ray_address, **kwargs)
     if args.json:
         emit(result.to_dict())
     else:

@@ -30,6 +30,24 @@ BLOCK_BYTES = 8 << 20
 
 _fs_cache: dict[tuple, Any] = {}
 _fs_lock = threading.Lock()
+_fetched = [0]  # bytes of remote inputs fetched by this process (see remote_input_bytes)
+
+
+def remote_input_bytes() -> int:
+    """Bytes of remote inputs this process has fetched so far (every range, retries included).
+
+    A distributed conversion reads inputs in its workers: the driver's count stays 0.
+
+    >>> remote_input_bytes() >= 0
+    True
+    """
+    return _fetched[0]
+
+
+def _count(data: bytes) -> bytes:
+    with _fs_lock:
+        _fetched[0] += len(data)
+    return data
 
 
 class _ShortBody(ConnectionError):
@@ -123,6 +141,6 @@ def open_raw(file: InputFile, storage_options: dict | None = None) -> Iterator[B
         return
     fs, path, policy = remote_fs(file.url, storage_options)
     size = int(retried(lambda: fs.info(path), policy, "HEAD", file.url).get("size") or 0)
-    with RangedReader(lambda start, stop: fs.cat_file(path, start=start, end=stop), size,
+    with RangedReader(lambda start, stop: _count(fs.cat_file(path, start=start, end=stop)), size,
                       url=file.url, policy=policy) as reader:
         yield reader  # type: ignore[misc]

@@ -41,7 +41,7 @@ from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
-from .executors import Executor, LocalExecutor
+from .executors import Executor, LocalExecutor, make_executor
 from .layout import Cutter, ShardCut
 from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact
@@ -68,6 +68,9 @@ class ConvertResult:
     skipped: dict = field(default_factory=dict)
     skip_examples: list = field(default_factory=list)
     seconds: float = 0.0
+    engine: str = "local"
+    workers: int = 1
+    stages: dict = field(default_factory=dict)  # stage -> seconds (plan, parse, ..., publish)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +99,7 @@ def convert(
     *,
     options: WriteOptions | None = None,
     input_options: InputOptions | None = None,
-    workers: int = 1,
+    workers: int | None = None,
     storage_options: dict | None = None,
     input_storage_options: dict | None = None,
     progress: bool | None = None,
@@ -105,6 +108,8 @@ def convert(
     extra_manifest: dict | None = None,
     restream: Restream | None = None,
     overwrite: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
     executor: Executor | None = None,
 ) -> ConvertResult:
     """Convert ``inputs`` (paths, globs, directories, fsspec URLs) into a dataset at ``output``.
@@ -118,8 +123,11 @@ def convert(
 
     ``storage_options`` configure the output's filesystem; ``input_storage_options`` the
     inputs' (defaults to ``storage_options``). ``progress`` shows a bar (default: on a TTY).
-    ``executor`` runs the stages (default: ``LocalExecutor(workers)``); the output does not
-    depend on it.
+    ``engine`` runs the stages: ``"local"`` (``workers`` processes of this host, default 1)
+    or ``"ray"`` (Ray tasks, ``workers`` at a time, default the cluster's CPUs, on the cluster
+    at ``ray_address``, else on a local Ray instance started for this call;
+    :mod:`~zephon_store.write.ray_engine`); ``executor`` passes any other
+    :class:`~zephon_store.write.executors.Executor`. The output does not depend on either.
     An output holding a different dataset raises
     :class:`~zephon_store.errors.OutputExistsError` unless ``overwrite``; another convert
     into the same output raises :class:`~zephon_store.errors.OutputLockedError`.
@@ -127,8 +135,8 @@ def convert(
     t0 = time.perf_counter()
     options = options or WriteOptions()
     input_options = input_options or InputOptions()
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    if executor is None:
+        executor = make_executor(engine, workers=workers, ray_address=ray_address)
     if isinstance(inputs, str):
         inputs = [inputs]
     in_so = storage_options if input_storage_options is None else input_storage_options
@@ -136,7 +144,7 @@ def convert(
     if progress is None:
         progress = sys.stderr.isatty()
 
-    executor = executor or LocalExecutor(workers)
+    stages: dict[str, float] = {}
     out = Storage(output, storage_options=storage_options)
     # First: a second convert (or an S3 output without credentials) fails before any work.
     with output_lock(out):
@@ -148,12 +156,15 @@ def convert(
         active = _on_disk(area.root, lambda: area.open_job(out.root_url))
         try:
             area.remove_stale_jobs(out.root_url)
+            stages["plan"] = time.perf_counter() - t0
             metas, cuts, infos, schema, reuse, found = _stage_and_write(
                 files, out, area, options, input_options, in_so, parse_fn, executor,
-                progress, restream)
+                progress, restream, stages)
+            t1 = time.perf_counter()
             result = _on_disk(area.root, lambda: publish_manifest(
                 out, files, metas, cuts, infos, schema, options, input_options,
                 _with_found(extra_manifest, found), overwrite=overwrite))
+            stages["publish"] = time.perf_counter() - t1
         except BaseException:
             if active is not None:
                 os.close(active)  # the staged work stays for a rerun
@@ -167,14 +178,31 @@ def convert(
         input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
         inputs_reused=inputs_reused, skipped=result.skipped,
         skip_examples=[e for m in metas for e in m.stats.get("examples", [])][:10],
-        seconds=round(time.perf_counter() - t0, 3))
+        seconds=round(time.perf_counter() - t0, 3), engine=_engine_name(executor),
+        workers=executor.workers,
+        stages={k: round(v, 3) for k, v in stages.items()})
+
+
+def _engine_name(executor: Executor) -> str:
+    return "local" if isinstance(executor, LocalExecutor) else type(executor).__name__.removesuffix(
+        "Executor").lower()
 
 
 def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, executor,
-                     progress, restream):
+                     progress, restream, stages):
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        stages[name] = now - t
+        t = now
+
     with executor:
+        lap("start")  # starting workers (a local Ray instance takes seconds)
         metas, inputs_reused = _parse_all(files, area, input_options, in_so, parse_fn, executor,
                                           progress)
+        lap("parse")
         if not any(m.rows for m in metas):
             raise InputError(f"no records found in {len(files)} input file(s) ({files[0].url}, "
                              "...); nothing to convert", path=files[0].url)
@@ -184,9 +212,12 @@ def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, 
             # A global pass over the parsed stream (token packing) that re-stages the rows and
             # returns what it learnt for the manifest (the packing totals).
             metas, schema, found = restream(files, metas, area, executor)
+            lap("restream")
         cuts = _cut_shards(metas, area, options)
+        lap("cut")
         infos, shards_reused = _write_all(cuts, metas, area, schema, options, out, executor,
                                           progress)
+        lap("write")
     return metas, cuts, infos, schema, (inputs_reused, shards_reused), found
 
 
@@ -243,13 +274,14 @@ def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
             reused += 1
         else:
             tasks.append((i, f, area, input_options, so, parse_fn))
-    t0, rows = time.perf_counter(), 0
+    t0, rows, parsed = time.perf_counter(), 0, reused
     with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
         for meta in executor.map(_parse_one, tasks, name="parse"):
             metas[meta.index] = meta
             rows += meta.rows
             bar.update(meta.input_bytes)
-            bar.set_postfix(samples=rows,
+            parsed += 1
+            bar.set_postfix(inputs=f"{parsed}/{len(files)}", samples=rows,
                             samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
     return metas, reused
 
@@ -362,9 +394,12 @@ def _write_all(cuts, metas, area, schema, options, out, executor, progress):
                       schema_to_base64(schema), options, out))
     with _bar(progress, len(cuts), "write", unit="shard") as bar:
         bar.update(reused)
+        written = 0
         for index, info in executor.map(_write_one, tasks, name="write"):
             infos[index] = info
+            written += info.bytes
             bar.update(1)
+            bar.set_postfix(written=f"{written / 1e6:.1f}MB")
     return infos, reused
 
 

@@ -10,7 +10,8 @@ whatever order the tasks finish in. That is the whole contract, so the output is
 byte for byte on any executor. ``shared_hosts`` says whether tasks may run on other hosts
 (then the job stages beside the output, which every host reaches, instead of on this host).
 
-- :class:`LocalExecutor` (the default): processes of this host, or threads for one worker.
+- :class:`LocalExecutor` (the default): processes of this host, or threads for one worker;
+- :class:`~zephon_store.write.ray_engine.RayExecutor`: Ray tasks on a Ray cluster.
 
 A Dask ``distributed`` client would plug in the same way (``client.map(fn, tasks)`` then
 ``client.gather`` in order), and so would Spark (``sc.parallelize(tasks, len(tasks))
@@ -35,7 +36,7 @@ from typing import Any
 __all__ = ["ENGINES", "Executor", "LocalExecutor", "make_executor"]
 
 #: The engines :func:`make_executor` knows.
-ENGINES = ("local",)
+ENGINES = ("local", "ray")
 
 
 class Executor:
@@ -154,12 +155,16 @@ def make_executor(engine: str = "local", *, workers: int | None = None,
     >>> make_executor("spark")
     Traceback (most recent call last):
     ...
-    ValueError: engine must be one of local; got 'spark'
+    ValueError: engine must be one of local, ray; got 'spark'
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    if ray_address is not None:
-        raise ValueError("ray_address is for engine='ray'; pass engine='ray' or drop it")
-    return LocalExecutor(workers or 1)
+    if engine == "local":
+        if ray_address is not None:
+            raise ValueError("ray_address is for engine='ray'; pass engine='ray' or drop it")
+        return LocalExecutor(workers or 1)
+    from .ray_engine import RayExecutor
+
+    return RayExecutor(workers=workers, address=ray_address)

@@ -1,0 +1,272 @@
+"""Conversion on a real local Ray cluster: the same bytes as the local engine, crash-safe.
+
+One cluster per module (``ray start --head`` on 127.0.0.1 with 2 CPUs plus a second node
+joined with ``ray start --address`` with 1 CPU: three worker slots on two nodes); this test
+process is the Ray driver for the in-process conversions. Ray is a test dependency (the
+``ray`` extra): without it these tests fail, they are never skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import tree_digest, write_jsonl_corpus
+from zephon_store import convert
+from zephon_store.errors import InputError, OutputLockedError
+from zephon_store.ingest import InputOptions
+from zephon_store.ingest.source import remote_input_bytes
+from zephon_store.io.storage import Storage
+from zephon_store.read.verify import verify
+from zephon_store.testing.ray_cluster import LocalRayCluster, ray_env
+from zephon_store.write.lock import output_lock
+from zephon_store.write.packing import PackingOptions, packing_convert_kwargs
+from zephon_store.write.shardwriter import WriteOptions
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = WriteOptions(target_shard_bytes=32 << 10, row_group_bytes=8 << 10)
+SIZES = ["--target-shard-size", "32KiB", "--row-group-size", "8KiB"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running two-node Ray cluster; this process is connected to it as the driver."""
+    import ray  # the ray extra is a test dependency: an ImportError here fails the module
+
+    saved = dict(os.environ)
+    os.environ.update(ray_env())  # the driver's side of the cluster's settings
+    try:
+        with LocalRayCluster([2, 1]) as c:
+            ray.init(address=c.address, logging_level="WARNING")
+            try:
+                assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+                yield c
+            finally:
+                ray.shutdown()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# -- corpora ---------------------------------------------------------------------------------
+
+def _records(tmp, n_files=4, records=300):
+    return write_jsonl_corpus(tmp / "jsonl", files=n_files, records=records, seed=5,
+                              suffix=".jsonl.zst")
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """{kind: (input folder, convert kwargs)}: JSONL.zst, Parquet, CSV and packed tokens."""
+    tmp = tmp_path_factory.mktemp("ray-corpora")
+    records = _records(tmp)
+    per_file = [records[k * 300:(k + 1) * 300] for k in range(4)]
+    (tmp / "parquet").mkdir()
+    (tmp / "csv").mkdir()
+    for k, recs in enumerate(per_file):
+        pq.write_table(pa.Table.from_pylist(recs), tmp / "parquet" / f"part-{k:03d}.parquet",
+                       row_group_size=100)
+        with open(tmp / "csv" / f"part-{k:03d}.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "text", "score"])
+            w.writerows([r["id"], r["text"], r["score"]] for r in recs)
+    packing = packing_convert_kwargs(PackingOptions(tokenizer=_tokenizer(tmp), seq_len=31))
+    return {"jsonl.zst": (tmp / "jsonl", {}), "parquet": (tmp / "parquet", {}),
+            "csv": (tmp / "csv", {}), "packed": (tmp / "jsonl", packing)}
+
+
+def _tokenizer(tmp) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "<s>", "</s>", "alpha", "beta", "gamma", "delta", "epsilon", "zeta",
+             "eta", "theta", "ünïcødé", "∑"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = str(tmp / "tok" / "tokenizer.json")
+    os.makedirs(os.path.dirname(path))
+    tok.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_refs(corpora, tmp_path_factory):
+    """The local engine's output (1 process) for every corpus: the reference bytes."""
+    out = tmp_path_factory.mktemp("ray-refs")
+    refs = {}
+    for kind, (src, kw) in corpora.items():
+        res = convert([str(src)], str(out / kind), options=SMALL, **kw)
+        refs[kind] = (res, tree_digest(out / kind))
+    return refs
+
+
+# -- byte identity ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["jsonl.zst", "parquet", "csv", "packed"])
+def test_ray_with_1_and_3_workers_writes_the_local_bytes(cluster, corpora, local_refs, kind,
+                                                         tmp_path):
+    src, kw = corpora[kind]
+    ref, ref_tree = local_refs[kind]
+    assert ref.num_shards > 2 and len(ref_tree) > 4
+    if kind == "jsonl.zst":  # the local engine with N processes writes the same bytes too
+        convert([str(src)], str(tmp_path / "local4"), options=SMALL, workers=4, **kw)
+        assert tree_digest(tmp_path / "local4") == ref_tree
+    for workers in (1, 3):
+        out = tmp_path / f"ray{workers}"
+        res = convert([str(src)], str(out), options=SMALL, engine="ray", workers=workers, **kw)
+        assert (res.engine, res.workers) == ("ray", workers)
+        assert res.dataset_id == ref.dataset_id and tree_digest(out) == ref_tree
+        assert set(res.stages) >= {"plan", "parse", "cut", "write", "publish"}
+    assert verify(str(out), deep=True).ok
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A corpus whose parse and write tasks last long enough to be killed mid-run."""
+    src = tmp_path_factory.mktemp("ray-big")
+    write_jsonl_corpus(src, files=6, records=6000, seed=11, suffix=".jsonl.zst")
+    ref = tmp_path_factory.mktemp("ray-big-ref") / "ds"
+    res = convert([str(src)], str(ref), options=SMALL, workers=1)
+    return src, res, tree_digest(ref)
+
+
+def test_a_killed_worker_process_is_retried_and_the_bytes_are_the_same(cluster, big, tmp_path):
+    src, ref, ref_tree = big
+    killed: list[int] = []
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = convert([str(src)], str(tmp_path / "ds"), options=SMALL,
+                                        engine="ray", workers=3)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    while t.is_alive() and not killed:
+        pids = cluster.worker_pids("zephon parse") or cluster.worker_pids("zephon write")
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)  # the worker process dies mid-task
+            killed.append(pids[0])
+        time.sleep(0.005)
+    t.join(300)
+    assert killed, "no running task was seen to kill"
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].dataset_id == ref.dataset_id
+    assert tree_digest(tmp_path / "ds") == ref_tree
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "zephon_store.cli.main", "convert", *args]
+
+
+def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster, big,
+                                                                         tmp_path):
+    src, ref, ref_tree = big
+    out = tmp_path / "ds"
+    cmd = _cli(str(src), "-o", str(out), "--engine", "ray", "--ray-address", cluster.address,
+               "--json", *SIZES)
+    env = dict(ray_env(), PYTHONPATH=ROOT)
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    staging = out / ".zephon-staging"
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline:
+        if len(list(staging.glob("*/parsed/*.json"))) >= 2:
+            break
+        time.sleep(0.01)
+    assert p.poll() is None, p.communicate()
+    p.kill()  # SIGKILL: the driver dies with tasks in flight
+    p.communicate()
+    staged = {f.name for f in staging.glob("*/parsed/*.json")}
+    assert len(staged) >= 2 and not (out / "manifest.json").exists()
+    again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["inputs_reused"] >= len(staged) and summary["engine"] == "ray"
+    assert summary["dataset_id"] == ref.dataset_id and tree_digest(out) == ref_tree
+    assert not staging.exists()
+
+
+def test_a_second_driver_on_the_same_output_is_refused(cluster, corpora, tmp_path):
+    src, _ = corpora["jsonl.zst"]
+    out = tmp_path / "ds"
+    with output_lock(Storage(str(out))), pytest.raises(OutputLockedError,
+                                                       match="another convert .* holds"):
+        convert([str(src)], str(out), options=SMALL, engine="ray")
+
+
+# -- S3 to S3 --------------------------------------------------------------------------------
+
+def test_s3_to_s3_through_ray_never_reads_inputs_in_the_driver(cluster, s3_bucket, corpora,
+                                                               tmp_path):
+    import s3fs
+
+    src, _ = corpora["jsonl.zst"]
+    so = s3_bucket.storage_options
+    fs = s3fs.S3FileSystem(**so, skip_instance_cache=True, use_listings_cache=False)
+    fs.put(str(src) + "/", f"{s3_bucket.name}/in/", recursive=True)
+    inputs = f"{s3_bucket.url}/in/"
+
+    before = remote_input_bytes()
+    res = convert([inputs], f"{s3_bucket.url}/ds", options=SMALL, storage_options=so,
+                  engine="ray", workers=3)
+    assert remote_input_bytes() == before  # the driver fetched no input byte
+    # The same inputs through the local engine (threads of this process) are counted, so
+    # the counter is live: the zero above is the workers' doing.
+    local = convert([inputs], str(tmp_path / "local"), options=SMALL, storage_options=so,
+                    workers=1)
+    assert remote_input_bytes() - before == res.input_bytes > 0
+
+    assert res.dataset_id == local.dataset_id
+    base = f"{s3_bucket.name}/ds"
+    remote = {p[len(base) + 1:]: fs.cat_file(p) for p in fs.find(base)}
+    assert not [k for k in remote if k.startswith(".zephon-staging")]  # the ledger is cleared
+    mine = {k: (tmp_path / "local" / k).read_bytes() for k in tree_digest(tmp_path / "local")}
+    assert remote == mine
+    assert verify(f"{s3_bucket.url}/ds", storage_options=so, deep=True).ok
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.fixture
+def bad_src(tmp_path):
+    src = tmp_path / "bad"
+    write_jsonl_corpus(src, files=3, records=200, seed=2)
+    with open(src / "part-001.jsonl") as fh:
+        lines = fh.read().splitlines()
+    lines[41] = '{"id": 1, "text": "unterminated'
+    lines[97] = "[1, 2, 3]"
+    (src / "part-001.jsonl").write_text("\n".join(lines) + "\n")
+    return src
+
+
+def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_src, tmp_path):
+    errors = []
+    for engine in ("local", "ray"):
+        with pytest.raises(InputError) as e:
+            convert([str(bad_src)], str(tmp_path / engine), options=SMALL, engine=engine)
+        errors.append((type(e.value), str(e.value), e.value.path, e.value.line))
+    assert errors[0] == errors[1]
+    assert "part-001.jsonl" in errors[1][1] and errors[1][3] == 42
+
+    skip = InputOptions(on_error="skip")
+    local = convert([str(bad_src)], str(tmp_path / "ls"), options=SMALL, input_options=skip)
+    ray_ = convert([str(bad_src)], str(tmp_path / "rs"), options=SMALL, input_options=skip,
+                   engine="ray", workers=3)
+    assert local.skipped == ray_.skipped and sum(ray_.skipped.values()) == 2
+    assert local.skip_examples == ray_.skip_examples and local.dataset_id == ray_.dataset_id

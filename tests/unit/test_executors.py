@@ -1,0 +1,63 @@
+"""The executor seam: task order, engine choice, and conversion without Ray installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zephon_store.cli.main import main
+from zephon_store.write.executors import LocalExecutor, make_executor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _slow_square(x: int) -> int:
+    time.sleep(0.01 * (5 - x % 5))  # later tasks finish first
+    return x * x
+
+
+@pytest.mark.parametrize("workers,threads", [(1, 1), (1, 2), (3, None)])
+def test_local_executor_returns_results_in_task_order(workers, threads):
+    with LocalExecutor(workers, threads=threads) as ex:
+        assert list(ex.map(_slow_square, range(12), name="square")) == [x * x for x in range(12)]
+
+
+def test_engine_options_are_checked():
+    with pytest.raises(ValueError, match="ray_address is for engine='ray'"):
+        make_executor("local", ray_address="127.0.0.1:6379")
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        make_executor("ray", workers=0)
+    assert make_executor("ray", ray_address="auto").shared_hosts
+    assert not make_executor("local").shared_hosts
+
+
+def test_cli_ray_address_needs_the_ray_engine(tmp_path, capsys):
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    code = main(["convert", str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "ds"),
+                 "--ray-address", "127.0.0.1:6379"])
+    assert code == 2 and "--ray-address needs --engine ray" in capsys.readouterr().err
+
+
+def test_without_ray_local_conversion_works_and_the_ray_engine_names_the_extra(tmp_path):
+    # A None entry in sys.modules makes 'import ray' fail as if it were not installed.
+    code = f"""
+import sys
+sys.modules["ray"] = None
+import zephon_store as z
+r = z.convert([{str(tmp_path / "a.jsonl")!r}], {str(tmp_path / "ds")!r}, progress=False)
+assert r.num_samples == 2 and r.engine == "local", r
+try:
+    z.convert([{str(tmp_path / "a.jsonl")!r}], {str(tmp_path / "ds2")!r}, engine="ray",
+              progress=False)
+except z.MissingExtraError as exc:
+    print(exc)
+"""
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n{"x": 2}\n')
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'zephon_store[ray]'" in r.stdout
