@@ -337,3 +337,30 @@ def test_token_weights_become_sample_weights() -> None:
     assert tokens[0] / tokens.sum() == pytest.approx(0.3, abs=1e-4)
     with pytest.raises(MixtureError, match="mean size of source 1 must be > 0"):
         sample_weights([0.5, 0.5], [10, 0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=st.lists(st.integers(min_value=1, max_value=9), min_size=2, max_size=4),
+       cap=st.integers(min_value=1, max_value=40), cursor=st.integers(min_value=1, max_value=400),
+       policy=st.sampled_from(["error", "renormalize"]))
+def test_appending_to_a_capped_schedule_keeps_the_past_and_each_cap(w, cap, cursor, policy):
+    k = len(w)
+    s = MixtureSchedule([(0, w)], max_epochs=[None] * (k - 1) + [1],
+                        epoch_sizes=[None] * (k - 1) + [cap], policy=policy, normalise=True)
+    if s.end is not None and cursor >= s.end:
+        cursor = s.end
+    t = s.append_stage(cursor, w[::-1], cursor=cursor, normalise=True)
+    n = cursor + 500 if t.end is None else t.end
+    src, idx = t.locate(np.arange(n))
+    assert np.array_equal(src[:cursor], s.locate(np.arange(cursor))[0])
+    check_sources_exactly_once(src, idx, k)
+    assert (src == k - 1).sum() <= cap
+    if policy == "error" and t.end is not None:
+        assert t.consumed(t.end)[k - 1] == cap
+
+
+def test_far_indices_have_no_position() -> None:
+    s = MixtureSchedule([(0, [1e-9, 1 - 1e-9])])
+    far, near = s.position_of(0, np.array([10**13, 5])).tolist()
+    assert far == -1 and abs(near - 5.5e9) <= 1      # centred: item i near (i + 1/2) / w
+    assert [a.tolist() for a in s.locate(np.array([near]))] == [[0], [5]]
