@@ -74,7 +74,7 @@ def run(manifest, label: str, log) -> list[dict]:
             row = {"manifest": label, "lanes_variant": variant, "world_size": w,
                    "nodes": spec.num_nodes,
                    "lanes_requested": lanes, "effective_lanes": sim["effective_lanes"],
-                   "lane_aligned": sim["lane_aligned"], "steps": sim["simulated_steps"],
+                   "lane_order": sim["lane_order"], "steps": sim["simulated_steps"],
                    "read_amplification": sim["read_amplification"],
                    "read_amplification_worst_node": max(
                        n["read_amplification"] for n in sim["nodes"]),
@@ -87,7 +87,7 @@ def run(manifest, label: str, log) -> list[dict]:
             rows.append(row)
             log(f"  {label} lanes={lanes} ({variant}) W={w}: amp {row['read_amplification']} "
                 f"rgs/step/node {row['distinct_rgs_per_step_per_node']} "
-                f"(P_eff {row['effective_lanes']}, aligned {row['lane_aligned']}) {secs:.1f} s")
+                f"(P_eff {row['effective_lanes']}, lane order {row['lane_order']}) {secs:.1f} s")
     return rows
 
 

@@ -12,6 +12,7 @@ from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import (
     batch_owner,
     batches_for_worker,
+    lane_order,
     positions_for_participant,
     positions_for_rank,
     step_cursor,
@@ -76,33 +77,29 @@ def test_ids_of_a_step_do_not_depend_on_world_size(
 
 
 @settings(max_examples=60, deadline=None)
-@given(blocks=st.integers(24, 200), rows=st.integers(1, 9), seed=st.integers(0, 2**32),
-       world=st.sampled_from([1, 2, 3, 4, 6, 12]), per_rank=st.integers(1, 5),
-       cursor=st.integers(0, 5000))
-def test_ranks_read_contiguous_lane_ranges(
-        blocks: int, rows: int, seed: int, world: int, per_rank: int, cursor: int) -> None:
-    o = Order(np.full(blocks, rows), OrderOptions(seed=seed, window_blocks=2, lanes=12))
-    n, p = o.num_samples, o.effective_lanes
-    assert p == 12
-    batch = world * per_rank * p     # P | B: every lane occurs B / P times per step
-    crosses = cursor // n != (cursor + batch - 1) // n
-    for rank in range(world):
-        lanes_read = (positions_for_rank(cursor, batch, world, rank, lanes=p,
-                                         epoch_size=n) % n) % p
-        if not crosses:  # W | P here: rank r reads exactly the lanes [r*P/W, (r+1)*P/W)
-            assert sorted(set(lanes_read.tolist())) == list(range(rank * p // world,
-                                                                 (rank + 1) * p // world))
+@given(world=st.sampled_from([1, 2, 3, 4, 6, 12]), per_rank=st.integers(1, 5),
+       cursor=st.integers(0, 5000), epoch_size=st.integers(1, 500))
+def test_ranks_read_the_same_contiguous_lanes_every_step(
+        world: int, per_rank: int, cursor: int, epoch_size: int) -> None:
+    p = 12
+    batch = world * per_rank * p     # P | B: every key occurs B / P times per step
+    for step in range(4):
+        c = cursor + step * batch
+        for rank in range(world):
+            keys = positions_for_rank(c, batch, world, rank, lanes=p,
+                                      epoch_size=epoch_size) % p
+            # W | P here: rank r reads exactly the keys [r*P/W, (r+1)*P/W) (epoch crossings
+            # too), i.e. a fixed set of lanes within each epoch (lane = (key - e*N) % P).
+            assert sorted(set(keys.tolist())) == list(range(rank * p // world,
+                                                            (rank + 1) * p // world))
 
 
-def test_epoch_crossing_steps_still_partition() -> None:
-    # N = 102, W = 4: the step [96, 104) crosses into epoch 1 (q = 96..101, 0, 1).
+def test_epoch_crossing_steps_stay_balanced() -> None:
+    # N = 102, W = 4: the step [96, 104) crosses into epoch 1. The key is p % P, so the
+    # step is still 8 consecutive keys: each rank takes two keys, as in any other step.
     per_rank = [positions_for_rank(96, 8, 4, r, lanes=8, epoch_size=102) for r in range(4)]
     assert sorted(np.concatenate(per_rank).tolist()) == list(range(96, 104))
-    # Lanes 0, 0, 1, 1, 2, 3, 4, 5 (q = 96, 0, 97, 1, 98, 99, 100, 101): rank 1 takes the
-    # second pair, lane 1.
-    assert per_rank[1].tolist() == [97, 103]
-    # Without epoch_size the lane is p % P.
-    assert positions_for_rank(96, 8, 4, 1, lanes=8).tolist() == [98, 99]
+    assert per_rank[1].tolist() == [98, 99]
 
 
 def test_one_lane_is_contiguous_slices() -> None:
@@ -114,23 +111,27 @@ def test_one_lane_is_contiguous_slices() -> None:
 @settings(max_examples=300, deadline=None)
 @given(cursor=st.integers(0, 10_000), batch=st.integers(1, 300), participants=st.integers(1, 40),
        lanes=st.one_of(st.integers(1, 64), st.sampled_from([840, 5040])),
-       epoch_size=st.one_of(st.none(), st.integers(1, 500)))
+       epoch_size=st.one_of(st.none(), st.integers(1, 500)), per_node=st.integers(1, 9))
 def test_any_participant_count_partitions_every_step(
-        cursor: int, batch: int, participants: int, lanes: int, epoch_size: int | None) -> None:
+        cursor: int, batch: int, participants: int, lanes: int, epoch_size: int | None,
+        per_node: int) -> None:
     """Uneven splits too (n need not divide B): every position exactly once (issue 21)."""
-    pieces = [positions_for_participant(cursor, batch, participants, i, lanes=lanes,
-                                        epoch_size=epoch_size) for i in range(participants)]
+    kw = {"lanes": lanes, "epoch_size": epoch_size, "ranks_per_node": per_node}
+    pieces = [positions_for_participant(cursor, batch, participants, i, **kw)
+              for i in range(participants)]
     for i, piece in enumerate(pieces):
         assert piece.dtype == np.int64
         assert piece.size == (i + 1) * batch // participants - i * batch // participants
         assert (np.diff(piece) > 0).all()
     assert np.array_equal(np.sort(np.concatenate(pieces)), np.arange(cursor, cursor + batch))
-    owners = step_owners(cursor, batch, participants, lanes=lanes, epoch_size=epoch_size)
+    owners = step_owners(cursor, batch, participants, **kw)
     for i, piece in enumerate(pieces):
         assert np.array_equal(cursor + np.flatnonzero(owners == i), piece)
-    # The rule: pieces are contiguous runs of the lane-sorted step.
-    lanes_of = [np.unique((p_ % (epoch_size or cursor + batch + 1)) % lanes) for p_ in pieces]
-    nonempty = [lo for lo in lanes_of if lo.size]
+    # The rule: pieces are contiguous runs of the step sorted by the key's place in
+    # lane_order (sizes from the cut), so consecutive pieces meet in at most one key.
+    place = np.argsort(lane_order(lanes, batch, -(-participants // per_node)))
+    places = [np.unique(place[p_ % lanes]) for p_ in pieces]
+    nonempty = [pl for pl in places if pl.size]
     for a, b in zip(nonempty, nonempty[1:]):
         assert a.max() <= b.min()
 

@@ -82,14 +82,15 @@ def cmd_plan(args) -> int:
         emit(out)
         return 0
     print(f"dataset {m.dataset_id}: {m.num_samples} samples, {m.num_row_groups} row groups")
-    print(f"W={args.world_size} B={args.global_batch} lanes={sim['effective_lanes']} "
-          f"(lane-aligned: {sim['lane_aligned']})")
+    print(f"W={args.world_size} B={args.global_batch} nodes={sim['num_nodes']} "
+          f"lanes={sim['effective_lanes']} (lane order: {sim['lane_order']})")
     for st in steps:
         print(f"step {st['step']} (cursor {st['cursor']}, worker {st['worker']}):")
         for r, ids in enumerate(st["ranks"]):
             shown = ids if len(ids) <= 16 else ids[:16] + ["..."]
             print(f"  rank {r}: {shown}")
-    print(f"read amplification {sim['read_amplification']} over {sim['simulated_steps']} steps; "
+    print(f"read amplification {sim['read_amplification']} (worst node "
+          f"{sim['read_amplification_max_node']}) over {sim['simulated_steps']} steps; "
           f"row groups/step/node {sim['distinct_row_groups_per_step_per_node']}; "
           f"cache footprint {sim['cache_footprint_bytes_max'] / 1e6:.1f} MB")
     return 0

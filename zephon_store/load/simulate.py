@@ -1,7 +1,9 @@
 """What a job would read, without reading it: the ``zephon plan`` simulator.
 
 Given the manifest, order options and topology, it computes (pure functions; no shard byte
-is read) which sample ids each rank gets per step, and per node:
+is read) which sample ids each rank gets per step, by the loader's own rank rule
+(:func:`zephon_store.order.assign.step_ranks`, with the topology's ``ranks_per_node``), and
+per node (``ranks_per_node`` consecutive ranks):
 
 - **read amplification**: bytes fetched / bytes consumed, where a node fetches every row
   group its ranks touch once (a node-local cache large enough to hold what is in flight;
@@ -26,7 +28,8 @@ def rank_ids(order: Order, topology: Topology, cursor: int) -> list[np.ndarray]:
     t = topology
     return [order.sample_at(positions_for_rank(cursor, t.global_batch, t.world_size, r,
                                                lanes=order.effective_lanes,
-                                               epoch_size=order.num_samples))
+                                               epoch_size=order.num_samples,
+                                               ranks_per_node=t.ranks_per_node))
             for r in range(t.world_size)]
 
 
@@ -38,29 +41,38 @@ def rank_of_positions(order: Order, topology: Topology, cursors) -> np.ndarray:
     """
     t = topology
     return np.stack([step_ranks(int(c), t.global_batch, t.world_size,
-                                lanes=order.effective_lanes, epoch_size=order.num_samples)
+                                lanes=order.effective_lanes, epoch_size=order.num_samples,
+                                ranks_per_node=t.ranks_per_node)
                      for c in cursors]).reshape(len(cursors), t.global_batch)
 
 
 def simulate(manifest, order_options: OrderOptions, topology: Topology, *, cursor: int = 0,
              steps: int | None = None) -> dict:
-    """Simulate ``steps`` steps from ``cursor`` (default: one epoch, at most 20,000 steps).
+    """Simulate ``steps`` steps from ``cursor``; by default exactly one epoch's positions.
 
-    ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
-    groups ranks into nodes.
+    The default covers ``[cursor, cursor + N)``: ``ceil(N / B)`` steps (at most 20,000),
+    the positions of the last step past ``cursor + N`` left out. A whole epoch is what a
+    node's amplification is about: each epoch permutes the blocks anew, so a node's lanes
+    are new blocks every epoch, and a partial epoch would count the windows it leaves half
+    read. ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
+    groups ranks into nodes and is passed to the rank rule.
     """
     order = Order(manifest.rg_rows, order_options)
     t = topology
     b = t.global_batch
+    limit = None
     if steps is None:
-        steps = max(1, min(20_000, order.num_samples // b))
+        steps = max(1, min(20_000, -(-order.num_samples // b)))
+        limit = min(steps * b, order.num_samples)
     cursors = np.array([step_cursor(cursor, j, b) for j in range(steps)], dtype=np.int64)
     pos = (cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
+    ranks = rank_of_positions(order, t, cursors).reshape(-1)
+    step_of = np.repeat(np.arange(steps), b)
+    if limit is not None:
+        pos, ranks, step_of = pos[:limit], ranks[:limit], step_of[:limit]
     ids = order.sample_at(pos)
     rg = np.searchsorted(manifest.rg_row_start, ids, side="right") - 1
-    ranks = rank_of_positions(order, t, cursors).reshape(-1)
     nodes = ranks // t.ranks_per_node
-    step_of = np.repeat(np.arange(steps), b)
     rg_len = manifest.rg_length.astype(np.float64)
     rg_rows = manifest.rg_rows.astype(np.float64)
     per_node = []
@@ -98,15 +110,18 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
         ranks_distinct.append(len(np.unique(key)) / steps)
     quality = shuffle_quality(order, b, num_batches=min(steps, 200),
                               shard_of_block=manifest.rg_shard)
+    amps = [p["read_amplification"] for p in per_node]
     return {
         "effective_lanes": order.effective_lanes,
         "simulated_steps": steps,
         "read_amplification": round(tot_fetched / tot_consumed, 4) if tot_consumed else 0.0,
+        "read_amplification_max_node": max(amps),
         "distinct_row_groups_per_step_per_node": round(
             float(np.mean([d.mean() for d in distinct_per_step])), 2),
         "distinct_row_groups_per_step_per_rank": round(float(np.mean(ranks_distinct)), 2),
         "cache_footprint_bytes_max": max(p["cache_footprint_bytes"] for p in per_node),
-        "lane_aligned": bool(t.world_size == 1 or order.effective_lanes % t.world_size == 0),
+        "num_nodes": t.num_nodes,
+        "lane_order": ("contiguous" if b % order.effective_lanes == 0 else "interleaved"),
         "shuffle_quality": quality,
         "nodes": per_node,
     }
