@@ -53,6 +53,12 @@ _PASS_ELEMENTS = 1 << 17
 # Epoch tables kept per Order: the current epoch and its neighbour across a boundary.
 _CACHED_EPOCHS = 2
 _OPTION_KEYS = ("seed", "shuffle", "window_blocks", "lanes", "algorithm")
+# lanes="auto": resolved once, from the dataset and the job at its first start (auto_lanes).
+AUTO_LANES = "auto"
+# Lanes per node that "auto" aims for: one lane per rank on an 8-GPU node, so a rank's decode
+# working set is the same (window_blocks + 2 row groups) as with one lane at W = 1, while a
+# later node count M' keeps the bound 1 + M' / P with P = 8 * (nodes at the start).
+AUTO_LANES_PER_NODE = 8
 # Version of the position -> id mapping. Any change that moves a sample to another position
 # for the same options must bump it, so old checkpoints are refused instead of silently
 # resuming into a different order.
@@ -67,14 +73,17 @@ def _is_int(x: object) -> bool:
 class OrderOptions:
     """Options of the order; they go into checkpoints and are compared on resume.
 
-    ``lanes`` is the requested lane count P; the effective count is capped by the data (see
-    :attr:`Order.effective_lanes`). The default 1 keeps a rank's working set at about
-    ``window_blocks`` row groups at every world size (best resume latency and memory); jobs
-    that stream over many nodes set it to a common multiple of the world sizes they will run
-    at, so each rank (and node) reads whole lanes (see docs/order.md, "Choosing lanes").
+    ``lanes`` is the requested lane count P, or ``"auto"`` (the default): the loader
+    resolves ``"auto"`` once, at the run's first start, from the dataset and the number of
+    nodes (:func:`auto_lanes`: 1 on one node, about 8 per node otherwise) and checkpoints
+    the number, so a resume keeps the order. An :class:`Order` built straight from
+    ``"auto"`` options is a one-node order (P = 1). The effective count is capped by the
+    data (see :attr:`Order.effective_lanes`; docs/order.md, "Locality at scale").
 
     >>> OrderOptions(seed=7, window_blocks=4).to_dict()
-    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 1, 'algorithm': 1}
+    {'seed': 7, 'shuffle': True, 'window_blocks': 4, 'lanes': 'auto', 'algorithm': 1}
+    >>> OrderOptions(seed=7).resolved(num_blocks=2000, num_samples=40000, nodes=8).lanes
+    64
     >>> OrderOptions(window_blocks=0)
     Traceback (most recent call last):
     ...
@@ -84,7 +93,7 @@ class OrderOptions:
     seed: int = 0
     shuffle: bool = True
     window_blocks: int = 8
-    lanes: int = 1
+    lanes: int | str = AUTO_LANES
     algorithm: int = ORDER_ALGORITHM
 
     def __post_init__(self) -> None:
@@ -99,15 +108,19 @@ class OrderOptions:
             raise ValueError(f"shuffle must be a bool, got {self.shuffle!r}")
         for name in ("window_blocks", "lanes"):
             value = getattr(self, name)
+            if name == "lanes" and value == AUTO_LANES:
+                continue
             if not _is_int(value):
-                raise ValueError(f"{name} must be an int, got {value!r}")
+                also = f" or {AUTO_LANES!r}" if name == "lanes" else ""
+                raise ValueError(f"{name} must be an int{also}, got {value!r}")
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         # Normalise numpy scalars so to_dict() is plain JSON and equality is exact.
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "shuffle", bool(self.shuffle))
         object.__setattr__(self, "window_blocks", int(self.window_blocks))
-        object.__setattr__(self, "lanes", int(self.lanes))
+        if self.lanes != AUTO_LANES:
+            object.__setattr__(self, "lanes", int(self.lanes))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready dict of the options (the ``"order"`` entry of a checkpoint)."""
@@ -138,6 +151,64 @@ class OrderOptions:
     def replace(self, **changes: Any) -> OrderOptions:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def is_auto(self) -> bool:
+        """Whether ``lanes`` is still ``"auto"`` (not resolved for a job yet)."""
+        return self.lanes == AUTO_LANES
+
+    def resolved(self, num_blocks: int, num_samples: int, *, nodes: int = 1,
+                 node_batch: int | None = None) -> OrderOptions:
+        """These options with ``lanes="auto"`` replaced by :func:`auto_lanes`; else ``self``.
+
+        Call it once, when a run first starts, and checkpoint the result: the lane count is
+        part of the order, so a resume must use the number, not ``"auto"`` again.
+        """
+        if not self.is_auto:
+            return self
+        return self.replace(lanes=auto_lanes(num_blocks, num_samples,
+                                             window_blocks=self.window_blocks, nodes=nodes,
+                                             node_batch=node_batch))
+
+
+def auto_lanes(num_blocks: int, num_samples: int, *, window_blocks: int = 8, nodes: int = 1,
+               node_batch: int | None = None) -> int:
+    """The lane count ``lanes="auto"`` stands for, for a run that starts on ``nodes`` nodes.
+
+    - one node: 1. A node's amplification is 1 whatever the lanes, and one lane keeps every
+      rank's decode working set at about ``window_blocks + 2`` row groups.
+    - ``M`` nodes: ``P = M * k`` with ``k`` up to ``AUTO_LANES_PER_NODE`` (8), the largest
+      that the data allows (``P <= num_blocks // window_blocks``, so every lane holds a
+      window) and, among those, one that divides ``node_batch`` (the samples a node takes
+      per step), so ``P`` divides the global batch and every node reads exactly ``k`` lanes
+      of its own (read amplification 1, docs/order.md). When even ``k = 1`` does not fit,
+      the largest count up to the cap that divides ``M * node_batch`` (else the cap).
+
+    At another node count ``M'`` the rank rule keeps each node's amplification within
+    about ``1 + M' / P`` (docs/order.md, "Locality at scale").
+
+    >>> auto_lanes(20000, 400000, nodes=1), auto_lanes(20000, 400000, nodes=125, node_batch=64)
+    (1, 1000)
+    >>> auto_lanes(2000, 40000, nodes=64, node_batch=64)   # 250 lanes at most: k = 2
+    128
+    """
+    for name, value in (("num_blocks", num_blocks), ("num_samples", num_samples),
+                        ("window_blocks", window_blocks), ("nodes", nodes)):
+        if not _is_int(value) or value <= 0:
+            raise ValueError(f"{name} must be an int > 0, got {value!r}")
+    if node_batch is not None and (not _is_int(node_batch) or node_batch <= 0):
+        raise ValueError(f"node_batch must be an int > 0 or None, got {node_batch!r}")
+    if nodes == 1:
+        return 1
+    cap = max(1, min(num_blocks // window_blocks, num_samples))
+    fits = [k for k in range(AUTO_LANES_PER_NODE, 0, -1) if nodes * k <= cap]
+    if fits:
+        dividing = [k for k in fits if node_batch is not None and node_batch % k == 0]
+        return nodes * (dividing or fits)[0]
+    if node_batch is not None:
+        batch = nodes * node_batch
+        return next(p for p in range(cap, 0, -1) if batch % p == 0)
+    return cap
 
 
 # --------------------------------------------------------------------------- hashing
@@ -659,8 +730,10 @@ def _effective_lanes(options: OrderOptions, num_blocks: int, num_samples: int) -
     ``lanes`` and the result a lane-aligned world size: 5040 capped at 1000 gives 840, not
     1000, so W in {3, 6, 7, 12, 14, ...} still get whole lanes.
     """
-    if not options.shuffle:
-        return 1  # sequential order: contiguous slicing is already local
+    if not options.shuffle or options.is_auto:
+        # sequential order: contiguous slicing is already local; "auto" not resolved for a
+        # job is a one-node order (OrderOptions.resolved).
+        return 1
     cap = max(1, min(options.lanes, num_blocks // options.window_blocks, num_samples))
     best = 1
     d = 1
