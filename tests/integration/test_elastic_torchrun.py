@@ -138,7 +138,8 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = set(FileSystemReader(ck1).read_metadata().state_dict_metadata)
-    assert keys == {f"loader.{k}" for k in ("version", "dataset_id", "seed", "cursor")} | {
+    assert keys == {f"loader.{k}" for k in ("version", "dataset_id", "seed", "cursor",
+                                            "step")} | {
         f"loader.order.{k}" for k in OPTIONS.to_dict()}
 
     p1, _, saved1 = read_log(logs, "p1")

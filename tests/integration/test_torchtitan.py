@@ -33,7 +33,7 @@ from torchtitan_worker import make_packed_dataset  # noqa: E402
 SEQ_LEN = 32
 LOCAL_BATCH = 2
 SEED = 11
-STATE_KEYS = {"version", "dataset_id", "seed", "order", "cursor"}
+STATE_KEYS = {"version", "dataset_id", "seed", "order", "cursor", "step"}
 
 
 def _has_torchtitan() -> bool:

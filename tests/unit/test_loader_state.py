@@ -164,7 +164,7 @@ def test_state_has_exactly_the_five_keys_and_is_identical_on_every_rank(ds) -> N
         next(it)
         it.close()
     states = [loader.state_dict() for loader in loaders]
-    assert set(states[0]) == {"version", "dataset_id", "seed", "order", "cursor"}
+    assert set(states[0]) == {"version", "dataset_id", "seed", "order", "cursor", "step"}
     assert all(s == states[0] for s in states)
     assert states[0]["cursor"] == 2 * B
     assert states[0]["dataset_id"] == ds.dataset_id

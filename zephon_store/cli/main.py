@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan_cmd import add_plan_parser
 
     add_plan_parser(sub)
+    from .trace_cmd import add_trace_parsers
+
+    add_trace_parsers(sub)
     add_cache_parser(sub)
     add_gc_parser(sub)
     return p
@@ -273,6 +276,24 @@ def _cmd_plan(args) -> int:
     return cmd_plan(args)
 
 
+def _cmd_trace(args) -> int:
+    from .trace_cmd import cmd_trace
+
+    return cmd_trace(args)
+
+
+def _cmd_where(args) -> int:
+    from .trace_cmd import cmd_where
+
+    return cmd_where(args)
+
+
+def _cmd_audit(args) -> int:
+    from .trace_cmd import cmd_audit
+
+    return cmd_audit(args)
+
+
 def _cmd_gc(args) -> int:
     from .gc_cmd import cmd_gc
 
@@ -286,7 +307,8 @@ def _cmd_cache(args) -> int:
 
 
 COMMANDS = {"convert": cmd_convert, "verify": cmd_verify, "info": cmd_info, "get": cmd_get,
-            "plan": _cmd_plan, "cache": _cmd_cache, "gc": _cmd_gc}
+            "plan": _cmd_plan, "trace": _cmd_trace, "where": _cmd_where, "audit": _cmd_audit,
+            "cache": _cmd_cache, "gc": _cmd_gc}
 
 if __name__ == "__main__":  # pragma: no cover
     entry()

@@ -1,44 +1,438 @@
-"""The exactly-once audit: did a job consume exactly the stream its order defines?
+"""Questions a run log answers exactly: trace, where, and the exactly-once audit.
 
-A job's log is a list of global steps, each ``(cursor, global_batch, world_size, ids per
-rank)``, across restarts with other world sizes, batch sizes or worker counts. The audit
-recomputes the reference stream (the ids at positions ``[0, total)``; by default from the
-order itself) and checks, without torch:
+The run log (:mod:`zephon_store.load.runlog`) records, per segment of a run, its first
+step, cursor, global batch, world size and order. With the dataset that places every step:
 
-- per step, the multiset of ids over all ranks equals the reference at
-  ``[cursor, cursor + global_batch)``;
-- the cursors chain from ``start`` with no gap (a lost step) and no overlap (a step read twice);
-- over the whole job, no id repeats and none is dropped (multiset difference with the
-  reference);
-- per complete epoch ``[e*N, (e+1)*N)``, the ids at its positions (placed by the rank rule of
-  :func:`~zephon_store.order.assign.positions_for_rank`) are each id exactly once.
+- :func:`trace` -- the sample ids each rank consumed at given steps (the order's
+  ``sample_at`` at the positions the rank rule gives each rank);
+- :func:`where` -- for sample ids, their position in each epoch (the order's inverse,
+  ``positions_of``: no scan) and the step and rank that consumed each;
+- :func:`audit_run` -- recomputes every exposure of the run, vectorised and chunked, and
+  reports per epoch how many samples were seen exactly once, repeated or skipped, and the
+  steps where a discrepancy entered (a cursor that does not continue the one before, a
+  changed order or dataset).
+
+Everything is over a *stream order*: an object with ``num_samples``, ``effective_lanes``,
+``sample_at(positions)`` and ``positions_of(ids, epochs)``
+(:class:`~zephon_store.order.Order`).
+
+:func:`audit_stream` checks what a job actually consumed (ids logged per step and rank)
+with the same exposure counting (:class:`Exposures`) that :func:`audit_run` uses: one
+implementation of "each id exactly once per epoch".
 
 >>> import numpy as np
 >>> from zephon_store.order import Order, OrderOptions
->>> from zephon_store.order.assign import positions_for_rank
+>>> from zephon_store.load.runlog import RunSegment
 >>> order = Order(np.array([4, 4, 4]), OrderOptions(seed=3))
->>> def step(cursor, world):
-...     ids = [order.sample_at(positions_for_rank(cursor, 6, world, r)).tolist()
-...            for r in range(world)]
-...     return ConsumedStep(cursor, 6, world, ids)
->>> audit_stream([step(0, 2), step(6, 3)], order).ok          # W=2, restart, W=3
+>>> s0 = RunSegment(0, 0, 6, 2, 0, "xxh3:00", order.options)
+>>> log = [s0, s0.replace(first_step=1, cursor=6, world_size=3)]     # W=2, then W=3
+>>> audit_run(log, lambda seg: order, end_step=4).ok
 True
->>> r = audit_stream([step(0, 2), step(0, 3)], order)          # resumed one step early
->>> r.ok, r.overlaps, r.repeats, r.drops
-(False, 6, 6, 0)
+>>> bad = [s0, s0.replace(first_step=1, cursor=0, world_size=3)]     # resumed a step early
+>>> r = audit_run(bad, lambda seg: order, end_step=4)
+>>> r.ok, [(e.step, e.kind) for e in r.events if e.failure]
+(False, [(1, 'overlap')])
+>>> trace(log, lambda seg: order, [1])[0].ranks == [order.sample_at(np.arange(6, 12))[
+...     2 * r:2 * r + 2].tolist() for r in range(3)]
+True
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..order.assign import positions_for_rank
+from ..order.assign import positions_for_rank, step_ranks
 from ..order.order import Order
+from .runlog import RunLogError, RunSegment, segment_steps
+
+__all__ = ["AuditReport", "ConsumedStep", "EpochExposure", "Exposures", "RunAudit",
+           "RunEvent", "TraceStep", "audit_run", "audit_stream", "trace", "where"]
+
+# Positions per sample_at call in the audit: large enough to amortise numpy's per-call cost,
+# small enough that a chunk's ids and positions stay a few tens of MB.
+_AUDIT_CHUNK = 1 << 22
+
+OrderFor = Callable[[RunSegment], Any]
+
+
+# --------------------------------------------------------------------------- exposures
+
+
+@dataclass(frozen=True)
+class EpochExposure:
+    """How often the samples of one epoch were consumed.
+
+    ``expected``: samples the run should have seen in this epoch (all ``N`` for a complete
+    epoch; for the epoch the run started or stopped in, those at the positions it covered).
+    ``once``: expected samples seen exactly once; ``repeated``: samples seen more than once
+    (``extra_exposures`` counts the surplus); ``skipped``: expected samples never seen;
+    ``unexpected``: samples seen that the covered positions do not hold; ``masked``:
+    exposures of denied samples (they took their positions, flagged ``_masked``).
+    """
+
+    epoch: int
+    complete: bool
+    expected: int
+    exposures: int
+    once: int
+    repeated: int
+    extra_exposures: int
+    skipped: int
+    unexpected: int
+    masked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.repeated == 0 and self.skipped == 0 and self.unexpected == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+class Exposures:
+    """Per-epoch exposure counts of sample ids, fed ``(positions, ids)`` in any chunks.
+
+    The one place that decides "each id exactly once per epoch": :func:`audit_run` feeds
+    it ids recomputed from a run log, :func:`audit_stream` ids a job logged. An exposure
+    belongs to the epoch of its position. Memory: 2 bytes per sample per open epoch.
+
+    >>> e = Exposures(4)
+    >>> e.add(np.arange(8), np.array([2, 0, 3, 1, 1, 1, 0, 2]))
+    >>> [(x.epoch, x.once, x.repeated, x.skipped) for x in (e.close(0), e.close(1))]
+    [(0, 4, 0, 0), (1, 2, 1, 1)]
+    """
+
+    def __init__(self, num_samples: int) -> None:
+        self.n = int(num_samples)
+        self._counts: dict[int, np.ndarray] = {}
+        self._masked: Counter = Counter()
+
+    def add(self, positions: np.ndarray, ids: np.ndarray,
+            masked: np.ndarray | None = None) -> None:
+        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
+            raise ValueError(f"sample ids must lie in [0, {self.n})")
+        epochs = positions // self.n
+        lo, hi = (int(epochs.min()), int(epochs.max())) if epochs.size else (0, -1)
+        for e in range(lo, hi + 1):
+            sel = epochs == e if lo != hi else slice(None)
+            part = ids[sel]
+            counts = self._counts.get(e)
+            if counts is None:
+                counts = self._counts[e] = np.zeros(self.n, dtype=np.uint16)
+            # np.add.at is exact for repeated ids; a plain fancy += is faster when the part
+            # holds each id once (a bijection's output, the common case).
+            if part.size > 1 and np.unique(part).size != part.size:
+                np.add.at(counts, part, 1)
+            else:
+                counts[part] += 1
+            if masked is not None:
+                self._masked[e] += int(np.count_nonzero(np.asarray(masked)[sel]))
+
+    def open_epochs(self) -> list[int]:
+        return sorted(self._counts)
+
+    def close(self, epoch: int, expected: np.ndarray | None = None) -> EpochExposure:
+        """The epoch's figures; its counts are freed. ``expected``: the ids the covered
+        positions hold when the epoch was not covered whole (None: complete epoch)."""
+        counts = self._counts.pop(epoch, None)
+        if counts is None:
+            counts = np.zeros(self.n, dtype=np.uint16)
+        seen = counts > 0
+        rep = counts > 1
+        if expected is None:
+            want = np.ones(self.n, dtype=bool)
+        else:
+            want = np.zeros(self.n, dtype=bool)
+            want[np.asarray(expected, dtype=np.int64)] = True
+        return EpochExposure(
+            epoch=epoch, complete=expected is None, expected=int(want.sum()),
+            exposures=int(counts.sum(dtype=np.int64)),
+            once=int(np.count_nonzero(want & (counts == 1))),
+            repeated=int(np.count_nonzero(rep)),
+            extra_exposures=int((counts[rep].astype(np.int64) - 1).sum()),
+            skipped=int(np.count_nonzero(want & ~seen)),
+            unexpected=int(np.count_nonzero(~want & seen)),
+            masked=int(self._masked.pop(epoch, 0)))
+
+
+# --------------------------------------------------------------------------- run log
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """Something at a segment boundary: where a discrepancy entered, or a change the audit
+    allows (``deny_list_changed``, ``resumed``). ``failure`` says which."""
+
+    step: int
+    line: int
+    kind: str
+    detail: str
+    failure: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunAudit:
+    """What :func:`audit_run` found: per epoch exposures, and the segment-boundary events."""
+
+    steps: int
+    first_step: int
+    end_step: int
+    positions: int
+    epochs: tuple[EpochExposure, ...]
+    events: tuple[RunEvent, ...]
+    segments: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """Exactly once: every epoch clean and no failing event, over at least one step."""
+        return (self.steps > 0 and all(e.ok for e in self.epochs)
+                and not any(ev.failure for ev in self.events))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "steps": self.steps, "first_step": self.first_step,
+                "end_step": self.end_step, "positions": self.positions,
+                "segments": self.segments, "epochs": [e.to_dict() for e in self.epochs],
+                "events": [e.to_dict() for e in self.events], "notes": list(self.notes)}
+
+
+def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[RunEvent]:
+    events = []
+    s, ln = seg.first_step, seg.line
+    expected = prev.cursor_at(stop_prev)
+    if seg.cursor > expected:
+        events.append(RunEvent(s, ln, "gap", f"cursor {seg.cursor}, but the segment of line "
+                               f"{prev.line} leaves it at {expected}: positions "
+                               f"[{expected}, {seg.cursor}) were skipped", True))
+    elif seg.cursor < expected:
+        events.append(RunEvent(s, ln, "overlap", f"cursor {seg.cursor}, but the segment of "
+                               f"line {prev.line} leaves it at {expected}: positions "
+                               f"[{seg.cursor}, {expected}) are read again", True))
+    if seg.dataset_id != prev.dataset_id:
+        events.append(RunEvent(s, ln, "dataset_changed", f"dataset {prev.dataset_id} -> "
+                               f"{seg.dataset_id}", True))
+    if seg.order != prev.order:
+        a, b = prev.order.to_dict(), seg.order.to_dict()
+        diff = ", ".join(f"{k} {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k])
+        events.append(RunEvent(s, ln, "order_changed", diff, True))
+    if (seg.mixture or {}).get("id") != (prev.mixture or {}).get("id"):
+        events.append(RunEvent(s, ln, "mixture_changed", "the mixture's identity changed",
+                               True))
+    da, db = (prev.deny_list or {}).get("id"), (seg.deny_list or {}).get("id")
+    if da != db:
+        events.append(RunEvent(s, ln, "deny_list_changed", f"deny list {da} -> {db} (mode "
+                               f"{(seg.deny_list or {}).get('mode')})", False))
+    events.append(RunEvent(s, ln, "resumed", f"world_size {seg.world_size}, global_batch "
+                           f"{seg.global_batch}, num_workers {seg.num_workers}, cursor "
+                           f"{seg.cursor}", False))
+    return events
+
+
+def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
+              end_step: int | None = None, dataset_id: str | None = None,
+              deny_for: Callable[[RunSegment], Any] | None = None,
+              chunk: int = _AUDIT_CHUNK) -> RunAudit:
+    """Recompute every exposure of the run the log describes and check it, per epoch.
+
+    ``order_for(segment)`` gives the stream order a segment read (built from the dataset
+    and ``segment.order``). ``end_step``: where the last segment stopped (the log does not
+    record it; None audits up to the last segment's first step). ``dataset_id``: the
+    dataset being audited; segments that read another dataset cannot be recomputed and
+    count as a failing ``dataset_changed`` event, their positions as skipped.
+    ``deny_for(segment)``: the segment's :class:`~zephon_store.load.denylist.DenyList` (or
+    None) to count masked exposures. The reference for "what a covered position holds" is
+    the first segment's order. ``chunk`` positions are recomputed per pass.
+    """
+    segs = list(segments)
+    spans = segment_steps(segs, end_step)
+    first = segs[0]
+    ref = order_for(first)
+    n = int(ref.num_samples)
+    events: list[RunEvent] = []
+    notes: list[str] = []
+    if (first.first_step, first.cursor) != (0, 0):
+        notes.append(f"the log begins at step {first.first_step}, cursor {first.cursor} (line "
+                     f"{first.line}); earlier steps are not audited")
+    if dataset_id is not None and first.dataset_id != dataset_id:
+        raise RunLogError(f"line {first.line}: the log is for dataset {first.dataset_id}, "
+                          f"not {dataset_id}")
+    for k in range(1, len(segs)):
+        events += _boundary_events(segs[k - 1], segs[k], spans[k - 1][2])
+    # Position intervals each segment consumed.
+    intervals = []
+    for seg, a, b in spans:
+        if b <= a:
+            continue
+        lo, hi = seg.cursor_at(a), seg.cursor_at(b)
+        readable = dataset_id is None or seg.dataset_id == dataset_id
+        order = order_for(seg) if readable else None
+        if order is not None and int(order.num_samples) != n:
+            raise RunLogError(f"line {seg.line}: its order has {order.num_samples} samples per "
+                              f"epoch, the first segment's {n}")
+        deny = deny_for(seg) if deny_for is not None and readable else None
+        intervals.append((lo, hi, order, deny))
+    last_seg, _, last_stop = spans[-1]
+    start, end = first.cursor, last_seg.cursor_at(last_stop)
+    if end_step is None:
+        notes.append(f"the last segment (line {last_seg.line}, from step "
+                     f"{last_seg.first_step}) has no recorded end: pass end_step (--end-step) "
+                     "to audit its steps")
+    epochs_out: list[EpochExposure] = []
+    if intervals:
+        lo_all = min(min(lo for lo, _, _, _ in intervals), start)
+        hi_all = max(max(hi for _, hi, _, _ in intervals), end)
+        exp = Exposures(n)
+        for e in range(lo_all // n, -(-hi_all // n)):
+            e_lo, e_hi = e * n, (e + 1) * n
+            for lo, hi, order, deny in intervals:
+                a, b = max(lo, e_lo), min(hi, e_hi)
+                if order is None or a >= b:
+                    continue
+                for c in range(a, b, chunk):
+                    pos = np.arange(c, min(c + chunk, b), dtype=np.int64)
+                    ids = order.sample_at(pos)
+                    exp.add(pos, ids, None if deny is None else deny.masked(ids))
+            cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
+            expected = None
+            if (cov_lo, cov_hi) != (e_lo, e_hi):
+                expected = (ref.sample_at(np.arange(cov_lo, cov_hi, dtype=np.int64))
+                            if cov_hi > cov_lo else np.zeros(0, dtype=np.int64))
+            epochs_out.append(exp.close(e, expected))
+    total_steps = sum(b - a for _, a, b in spans)
+    return RunAudit(steps=total_steps, first_step=first.first_step,
+                    end_step=spans[-1][2], positions=sum(hi - lo for lo, hi, _, _ in intervals),
+                    epochs=tuple(epochs_out), events=tuple(events), segments=len(segs),
+                    notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------- trace / where
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One step as the log places it: ``ranks[r]`` are the ids rank ``r`` consumed."""
+
+    step: int
+    cursor: int
+    global_batch: int
+    world_size: int
+    line: int
+    ranks: list[list[int]]
+    masked: list[list[bool]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.masked is None:
+            d.pop("masked")
+        return d
+
+
+def segment_at(segments: Sequence[RunSegment], step: int) -> RunSegment:
+    """The segment that consumed ``step`` (the last one starting at or before it)."""
+    found = None
+    for seg in segments:
+        if seg.first_step <= step:
+            found = seg
+    if found is None:
+        raise RunLogError(f"step {step} is before the log's first segment (step "
+                          f"{segments[0].first_step}, line {segments[0].line})")
+    return found
+
+
+def rank_positions(seg: RunSegment, order, step: int) -> list[np.ndarray]:
+    """The positions each rank consumed at ``step`` of ``seg`` (the loader's rank rule)."""
+    c = seg.cursor_at(step)
+    return [positions_for_rank(c, seg.global_batch, seg.world_size, r,
+                               lanes=order.effective_lanes, epoch_size=order.num_samples)
+            for r in range(seg.world_size)]
+
+
+def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[int], *,
+          rank: int | None = None,
+          deny_for: Callable[[RunSegment], Any] | None = None) -> list[TraceStep]:
+    """The ids every rank (or only ``rank``) consumed at each of ``steps``."""
+    out = []
+    for s in steps:
+        seg = segment_at(segments, s)
+        order = order_for(seg)
+        parts = rank_positions(seg, order, s)
+        if rank is not None:
+            if not 0 <= rank < seg.world_size:
+                raise ValueError(f"rank {rank} is outside world size {seg.world_size} at step "
+                                 f"{s} (line {seg.line})")
+            parts = [parts[rank]]
+        ids = [order.sample_at(p) for p in parts]
+        deny = deny_for(seg) if deny_for is not None else None
+        out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, seg.world_size, seg.line,
+                             [i.tolist() for i in ids],
+                             None if deny is None else [deny.masked(i).tolist() for i in ids]))
+    return out
+
+
+def where(order, ids: Sequence[int], epochs: Iterable[int], *,
+          segments: Sequence[RunSegment] | None = None, order_for: OrderFor | None = None,
+          end_step: int | None = None) -> list[dict[str, Any]]:
+    """Per id and epoch: its position in the epoch and global position ``epoch*N + q``;
+    with ``segments``, the step and rank that consumed it (``None`` when the run had not
+    reached it, or a list when segments read it more than once).
+
+    >>> import numpy as np
+    >>> from zephon_store.order import Order, OrderOptions
+    >>> o = Order(np.array([5, 5]), OrderOptions(seed=1))
+    >>> [(w["epoch"], o.sample_at(w["global_position"]).item()) for w in where(o, [7], [0, 3])]
+    [(0, 7), (3, 7)]
+    """
+    ids_arr = np.asarray(list(ids), dtype=np.int64)
+    eps = np.asarray(list(epochs), dtype=np.int64)
+    n = int(order.num_samples)
+    grid_ids, grid_ep = np.meshgrid(ids_arr, eps, indexing="ij")
+    pos = order.positions_of(grid_ids, grid_ep)
+    spans = segment_steps(segments, end_step) if segments else []
+    out = []
+    for i, sid in enumerate(ids_arr.tolist()):
+        for j, e in enumerate(eps.tolist()):
+            p = int(pos[i, j])
+            rec: dict[str, Any] = {"id": sid, "epoch": e, "position": p - e * n,
+                                   "global_position": p}
+            if segments:
+                rec["consumed"] = _consumed_at(spans, order_for, sid, e, end_step)
+            out.append(rec)
+    return out
+
+
+def _consumed_at(spans, order_for, sid: int, epoch: int, end_step) -> list[dict]:
+    hits = []
+    for k, (seg, a, b) in enumerate(spans):
+        open_end = k == len(spans) - 1 and end_step is None
+        order = order_for(seg)
+        p = int(order.positions_of(np.array([sid]), epoch)[0])
+        lo = seg.cursor_at(a)
+        hi = None if open_end else seg.cursor_at(b)
+        if p < lo or (hi is not None and p >= hi):
+            continue
+        step = seg.first_step + (p - seg.cursor) // seg.global_batch
+        c = seg.cursor_at(step)
+        r = int(step_ranks(c, seg.global_batch, seg.world_size, lanes=order.effective_lanes,
+                           epoch_size=order.num_samples)[p - c])
+        hits.append({"step": step, "rank": r, "line": seg.line, "position": p,
+                     "reached": not open_end})
+    return hits
+
+
+# --------------------------------------------------------------------------- observed ids
 
 
 @dataclass(frozen=True)
@@ -86,12 +480,26 @@ class AuditReport:
 
 def audit_stream(steps: Iterable[ConsumedStep], order: Order, *,
                  reference: Sequence[int] | None = None, start: int = 0) -> AuditReport:
-    """Compare the consumed ``steps`` (in the order they ran) with the reference stream.
+    """Compare ids a job logged per step and rank with the stream its order defines.
 
     ``order`` gives the epoch size, the lane count of the rank rule and, unless
     ``reference`` is passed (the ids at positions ``[0, total)``, e.g. from an
-    uninterrupted single-process run of the real loader), the reference itself.
-    ``start`` is the cursor the job began at. See the module docstring for the checks.
+    uninterrupted single-process run), the reference itself. ``start`` is the cursor the
+    job began at. Per step, the multiset of ids over the ranks must equal the reference's;
+    the cursors must chain; over the job no id repeats or drops; and each complete epoch
+    holds each id exactly once (counted by :class:`Exposures`, as :func:`audit_run` does).
+
+    >>> from zephon_store.order import OrderOptions
+    >>> order = Order(np.array([4, 4, 4]), OrderOptions(seed=3))
+    >>> def step(cursor, world):
+    ...     ids = [order.sample_at(positions_for_rank(cursor, 6, world, r)).tolist()
+    ...            for r in range(world)]
+    ...     return ConsumedStep(cursor, 6, world, ids)
+    >>> audit_stream([step(0, 2), step(6, 3)], order).ok          # W=2, restart, W=3
+    True
+    >>> r = audit_stream([step(0, 2), step(0, 3)], order)          # resumed one step early
+    >>> r.ok, r.overlaps, r.repeats, r.drops
+    (False, 6, 6, 0)
     """
     steps = list(steps)
     n, lanes = order.num_samples, order.effective_lanes
@@ -110,7 +518,7 @@ def audit_stream(steps: Iterable[ConsumedStep], order: Order, *,
 
     mismatched: list[int] = []
     consumed: Counter = Counter()
-    ids_at: dict[int, int] = {}
+    exposures = Exposures(n)
     for s in steps:
         c, b = s.cursor, s.global_batch
         got = Counter(int(i) for ids in s.ids for i in ids)
@@ -119,16 +527,12 @@ def audit_stream(steps: Iterable[ConsumedStep], order: Order, *,
             mismatched.append(c)
         for rank, ids in enumerate(s.ids):
             pos = positions_for_rank(c, b, s.world_size, rank, lanes=lanes, epoch_size=n)
-            for p, i in zip(pos.tolist(), ids):
-                ids_at[p] = int(i)
+            k = min(pos.size, len(ids))
+            exposures.add(pos[:k], np.asarray(list(ids)[:k], dtype=np.int64))
     want = Counter(reference[start:total])
 
-    bad, checked = [], 0
-    for epoch in range(-(-start // n), total // n):
-        checked += 1
-        ids = [ids_at.get(p) for p in range(epoch * n, (epoch + 1) * n)]
-        if sorted(i for i in ids if i is not None) != list(range(n)):
-            bad.append(epoch)
+    complete = range(-(-start // n), total // n)
+    bad = [epoch for epoch in complete if not exposures.close(epoch).ok]
     return AuditReport(
         steps=len(steps), samples=sum(consumed.values()), expected_samples=total - start,
         mismatched_steps=len(mismatched),
@@ -136,4 +540,4 @@ def audit_stream(steps: Iterable[ConsumedStep], order: Order, *,
         repeats=sum((consumed - want).values()), drops=sum((want - consumed).values()),
         gaps=gaps, overlaps=overlaps,
         epochs_crossed=(total - 1) // n - start // n if total > start else 0,
-        complete_epochs_checked=checked, complete_epochs_bad=tuple(bad))
+        complete_epochs_checked=len(complete), complete_epochs_bad=tuple(bad))

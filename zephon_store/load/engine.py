@@ -88,7 +88,8 @@ class ShareEngine:
                              batches_for_worker(worker, workers, 0, self.num_batches),
                              transform=self.batch.transform if transform else None,
                              ahead_bytes=self.read_ahead.decode_ahead_bytes,
-                             stop=stop, decode_threads=threads)
+                             stop=stop, decode_threads=threads,
+                             deny_list=self.batch.deny_list)
 
     def batches(self, worker: int = 0, workers: int = 0) -> Iterator[tuple[int, dict]]:
         """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote.

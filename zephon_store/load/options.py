@@ -14,10 +14,12 @@ Who reads (:class:`~zephon_store.order.Topology`) and in which order
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,15 +33,21 @@ __all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions"]
 @dataclass(frozen=True)
 class BatchOptions:
     """What each batch holds: ``columns`` (None: all), ``with_seq`` adds ``_seq`` (int64
-    global sample ids), ``transform`` maps the decoded batch dict."""
+    global sample ids), ``transform`` maps the decoded batch dict, ``deny_list`` (a
+    :class:`~zephon_store.load.denylist.DenyList`) adds ``_masked`` (bool per sample)."""
 
     columns: tuple[str, ...] | None = None
     with_seq: bool = False
     transform: Callable[[dict], dict] | None = None
+    deny_list: Any = None
 
     def __post_init__(self) -> None:
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+
+    def with_deny_list(self, deny_list) -> BatchOptions:
+        """A copy that masks ``deny_list``'s samples."""
+        return dataclasses.replace(self, deny_list=deny_list)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from .._util.arrow import gather_pylist, is_flat_binary
 from .._util.decode import array_type, array_view, decode_column, decode_table
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
+from .denylist import MASK_KEY
 from .stream import SEQ_KEY
 
 # Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
@@ -220,12 +221,15 @@ class BatchPipeline:
     def __init__(self, stream, start_cursor: int, indices: Iterable[int], *,
                  transform: Callable[[dict], dict] | None = None,
                  ahead_bytes: int | None = None, decode_threads: int | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, deny_list=None) -> None:
         self.stream = stream
         self.dataset = stream.dataset
         self.start_cursor = int(start_cursor)
         self.indices = indices
         self.transform = transform
+        # A takedown list (load/denylist.py): its samples keep their positions and are
+        # flagged in the batch's _masked, so the cursor stays a plain count.
+        self.deny_list = deny_list
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
@@ -281,6 +285,8 @@ class BatchPipeline:
                                                step).column(0))
         if self.stream.with_seq:
             out[SEQ_KEY] = step.ids
+        if self.deny_list is not None:
+            out[MASK_KEY] = self.deny_list.masked(step.ids)
         return out
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
@@ -342,6 +348,8 @@ class BatchPipeline:
                     batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
                     if self.stream.with_seq:
                         batch[SEQ_KEY] = step.ids
+                    if self.deny_list is not None:
+                        batch[MASK_KEY] = self.deny_list.masked(step.ids)
                 del decoded
                 if self.transform is not None:
                     batch = self.transform(batch)

@@ -31,9 +31,11 @@ import torch
 from ..errors import StateMismatchError
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+from ..load.denylist import DenyList, load_deny_list
 from ..load.engine import ShareEngine
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
+from ..load.runlog import RunSegment, append_segment, split_step, with_step
 from ..load.state import MAX_CURSOR, LoaderState, check_state
 from ..load.stream import RankStream
 from ..order.assign import step_cursor
@@ -116,7 +118,8 @@ class ZephonLoader:
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  decode_ahead_bytes: int | None = None,
                  coalesce: CoalesceOptions | None = None, drop_last: bool = True,
-                 expect_dataset_id: str | None = None) -> None:
+                 expect_dataset_id: str | None = None, run_log: str | None = None,
+                 deny_list=None) -> None:
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -128,6 +131,7 @@ class ZephonLoader:
         self.stop = StopOptions(max_steps=max_steps, epochs=epochs, drop_last=drop_last)
         self.batch_options = BatchOptions(columns=columns, with_seq=with_seq,
                                           transform=transform)
+        self.run_log = run_log
         self.read_ahead = ReadAheadOptions(prefetch_bytes=prefetch_bytes,
                                            decode_ahead_bytes=decode_ahead_bytes,
                                            coalesce=coalesce)
@@ -149,6 +153,14 @@ class ZephonLoader:
         # iterator made before the last load_state_dict stops (STYLE 13).
         self._live: weakref.ref | None = None
         self._loads = 0
+        # Global steps consumed since the run began (saved as the state's "step"): the run
+        # log numbers segments by it, independently of the cursor (load/runlog.py).
+        self.step = 0
+        self._logged_loads: int | None = None
+        if deny_list is not None:
+            self.batch_options = self.batch_options.with_deny_list(
+                deny_list if isinstance(deny_list, DenyList)
+                else load_deny_list(str(deny_list), self.dataset.manifest))
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
 
@@ -183,7 +195,8 @@ class ZephonLoader:
 
     def state_dict(self) -> dict:
         """``{version, dataset_id, seed, order, cursor}``: identical on every rank."""
-        return LoaderState(self.dataset_id, self.order, self.cursor).to_dict()
+        return with_step(LoaderState(self.dataset_id, self.order, self.cursor).to_dict(),
+                         self.step)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
@@ -193,6 +206,7 @@ class ZephonLoader:
         raises StopIteration), so it can never hand out a batch of the old stream or move
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
+        state, step = split_step(state, self.topology.global_batch)
         st = check_state(state, dataset_id=self.dataset_id, order=self.order)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
@@ -201,6 +215,7 @@ class ZephonLoader:
         self._loads += 1
         self._close_live()
         self.cursor = st.cursor
+        self.step = st.cursor // self.topology.global_batch if step is None else step
         n = self.dataset.num_samples
         log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
                  "global_batch=%d num_workers=%d", self.dataset_id, st.cursor, st.cursor // n,
@@ -259,15 +274,31 @@ class ZephonLoader:
         batches = self._threaded(engine) if self.num_workers == 0 else self._processes(engine)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
+        first_step = self.step
         with contextlib.closing(batches):
             for i, batch in batches:
                 if self._loads != loads:
                     return   # a state was loaded since this iterator began: it is over
+                if i == 0 and self.run_log and self._logged_loads != loads:
+                    self._log_segment(start, first_step)
+                    self._logged_loads = loads
+                self.step = first_step + i + 1
                 # Consumed means handed to the training loop: advance before yielding so a
                 # state_dict() taken right after this batch resumes with the next one. A
                 # short last step (drop_last=False) ends the cursor exactly at the end.
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
+
+    def _log_segment(self, cursor: int, first_step: int) -> None:
+        """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
+        t = self.topology
+        deny = self.batch_options.deny_list
+        mixture = None
+        append_segment(self.run_log, RunSegment(
+            first_step=first_step, cursor=cursor, global_batch=t.global_batch,
+            world_size=t.world_size, num_workers=self.num_workers,
+            dataset_id=self.dataset_id, order=self.order, ranks_per_node=t.ranks_per_node,
+            mixture=mixture, deny_list=None if deny is None else deny.to_log()), rank=t.rank)
 
     def _threaded(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
         # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead

@@ -1,0 +1,313 @@
+"""The run log: one JSON line per segment of a run, enough to recompute every step.
+
+A *segment* is what one launch of a job consumed: from its first step, at its cursor, with
+one global batch, world size and worker count. A resume (on any world size, batch size or
+worker count) starts a new segment. Each line holds::
+
+    {"kind": "zephon-runlog", "version": 1, "first_step": 40, "cursor": 480,
+     "global_batch": 12, "world_size": 3, "num_workers": 2, "ranks_per_node": 3,
+     "dataset_id": "xxh3:...", "mixture": null, "order": {...OrderOptions...},
+     "deny_list": null | {"id": "xxh3:...", "mode": "mask", "count": 3, "path": "..."},
+     "zephon_store": "0.1.0", "time": "2026-12-01T10:00:00Z"}
+
+With the dataset, that is enough to recompute which sample every rank read at every step
+(``zephon trace``), when a sample was read (``zephon where``) and whether the run read
+every sample exactly once per epoch (``zephon audit``): nothing is stored per sample.
+
+The log is appended, never rewritten, by one writer: rank 0, with ``O_APPEND``, an
+exclusive ``flock`` and an ``fsync`` per line, so ranks starting at once never interleave
+and a crash leaves at most one incomplete last line (which :func:`read_run_log` reports by
+its line number). Other ranks write nothing.
+
+Step numbers come from the loader state (``step``, the global batches consumed since the
+run began), independently of the cursor: a cursor edited by hand in a checkpoint then shows
+as a segment whose cursor does not continue the one before it.
+
+>>> import os
+>>> from zephon_store.order import OrderOptions
+>>> path = os.path.join(tmp, "run.jsonl")
+>>> seg = RunSegment(first_step=0, cursor=0, global_batch=8, world_size=2, num_workers=0,
+...                  dataset_id="xxh3:00", order=OrderOptions(seed=7))
+>>> append_segment(path, seg), append_segment(path, seg.replace(first_step=5, cursor=40,
+...                                                                world_size=4), rank=1)
+(True, False)
+>>> [(s.first_step, s.cursor, s.world_size, s.line) for s in read_run_log(path)]
+[(0, 0, 2, 1)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ZephonError
+from ..order.order import OrderOptions
+
+__all__ = ["RunLogError", "RunSegment", "append_segment", "read_run_log", "segment_steps",
+           "split_step", "with_step", "KEY_STEP", "RUNLOG_KIND", "RUNLOG_VERSION",
+           "RUNLOG_NAME"]
+
+RUNLOG_KIND = "zephon-runlog"
+RUNLOG_VERSION = 1
+# The file name the TorchTitan integration uses inside the checkpoint folder.
+RUNLOG_NAME = "zephon-runlog.jsonl"
+_REQUIRED = ("first_step", "cursor", "global_batch", "world_size", "num_workers",
+             "dataset_id", "order")
+_INT_FIELDS = ("first_step", "cursor", "global_batch", "world_size", "num_workers")
+
+
+# The loader state's step count, beside the keys of load/state.py: global steps consumed
+# since the run began.
+KEY_STEP = "step"
+
+
+def with_step(state: dict, step: int) -> dict:
+    """The loader state with its step count (the run log's step numbers)."""
+    return {**state, KEY_STEP: int(step)}
+
+
+def split_step(state: dict, global_batch: int) -> tuple[dict, int | None]:
+    """``(state without "step", step or None)``; a state saved before steps were counted
+    has none, and the loader then counts from ``cursor // global_batch``.
+
+    >>> split_step({"cursor": 8, "step": 1}, 8)
+    ({'cursor': 8}, 1)
+    """
+    if not isinstance(state, dict) or KEY_STEP not in state:
+        return state, None
+    rest = {k: v for k, v in state.items() if k != KEY_STEP}
+    step = state[KEY_STEP]
+    if hasattr(step, "item") and callable(step.item):
+        step = step.item()   # DCP may hand back a 0-d tensor
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        from ..errors import StateMismatchError
+
+        raise StateMismatchError(f"loader state 'step' must be an int >= 0, got {step!r}; the "
+                                 "checkpoint is corrupted")
+    return rest, step
+
+
+class RunLogError(ZephonError, ValueError):
+    """A run log is unreadable or inconsistent; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class RunSegment:
+    """One line of a run log: a launch's first step and everything that places its steps.
+
+    ``line`` is the 1-based line number it was read from (0 for a segment not read from a
+    file). ``mixture`` is a mixture's identity entry (None for one dataset); ``deny_list``
+    is a deny list's ``{"id", "mode", "count", "path"}`` (None: nothing masked).
+    """
+
+    first_step: int
+    cursor: int
+    global_batch: int
+    world_size: int
+    num_workers: int
+    dataset_id: str
+    order: OrderOptions
+    ranks_per_node: int | None = None
+    mixture: dict | None = None
+    deny_list: dict | None = None
+    zephon_store: str = ""
+    time: str = ""
+    line: int = 0
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.global_batch < 1 or self.world_size < 1:
+            raise ValueError(f"global_batch and world_size must be >= 1, got "
+                             f"{self.global_batch} and {self.world_size}")
+        if self.global_batch % self.world_size:
+            raise ValueError(f"world_size {self.world_size} does not divide global_batch "
+                             f"{self.global_batch}")
+        if not isinstance(self.order, OrderOptions):
+            raise ValueError(f"order must be OrderOptions, got {type(self.order).__name__}")
+
+    def replace(self, **changes: Any) -> RunSegment:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def cursor_at(self, step: int) -> int:
+        """The cursor before global step ``step`` of this segment (``step >= first_step``).
+
+        >>> RunSegment(10, 120, 12, 3, 0, "xxh3:00", OrderOptions()).cursor_at(12)
+        144
+        """
+        if step < self.first_step:
+            raise ValueError(f"step {step} is before this segment's first step "
+                             f"{self.first_step}")
+        return self.cursor + (step - self.first_step) * self.global_batch
+
+    def same_stream(self, other: RunSegment) -> bool:
+        """Whether both segments read the same stream (dataset or mixture, and order)."""
+        return (self.dataset_id, self.order, _mix_id(self.mixture)) == (
+            other.dataset_id, other.order, _mix_id(other.mixture))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line's object (without ``line``)."""
+        from .. import __version__
+
+        return {"kind": RUNLOG_KIND, "version": RUNLOG_VERSION, "first_step": self.first_step,
+                "cursor": self.cursor, "global_batch": self.global_batch,
+                "world_size": self.world_size, "num_workers": self.num_workers,
+                "ranks_per_node": self.ranks_per_node, "dataset_id": self.dataset_id,
+                "mixture": self.mixture, "order": self.order.to_dict(),
+                "deny_list": self.deny_list, "zephon_store": self.zephon_store or __version__,
+                "time": self.time or datetime.datetime.now(datetime.timezone.utc)
+                .strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    @classmethod
+    def from_dict(cls, d: dict, *, line: int = 0, where: str = "run log") -> RunSegment:
+        """Parse one line's object; errors name ``where`` and ``line``."""
+        at = f"{where} line {line}"
+        if not isinstance(d, dict) or d.get("kind") != RUNLOG_KIND:
+            raise RunLogError(f"{at}: not a zephon run log line (no \"kind\": "
+                              f"\"{RUNLOG_KIND}\"); is this the right file?")
+        if d.get("version") != RUNLOG_VERSION:
+            raise RunLogError(f"{at}: run log version {d.get('version')!r} is not supported "
+                              f"(this zephon_store reads version {RUNLOG_VERSION})")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise RunLogError(f"{at}: missing {missing}; the line is damaged")
+        try:
+            order = OrderOptions.from_dict(d["order"])
+            return cls(first_step=d["first_step"], cursor=d["cursor"],
+                       global_batch=d["global_batch"], world_size=d["world_size"],
+                       num_workers=d["num_workers"], dataset_id=str(d["dataset_id"]),
+                       order=order, ranks_per_node=d.get("ranks_per_node"),
+                       mixture=d.get("mixture"), deny_list=d.get("deny_list"),
+                       zephon_store=str(d.get("zephon_store", "")),
+                       time=str(d.get("time", "")), line=line)
+        except ValueError as exc:
+            raise RunLogError(f"{at}: {exc}") from exc
+
+
+def _mix_id(mixture: dict | None) -> str | None:
+    return None if mixture is None else str(mixture.get("id"))
+
+
+def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
+    """Append ``segment`` as one line to the local file ``path``; only rank 0 writes.
+
+    Returns whether this call wrote. The line goes out in one ``write`` on an ``O_APPEND``
+    descriptor under an exclusive ``flock``, then ``fsync``: two writers (a stale job and a
+    new one) never interleave, and the line is on disk before training goes on. A file whose
+    last line was cut by a crash gets a newline first, so the new line stays readable (the
+    cut line itself is still reported by :func:`read_run_log`).
+    """
+    if rank != 0:
+        return False
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    data = (json.dumps(segment.to_dict(), sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        with _locked(fd):
+            size = os.fstat(fd).st_size
+            if size:
+                with open(path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        data = b"\n" + data
+            os.write(fd, data)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(fd: int):
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock (Windows): O_APPEND alone
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def read_run_log(path: str, *, dataset_id: str | None = None) -> list[RunSegment]:
+    """The segments of a run log, in order, checked; a bad line raises :class:`RunLogError`.
+
+    Checks, each error naming the line: every line is one complete JSON object of this
+    format (a line cut by a crash is reported, not skipped); with ``dataset_id``, the log
+    is for that dataset or mixture; segments start at increasing steps. A line with the
+    same first step as the one before it replaces it (a launch that stopped before its
+    first checkpoint, resumed from the same state); a smaller first step overlaps steps
+    already logged and is an error (a resume from an older checkpoint: start a new log, or
+    cut the lines after that checkpoint's segment).
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out: list[RunSegment] = []
+    for i, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            d = json.loads(text)
+        except ValueError:
+            last = i == len(lines)
+            raise RunLogError(
+                f"{path} line {i}: not a complete JSON line"
+                + (" (the writer stopped in the middle of it?)" if last or not
+                   raw.endswith(b"\n") else "")
+                + f": {text[:80]!r}; restore the log or delete that line") from None
+        seg = RunSegment.from_dict(d, line=i, where=path)
+        if dataset_id is not None and seg.dataset_id != dataset_id and not out:
+            raise RunLogError(f"{path} line {i}: the log is for dataset {seg.dataset_id}, not "
+                              f"{dataset_id}; pass the dataset (or mixture) the run read")
+        if out and seg.first_step < out[-1].first_step:
+            prev = out[-1]
+            raise RunLogError(
+                f"{path} line {i}: segment starts at step {seg.first_step}, inside the "
+                f"segment of line {prev.line} (from step {prev.first_step}): overlapping "
+                "segments; a resume from an older checkpoint starts a new log (or cut the "
+                "lines logged after that checkpoint)")
+        if out and seg.first_step == out[-1].first_step:
+            out.pop()
+        out.append(seg)
+    if not out:
+        raise RunLogError(f"{path}: the run log holds no segment")
+    return out
+
+
+def segment_steps(segments: Iterable[RunSegment],
+                  end_step: int | None = None) -> list[tuple[RunSegment, int, int]]:
+    """``(segment, first, stop)`` per segment: the steps ``[first, stop)`` it consumed.
+
+    A segment ends where the next begins; the last ends at ``end_step`` (None: at its own
+    first step, i.e. nothing of it is counted, since the log does not record where a run
+    stopped).
+
+    >>> s0 = RunSegment(0, 0, 8, 2, 0, "xxh3:00", OrderOptions())
+    >>> [(s.line, a, b) for s, a, b in segment_steps([s0, s0.replace(first_step=5)], 9)]
+    [(0, 0, 5), (0, 5, 9)]
+    """
+    segs = list(segments)
+    out = []
+    for k, seg in enumerate(segs):
+        stop = segs[k + 1].first_step if k + 1 < len(segs) else (
+            seg.first_step if end_step is None else end_step)
+        if k + 1 == len(segs) and stop < seg.first_step:
+            raise RunLogError(f"end step {stop} is before the last segment's first step "
+                              f"{seg.first_step} (line {seg.line})")
+        out.append((seg, seg.first_step, stop))
+    return out
