@@ -64,8 +64,8 @@ _VERSION = 1
 # Positions are int64 and every product below stays under 2**62 (see _split_floor); an
 # exhaustion point further out than this is "never" for any run.
 _MAX_POSITION = 1 << 62
-# Positions per vectorised pass of locate: the per-level gathers stay in L2 cache (a pass over
-# 2**20 positions ran at about half the rate of 2**16-position passes: bench_mixture_math).
+# Positions per vectorised pass of locate: the per-level gathers then stay in L2 cache
+# (docs/benchmarks.md, "Why the code is shaped this way: loading").
 _PASS_ELEMENTS = 1 << 16
 _DICT_KEYS = ("version", "algorithm", "policy", "sources", "stages")
 _SOURCE_KEYS = ("name", "max_epochs", "epoch_size")
