@@ -35,7 +35,6 @@ from .._util.decode import array_type, array_view, decode_column, decode_table
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY
-from .stream import SEQ_KEY
 
 # Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
@@ -284,7 +283,7 @@ class BatchPipeline:
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))
         if self.stream.with_seq:
-            out[SEQ_KEY] = step.ids
+            out.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
             out[MASK_KEY] = self.deny_list.masked(step.ids)
         return out
@@ -347,7 +346,7 @@ class BatchPipeline:
                 else:   # a short last step can leave a rank no rows: an empty batch
                     batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
                     if self.stream.with_seq:
-                        batch[SEQ_KEY] = step.ids
+                        batch.update(self.stream.seq_fields(step.ids))
                     if self.deny_list is not None:
                         batch[MASK_KEY] = self.deny_list.masked(step.ids)
                 del decoded

@@ -2,10 +2,18 @@
 
 Identical on every rank, so a distributed checkpoint stores it once and any world size can
 load it. ``cursor`` counts samples the training loop consumed, across epochs.
+
+A mixture's checkpoint is version 2: the same keys plus ``mixture``, the sources' names and
+dataset_ids and the stage schedule with each source's consumed count at every stage
+boundary (:mod:`zephon_store.load.mixed`), as one JSON string. A string, not a nested dict:
+``torch.distributed.checkpoint`` loads in place into a template made by the loader being
+resumed, whose schedule may have a stage more than the checkpoint's; one string value
+loads whatever its length. Version 1 states (single datasets) load as before.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from ..errors import StateMismatchError
@@ -18,6 +26,9 @@ KEY_SEED = "seed"
 KEY_ORDER = "order"
 KEY_CURSOR = "cursor"
 STATE_KEYS = (KEY_VERSION, KEY_DATASET_ID, KEY_SEED, KEY_ORDER, KEY_CURSOR)
+MIXTURE_STATE_VERSION = 2
+KEY_MIXTURE = "mixture"
+MIXTURE_STATE_KEYS = STATE_KEYS + (KEY_MIXTURE,)
 # Positions are int64 (numpy) everywhere: a cursor and the step after it must fit.
 MAX_CURSOR = 2**63
 
@@ -29,11 +40,16 @@ class LoaderState:
     dataset_id: str
     order: OrderOptions
     cursor: int
+    mixture: dict | None = None   # a mixture's sources and schedule (version 2)
 
     def to_dict(self) -> dict:
-        return {KEY_VERSION: STATE_VERSION, KEY_DATASET_ID: self.dataset_id,
-                KEY_SEED: self.order.seed, KEY_ORDER: self.order.to_dict(),
-                KEY_CURSOR: int(self.cursor)}
+        out = {KEY_VERSION: STATE_VERSION, KEY_DATASET_ID: self.dataset_id,
+               KEY_SEED: self.order.seed, KEY_ORDER: self.order.to_dict(),
+               KEY_CURSOR: int(self.cursor)}
+        if self.mixture is not None:
+            out[KEY_VERSION] = MIXTURE_STATE_VERSION
+            out[KEY_MIXTURE] = json.dumps(self.mixture, sort_keys=True, separators=(",", ":"))
+        return out
 
 
 def _plain(v):
@@ -43,10 +59,17 @@ def _plain(v):
     return v
 
 
-def check_state(state: dict, *, dataset_id: str, order: OrderOptions) -> LoaderState:
+def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
+                mixture: bool = False) -> LoaderState:
     """Validate a state dict against the data and options it is loaded into.
 
-    Every key is checked; the error names the first wrong one and what to do.
+    Every key is checked; the error names the first wrong one and what to do. Options
+    with ``lanes="auto"`` accept the checkpoint's lane count (the returned state's
+    ``order`` is the checkpoint's, which a resume must use). With
+    ``mixture=True`` the state must be a mixture's (version 2); its ``mixture`` entry comes
+    back parsed, and its sources and schedule are checked by
+    :func:`zephon_store.load.mixed.resume_schedule` (the mixture's ``dataset_id`` changes
+    when a stage is appended, so it is not compared here).
 
     >>> check_state({"version": 1, "dataset_id": "xxh3:00", "seed": 0,
     ...              "order": OrderOptions().to_dict(), "cursor": 0},
@@ -57,16 +80,35 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions) -> LoaderS
     """
     if not isinstance(state, dict):
         raise StateMismatchError(f"loader state must be a dict, got {type(state).__name__}")
-    missing = [k for k in STATE_KEYS if k not in state]
-    extra = [k for k in state if k not in STATE_KEYS]
+    version = _plain(state.get(KEY_VERSION))
+    if version not in (STATE_VERSION, MIXTURE_STATE_VERSION):
+        raise StateMismatchError(f"loader state version {version!r} is not supported "
+                                 f"(this zephon_store reads versions {STATE_VERSION} and "
+                                 f"{MIXTURE_STATE_VERSION})")
+    if (version == MIXTURE_STATE_VERSION) != mixture:
+        saved = ("a mixture" if version == MIXTURE_STATE_VERSION
+                 else f"dataset {state.get(KEY_DATASET_ID)}")
+        reads = "a mixture" if mixture else f"dataset {dataset_id}"
+        raise StateMismatchError(f"checkpoint (state version {version}) is for {saved}, but "
+                                 f"the loader reads {reads}; point the loader at what the run "
+                                 "started with")
+    keys = MIXTURE_STATE_KEYS if mixture else STATE_KEYS
+    missing = [k for k in keys if k not in state]
+    extra = [k for k in state if k not in keys]
     if missing or extra:
         raise StateMismatchError(f"loader state keys: missing {missing}, unexpected {extra}; "
-                                 f"expected exactly {list(STATE_KEYS)}")
-    version = _plain(state[KEY_VERSION])
-    if version != STATE_VERSION:
-        raise StateMismatchError(f"loader state version {version!r} is not supported "
-                                 f"(this zephon_store reads version {STATE_VERSION})")
-    if state[KEY_DATASET_ID] != dataset_id:
+                                 f"expected exactly {list(keys)}")
+    mix = None
+    if mixture:
+        try:
+            mix = json.loads(state[KEY_MIXTURE])
+        except (TypeError, ValueError) as exc:
+            raise StateMismatchError(f"loader state 'mixture' is not a JSON string: {exc}; "
+                                     "the checkpoint is corrupted") from exc
+        if not isinstance(mix, dict):
+            raise StateMismatchError("loader state 'mixture' must hold a JSON object; the "
+                                     "checkpoint is corrupted")
+    elif state[KEY_DATASET_ID] != dataset_id:
         raise StateMismatchError(
             f"checkpoint is for dataset {state[KEY_DATASET_ID]}, but the loader reads dataset "
             f"{dataset_id}; point the loader at the dataset the run started with (or start a "
@@ -78,6 +120,10 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions) -> LoaderS
     if _plain(state[KEY_SEED]) != saved.seed:
         raise StateMismatchError(f"loader state 'seed' ({_plain(state[KEY_SEED])}) disagrees "
                                  f"with its order options (seed={saved.seed})")
+    if order.is_auto:
+        # "auto" lanes were resolved when the run first started; the checkpoint holds the
+        # number, which the resumed run must keep (OrderOptions.resolved).
+        order = order.replace(lanes=saved.lanes)
     if saved != order:
         diff = {k: (saved.to_dict()[k], order.to_dict()[k]) for k in saved.to_dict()
                 if saved.to_dict()[k] != order.to_dict()[k]}
@@ -89,4 +135,5 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions) -> LoaderS
     if not isinstance(cursor, int) or isinstance(cursor, bool) or not 0 <= cursor < MAX_CURSOR:
         raise StateMismatchError(f"loader state 'cursor' must be an int in [0, 2**63), got "
                                  f"{cursor!r}; the checkpoint is corrupted")
-    return LoaderState(dataset_id=dataset_id, order=saved, cursor=cursor)
+    return LoaderState(dataset_id=state[KEY_DATASET_ID] if mixture else dataset_id,
+                       order=saved, cursor=cursor, mixture=mix)

@@ -15,13 +15,16 @@ import pyarrow as pa
 from ..order.assign import positions_for_rank, step_cursor, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
 from ..order.topology import Topology
+from .mixed import SOURCE_KEY, MixedDataset, MixedOrder
 
 SEQ_KEY = "_seq"
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
 
 
-def make_order(dataset, order_options: OrderOptions) -> Order:
-    """The order over ``dataset``'s row groups (its blocks)."""
+def make_order(dataset, order_options: OrderOptions) -> Order | MixedOrder:
+    """The order over ``dataset``'s row groups (its blocks); a mixture's mixed order."""
+    if isinstance(dataset, MixedDataset):
+        return MixedOrder(dataset, order_options)
     return Order(dataset.manifest.rg_rows, order_options)
 
 
@@ -60,12 +63,12 @@ class RankStream:
     def positions(self, cursor: int) -> np.ndarray:
         """Positions this rank consumes in the global step starting at ``cursor``."""
         t = self.topology
+        rule = {"lanes": self.order.effective_lanes, "epoch_size": self.order.num_samples,
+                "ranks_per_node": t.ranks_per_node}
         if self.end is not None and cursor + t.global_batch > self.end:
             return tail_positions_for_rank(min(cursor, self.end), self.end, t.world_size,
-                                           t.rank)
-        return positions_for_rank(cursor, t.global_batch, t.world_size, t.rank,
-                                  lanes=self.order.effective_lanes,
-                                  epoch_size=self.order.num_samples)
+                                           t.rank, **rule)
+        return positions_for_rank(cursor, t.global_batch, t.world_size, t.rank, **rule)
 
     def ids(self, cursor: int, *, ahead: bool | None = None) -> np.ndarray:
         """Sample ids (global sequence numbers) of this rank's share of the step.
@@ -125,19 +128,29 @@ class RankStream:
         Each one must stay decoded until its last sample is read, or it is decoded again.
         Sequential: this step's row groups and the next's. Shuffled: every lane the rank
         reads is shuffled inside a window of ``window_blocks`` blocks' worth of samples,
-        which straddles one more block, and meets the next window in one more; a rank reads
-        ``lanes / world_size`` lanes when that divides, otherwise (plain slicing) all of them.
+        which straddles one more block, and meets the next window in one more. The rank
+        rule gives a rank about ``lanes / world_size`` lanes (all of them at W = 1), plus
+        one it shares with a neighbour when that does not divide.
         """
         m = self.dataset.manifest
         t = self.topology
+        if isinstance(self.dataset, MixedDataset):
+            return self.dataset.working_set_row_groups(self.order, t.local_batch)
         mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
         step = int(np.ceil(t.local_batch / mean_rows)) + 1
         if not self.order.options.shuffle:
             return int(min(m.num_row_groups, 2 * step))
         lanes = self.order.effective_lanes
-        if t.world_size > 1 and lanes % t.world_size == 0:
-            lanes //= t.world_size
+        lanes = min(lanes, -(-lanes // t.world_size) + (lanes % t.world_size != 0))
         return int(min(m.num_row_groups, lanes * (self.order.options.window_blocks + 2) + step))
+
+    def seq_fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """What ``with_seq`` adds to a batch of sample ``ids``: ``_seq``, the ids; for a
+        mixture ``_seq`` is each source's own id and ``_source`` the source index."""
+        if isinstance(self.dataset, MixedDataset):
+            source, local = self.dataset.split_ids(ids)
+            return {SEQ_KEY: local, SOURCE_KEY: source}
+        return {SEQ_KEY: ids}
 
     def select(self, table: pa.Table) -> pa.Table:
         """``table`` with only the stream's ``columns`` (all when none were chosen)."""

@@ -33,6 +33,7 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.denylist import DenyList, load_deny_list
 from ..load.engine import ShareEngine
+from ..load.mixed import MixedDataset, is_mixture, open_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..load.runlog import RunSegment, append_segment, split_step, with_step
@@ -54,6 +55,16 @@ def detect_topology() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+
+
+def detect_ranks_per_node(world_size: int) -> int:
+    """Ranks per node: torchrun's ``LOCAL_WORLD_SIZE`` (its ranks of a node are consecutive,
+    ``rank = node_rank * local_world_size + local_rank``), else 1; at most ``world_size``.
+
+    >>> detect_ranks_per_node(16) if "LOCAL_WORLD_SIZE" not in os.environ else 1
+    1
+    """
+    return max(1, min(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 def to_torch(batch: dict) -> dict:
@@ -87,7 +98,9 @@ class ZephonLoader:
 
     Arguments: ``global_batch`` samples per step over all ranks (``world_size`` must divide
     it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
-    ``max_steps``/``epochs`` bound the stream (default endless; ``epochs`` may be
+    ``ranks_per_node`` (default torchrun's ``LOCAL_WORLD_SIZE``, else 1) groups consecutive
+    ranks into nodes, for the node-aware rank rule and ``lanes="auto"`` (docs/order.md,
+    "Locality at scale"); ``max_steps``/``epochs`` bound the stream (default endless; ``epochs`` may be
     fractional, the run ends at position ``int(epochs * num_samples)``); ``drop_last``
     (default True) drops the positions of that end that do not fill a global batch (logged
     once as a warning), ``drop_last=False`` reads them in a short last step split as evenly
@@ -106,7 +119,7 @@ class ZephonLoader:
     merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``).
     """
 
-    def __init__(self, dataset: str | Dataset, *, global_batch: int, seed: int | None = None,
+    def __init__(self, dataset: str | Dataset | MixedDataset, *, global_batch: int, seed: int | None = None,
                  order: OrderOptions | None = None, world_size: int | None = None,
                  rank: int | None = None, num_workers: int = 0, prefetch: int = 4,
                  columns: list[str] | None = None, with_seq: bool = False,
@@ -118,8 +131,10 @@ class ZephonLoader:
                  prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  decode_ahead_bytes: int | None = None,
                  coalesce: CoalesceOptions | None = None, drop_last: bool = True,
-                 expect_dataset_id: str | None = None, run_log: str | None = None,
+                 expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
+                 run_log: str | None = None,
                  deny_list=None) -> None:
+        seed_given = seed is not None or order is not None
         if order is None:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
@@ -136,16 +151,36 @@ class ZephonLoader:
                                            decode_ahead_bytes=decode_ahead_bytes,
                                            coalesce=coalesce)
         ws, rk = detect_topology()
-        self.topology = Topology(global_batch, ws if world_size is None else world_size,
-                                 rk if rank is None else rank)
-        if isinstance(dataset, Dataset):
+        ws = ws if world_size is None else world_size
+        self.topology = Topology(global_batch, ws, rk if rank is None else rank,
+                                 ranks_per_node=(detect_ranks_per_node(ws)
+                                                 if ranks_per_node is None else ranks_per_node))
+        if is_mixture(dataset):
+            # A mixture file, its dict, a MixtureSpec or an opened MixedDataset
+            # (docs/mixtures.md): read like one dataset, checkpointed with its schedule.
+            if expect_dataset_id is not None:
+                raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
+                                 "sources by their dataset_ids (checked on resume)")
+            self.dataset = open_mixture(dataset, columns=columns, global_batch=global_batch,
+                                        cache=cache)
+            file_seed = self.dataset.seed
+            if file_seed is not None and file_seed != order.seed:
+                if seed_given:
+                    raise ValueError(f"the mixture file sets seed {file_seed} but the loader "
+                                     f"was given seed {order.seed}; pass one")
+                order = order.replace(seed=file_seed)
+        elif isinstance(dataset, Dataset):
             self.dataset = dataset
             if expect_dataset_id is not None:
                 dataset.expect_id(expect_dataset_id)
         else:
             self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
                                         expect_dataset_id=expect_dataset_id)
-        self.order = order
+        # The order options asked for, and the ones in use: lanes="auto" is resolved here,
+        # from the dataset and the nodes this run starts on, and a resume takes the
+        # checkpoint's lanes instead (load_state_dict).
+        self._requested_order = order
+        self.order = self._resolve_lanes(order)
         self.collate = collate
         self.cursor = 0
         self._warned_drop = False
@@ -172,6 +207,14 @@ class ZephonLoader:
     def drop_last(self) -> bool:
         return self.stop.drop_last
 
+    def _resolve_lanes(self, order: OrderOptions) -> OrderOptions:
+        """``order`` with ``lanes="auto"`` resolved for this job (OrderOptions.resolved)."""
+        if not order.is_auto or isinstance(self.dataset, MixedDataset):
+            return order   # a mixture's sources keep one lane each (Order's "auto")
+        t = self.topology
+        return order.resolved(self.dataset.manifest.num_row_groups, self.dataset.num_samples,
+                              nodes=t.num_nodes, node_batch=t.global_batch // t.num_nodes)
+
     def _check_working_set(self) -> None:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
         # at once; the pipeline holds two such sets decoded. Beyond its automatic cap, row
@@ -193,10 +236,16 @@ class ZephonLoader:
     def dataset_id(self) -> str:
         return self.dataset.dataset_id
 
+    @property
+    def is_mixture(self) -> bool:
+        return isinstance(self.dataset, MixedDataset)
+
     def state_dict(self) -> dict:
-        """``{version, dataset_id, seed, order, cursor}``: identical on every rank."""
-        return with_step(LoaderState(self.dataset_id, self.order, self.cursor).to_dict(),
-                         self.step)
+        """``{version, dataset_id, seed, order, cursor}``: identical on every rank (a
+        mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md)."""
+        mixture = self.dataset.state_entry() if self.is_mixture else None
+        state = LoaderState(self.dataset_id, self.order, self.cursor, mixture=mixture).to_dict()
+        return with_step(state, self.step)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
@@ -207,13 +256,19 @@ class ZephonLoader:
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
         state, step = split_step(state, self.topology.global_batch)
-        st = check_state(state, dataset_id=self.dataset_id, order=self.order)
+        st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
+                         mixture=self.is_mixture)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
                 f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
+        if self.is_mixture:
+            # The checkpoint's schedule up to the cursor, then this loader's later stages
+            # (an appended stage continues each source where it stopped).
+            self.dataset = self.dataset.resumed(st.mixture, st.cursor)
         self._loads += 1
         self._close_live()
+        self.order = st.order
         self.cursor = st.cursor
         self.step = st.cursor // self.topology.global_batch if step is None else step
         n = self.dataset.num_samples
@@ -293,7 +348,8 @@ class ZephonLoader:
         """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
         t = self.topology
         deny = self.batch_options.deny_list
-        mixture = None
+        mixture = ({"id": self.dataset_id, "sources": list(self.dataset.source_ids)}
+                   if self.is_mixture else None)
         append_segment(self.run_log, RunSegment(
             first_step=first_step, cursor=cursor, global_batch=t.global_batch,
             world_size=t.world_size, num_workers=self.num_workers,

@@ -1,0 +1,256 @@
+"""Mixtures in the loader: the batches are the pure computation, resume appends a stage.
+
+Three small local sources of different sizes (one with an extra column). The reference for
+every check is computed here from the parts: ``MixtureSchedule.locate`` gives (source,
+index), each source's own ``Order`` (seed derived from the mixture seed and the source
+index) gives the sample; the loader must hand out exactly those samples, batch by batch,
+with ``_source`` and ``_seq`` (the source's own id) beside each row's data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import zephon_store as z
+from zephon_store.errors import MixtureError, StateMismatchError
+from zephon_store.load.mixed import (
+    MixedDataset,
+    MixedOrder,
+    mean_sample_size,
+    open_mixture,
+    source_order_options,
+)
+from zephon_store.order import Order, OrderOptions
+from zephon_store.order.mixture import MixtureSchedule
+from zephon_store.read.dataset import open_dataset
+from zephon_store.torch import ZephonLoader
+
+SIZES = {"web": 120, "code": 37, "math": 250}
+SEED = 5
+B = 8
+
+
+def _convert(root, name: str, n: int, extra: bool = False) -> str:
+    src = os.path.join(root, f"{name}.jsonl")
+    with open(src, "w") as f:
+        for i in range(n):
+            rec = {"id": i, "text": f"{name} {i}"}
+            if extra:
+                rec["lang"] = "py"
+            f.write(json.dumps(rec) + "\n")
+    out = os.path.join(root, name)
+    z.convert([src], out, options=z.WriteOptions(row_group_rows=10, target_shard_bytes="4KiB"),
+              progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("mix"))
+    return {name: _convert(root, name, n, extra=(name == "code"))
+            for name, n in SIZES.items()}
+
+
+def _mixture(sources, stages, *, seed=None, **extra) -> dict:
+    """A mixture-file dict: ``stages`` is [(name, start_samples, {source: weight})]."""
+    d = {"stages": [{"name": n, "start": {"samples": s}} for n, s, _ in stages],
+         "sources": [{"name": k, "url": url,
+                      "weights": {n: w.get(k, 0) for n, _, w in stages}}
+                     for k, url in sources.items()], **extra}
+    if seed is not None:
+        d["seed"] = seed
+    return d
+
+
+TWO_STAGES = [("warm", 0, {"web": 0.5, "code": 0.25, "math": 0.25}),
+              ("main", 40, {"web": "1/5", "code": "1/5", "math": "3/5"})]
+THREE_STAGES = [*TWO_STAGES, ("anneal", 96, {"web": 0.1, "code": 0.6, "math": 0.3})]
+
+
+def _loader(mix, *, world_size=1, rank=0, steps=None, **kw) -> ZephonLoader:
+    kw.setdefault("columns", ["id", "text"])
+    return ZephonLoader(mix, global_batch=kw.pop("global_batch", B), seed=SEED,
+                        world_size=world_size, rank=rank, max_steps=steps, with_seq=True,
+                        **kw)
+
+
+def _pure(sources, schedule: MixtureSchedule, positions: np.ndarray) -> list[tuple[int, int]]:
+    """(source, source's own id) at each position, from the schedule and the sources' orders."""
+    names = list(sources)
+    src, idx = schedule.locate(positions)
+    orders = [Order(open_dataset(sources[n]).manifest.rg_rows,
+                    source_order_options(OrderOptions(seed=SEED), k))
+              for k, n in enumerate(names)]
+    return [(int(k), int(orders[k].sample_at(np.array([i]))[0])) for k, i in zip(src, idx)]
+
+
+def _pairs(batch) -> list[tuple[int, int]]:
+    return list(zip(batch["_source"].tolist(), batch["_seq"].tolist()))
+
+
+def test_batches_are_the_pure_computation_on_every_rank(sources) -> None:
+    mix = _mixture(sources, TWO_STAGES)
+    loaders = [_loader(mix, world_size=2, rank=r, steps=12) for r in range(2)]
+    schedule = loaders[0].dataset.schedule
+    expected = _pure(sources, schedule, np.arange(12 * B))
+    names = list(sources)
+    for step, (b0, b1) in enumerate(zip(*loaders)):
+        got = _pairs(b0) + _pairs(b1)
+        assert got == expected[step * B:(step + 1) * B], step
+        for batch in (b0, b1):
+            # The row's data is the source's own sample (text "<source> <id>").
+            assert batch["text"] == [f"{names[k]} {i}" for k, i in _pairs(batch)]
+            assert batch["id"].tolist() == batch["_seq"].tolist()
+    counts = Counter(k for k, _ in expected[:40])
+    assert counts == {0: 20, 1: 10, 2: 10}   # exact proportions over the first stage
+
+
+def test_mixture_file_path_and_worker_processes(sources, tmp_path) -> None:
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(_mixture(sources, TWO_STAGES, seed=SEED)))
+    ref = [_pairs(b) for b in _loader(_mixture(sources, TWO_STAGES), steps=6)]
+    # The file's seed applies when the loader is given none.
+    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0, max_steps=6,
+                          with_seq=True, columns=["id", "text"], num_workers=2)
+    assert loader.order.seed == SEED
+    assert [_pairs(b) for b in loader] == ref
+
+
+def test_resume_with_an_appended_stage_continues_every_source(sources) -> None:
+    """Run with two stages, checkpoint at cursor 96, resume with a third stage at 96 on
+    another world size and global batch: the whole stream equals the uninterrupted run with
+    the three-stage schedule, and no source sample repeats within its epoch."""
+    first = _loader(_mixture(sources, TWO_STAGES), steps=12)
+    stream = [p for b in first for p in _pairs(b)]
+    state = json.loads(json.dumps(first.state_dict()))     # plain JSON
+    assert state["version"] == 2 and isinstance(state["mixture"], str)
+    assert state["cursor"] == 96
+
+    three = _mixture(sources, THREE_STAGES)
+    resumed = [_loader(three, world_size=3, rank=r, steps=10, global_batch=12)
+               for r in range(3)]
+    for loader in resumed:
+        loader.load_state_dict(state)
+    for batches in zip(*resumed):
+        stream += [p for b in batches for p in _pairs(b)]
+    assert len(stream) == 96 + 120
+
+    whole = [p for b in _loader(three, steps=27) for p in _pairs(b)]
+    assert stream == whole
+    final = MixtureSchedule.from_dict(json.loads(resumed[0].state_dict()["mixture"])["schedule"])
+    assert stream == _pure(sources, final, np.arange(216))
+    assert [s for s, _ in final.stages] == [0, 40, 96]
+    # Each source's samples are its own order's first ones, each once per source epoch.
+    for k, n in enumerate(SIZES.values()):
+        ids = [i for s, i in stream if s == k]
+        for e in range(0, len(ids), n):
+            chunk = ids[e:e + n]
+            assert len(set(chunk)) == len(chunk)
+    # From position 96 on the anneal weights apply: code (37 samples) now cycles epochs.
+    assert Counter(k for k, _ in stream[96:]) == {0: 12, 1: 72, 2: 36}
+
+
+def test_state_carries_sources_and_consumed_counts(sources) -> None:
+    loader = _loader(_mixture(sources, TWO_STAGES), steps=7)
+    for _ in loader:
+        pass
+    mix = json.loads(loader.state_dict()["mixture"])
+    assert [s["name"] for s in mix["sources"]] == list(SIZES)
+    assert [s["num_samples"] for s in mix["sources"]] == list(SIZES.values())
+    assert all(s["dataset_id"].startswith("xxh3:") for s in mix["sources"])
+    assert mix["schedule"]["stages"][1]["consumed"] == [20, 10, 10]
+
+
+def _ran(sources, stages=TWO_STAGES, steps=12) -> dict:
+    loader = _loader(_mixture(sources, stages), steps=steps)
+    for _ in loader:
+        pass
+    return loader.state_dict()
+
+
+def test_bad_inputs_fail_before_the_first_batch(sources, tmp_path) -> None:
+    bad = dict(sources, code=str(tmp_path / "nowhere"))
+    with pytest.raises(MixtureError, match="'code'.*cannot be opened"):
+        _loader(_mixture(bad, TWO_STAGES))
+    with pytest.raises(MixtureError, match="sum"):
+        _loader(_mixture(sources, [("all", 0, {"web": 0.5, "code": 0.2, "math": 0.2})]))
+    with pytest.raises(MixtureError):
+        _loader(_mixture(sources, [("all", 0, {"web": 1.2, "code": -0.2, "math": 0})]))
+    # A selected column one source lacks.
+    with pytest.raises(ValueError, match="'web'.*no column 'lang'"):
+        _loader(_mixture(sources, TWO_STAGES), columns=["id", "lang"])
+    # Without columns, the first source's are read; every source must hold them.
+    reordered = {"code": sources["code"], "web": sources["web"], "math": sources["math"]}
+    with pytest.raises(ValueError, match="has no column 'lang'"):
+        _loader(_mixture(reordered, TWO_STAGES), columns=None)
+
+
+def test_bad_resumes_fail_before_the_first_batch(sources, tmp_path) -> None:
+    state = _ran(sources)           # cursor 96, stages at 0 and 40
+    # A stage boundary in the past (the checkpoint has no stage at 64).
+    past = [*TWO_STAGES, ("late", 64, {"web": 1})]
+    with pytest.raises(StateMismatchError, match="starts at 64, before the checkpoint's cursor"):
+        _loader(_mixture(sources, past)).load_state_dict(state)
+    # A stage already consumed, changed.
+    changed = [TWO_STAGES[0], ("main", 40, {"web": 0.5, "code": 0.25, "math": 0.25})]
+    with pytest.raises(StateMismatchError, match="stages that began before the cursor"):
+        _loader(_mixture(sources, changed)).load_state_dict(state)
+    # A source whose data changed since the checkpoint.
+    other = dict(sources, math=_convert(str(tmp_path), "math", 251))
+    with pytest.raises(StateMismatchError, match="'math'.*its data changed"):
+        _loader(_mixture(other, TWO_STAGES)).load_state_dict(state)
+    # A source left out of the mixture.
+    fewer = {k: v for k, v in sources.items() if k != "code"}
+    with pytest.raises(StateMismatchError, match="'code'.*is missing"):
+        _loader(_mixture(fewer, [(n, s, {k: v for k, v in w.items() if k != "code"})
+                                 for n, s, w in
+                                 [("all", 0, {"web": 0.5, "math": 0.5})]])).load_state_dict(state)
+    # A single dataset's checkpoint into a mixture loader, and the other way round.
+    single = ZephonLoader(sources["web"], global_batch=B, seed=SEED, world_size=1, rank=0)
+    with pytest.raises(StateMismatchError, match="for dataset .* but the loader reads a mixture"):
+        _loader(_mixture(sources, TWO_STAGES)).load_state_dict(single.state_dict())
+    with pytest.raises(StateMismatchError, match="for a mixture, but the loader reads dataset"):
+        single.load_state_dict(state)
+    # Nothing was consumed by any failed load: the good resume still works.
+    ok = _loader(_mixture(sources, TWO_STAGES), steps=1)
+    ok.load_state_dict(state)
+    assert ok.state_dict()["cursor"] == 96 and len([b for b in ok]) == 1
+
+
+def test_adding_a_source_at_resume(sources, tmp_path) -> None:
+    state = _ran({k: v for k, v in sources.items() if k != "math"},
+                 [("all", 0, {"web": 0.5, "code": 0.5})], steps=4)
+    grown = [("all", 0, {"web": 0.5, "code": 0.5}),
+             ("more", 32, {"web": 0.25, "code": 0.25, "math": 0.5})]
+    loader = _loader(_mixture(sources, grown), steps=4)
+    loader.load_state_dict(state)
+    pairs = [p for b in loader for p in _pairs(b)]
+    assert Counter(k for k, _ in pairs) == {0: 8, 1: 8, 2: 16}
+    # web and code continue where they stopped (16 each consumed before position 32).
+    schedule = loader.dataset.schedule
+    assert schedule.consumed(32).tolist() == [16, 16, 0]
+
+
+def test_python_structure_and_token_weights(sources) -> None:
+    ds = [open_dataset(u) for u in sources.values()]
+    schedule = MixtureSchedule([(0, [0.5, 0.25, 0.25])], names=list(sources))
+    mix = MixedDataset(ds, schedule, names=list(sources), columns=["id", "text"])
+    order = MixedOrder(mix, OrderOptions(seed=SEED))
+    got = [p for b in _loader(mix, steps=2) for p in _pairs(b)]
+    src, local = order.locate(np.arange(2 * B))
+    assert got == list(zip(src.tolist(), local.tolist()))
+    # Byte weights use the stored bytes per sample of each source's manifest.
+    assert mean_sample_size(ds[0], "bytes") == pytest.approx(
+        ds[0].manifest.rg_length.sum() / ds[0].num_samples)
+    with pytest.raises(MixtureError, match="not packed"):
+        mean_sample_size(ds[0], "tokens", name="web")
+    by_bytes = open_mixture(_mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})],
+                                     weight_unit="bytes"), columns=["id", "text"])
+    w = [float(x) for x in by_bytes.schedule.stages[0][1]]
+    sizes = [mean_sample_size(d, "bytes") for d in ds[:2]]
+    assert w[0] / w[1] == pytest.approx(sizes[1] / sizes[0])

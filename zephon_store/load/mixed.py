@@ -1,0 +1,579 @@
+"""A mixture of datasets as one more stateless layer: a virtual dataset and its order.
+
+Mixture position ``p`` goes to ``(source k, index i in k's own stream)`` by the stage
+schedule (:class:`~zephon_store.order.mixture.MixtureSchedule`), and source ``k``'s own
+:class:`~zephon_store.order.Order` (its own seed-derived key, blocks, windows and epochs)
+gives the sample. :class:`MixedDataset` presents the sources as one dataset to the rest of
+the loader: the sources' row groups concatenated (virtual row group ``g`` is source ``k``'s
+row group ``g - rg_offset[k]``), virtual ids ``id_offset[k] + local id``, a manifest-like
+view of the concatenated row-group tables, row-group reads and prefetch dispatched to each
+source (each local or remote with its own storage options and disk cache). So assignment,
+workers, the decode-ahead pipeline, prefetch and the cache run unchanged on the mixed
+stream, and the sample at a position stays a pure function of (the sources' dataset_ids,
+the schedule, seed, position).
+
+>>> from zephon_store import OrderOptions, open_dataset
+>>> from zephon_store.order.mixture import MixtureSchedule
+>>> a, b = open_dataset(tiny_dataset), open_dataset(tiny_dataset)
+>>> mix = MixedDataset([a, b], MixtureSchedule([(0, [0.5, 0.5])]), names=["a", "b"])
+>>> order = MixedOrder(mix, OrderOptions(seed=7))
+>>> ids = order.sample_at(np.arange(6))
+>>> src, local = mix.split_ids(ids)
+>>> src.tolist()
+[0, 1, 0, 1, 0, 1]
+>>> (local[src == 0] == order.source_orders[0].sample_at(np.arange(3))).all()
+np.True_
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .._util.hashing import xxh3_hex
+from ..errors import MixtureError, StateMismatchError
+from ..order.mixture import MixtureSchedule
+from ..order.order import Order, OrderOptions, derive_key
+
+__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "source_order_options"]
+
+SOURCE_KEY = "_source"
+# Folded into each source's seed, so source k's order differs from the mixture seed's own
+# order over the same data and from every other source's.
+_TAG_SOURCE = 0x736F75726365  # "source"
+MIXTURE_ID_PREFIX = "mix:"
+
+
+def source_order_options(options: OrderOptions, k: int) -> OrderOptions:
+    """Order options of source ``k`` of a mixture: the mixture's, with a seed derived from
+    ``(seed, k)``.
+
+    >>> source_order_options(OrderOptions(seed=7), 0) != source_order_options(OrderOptions(seed=7), 1)
+    True
+    """
+    seed = int(derive_key(options.seed, _TAG_SOURCE, k)[0])
+    return options.replace(seed=seed)
+
+
+class _MixedManifest:
+    """The manifest accessors the loader reads, over the sources' row groups concatenated."""
+
+    def __init__(self, sources: Sequence, id_offset: np.ndarray) -> None:
+        ms = [s.manifest for s in sources]
+        self.rg_rows = np.concatenate([m.rg_rows for m in ms]).astype(np.int64)
+        self.rg_row_start = np.concatenate(
+            [m.rg_row_start + off for m, off in zip(ms, id_offset)]).astype(np.int64)
+        self.rg_length = np.concatenate([m.rg_length for m in ms]).astype(np.int64)
+        self.rg_offset = np.concatenate([m.rg_offset for m in ms]).astype(np.int64)
+        # Shards numbered across sources, so two sources' shard 0 never look alike.
+        shard_base = np.cumsum([0] + [m.num_shards for m in ms])
+        self.rg_shard = np.concatenate(
+            [m.rg_shard + base for m, base in zip(ms, shard_base)]).astype(np.int64)
+        self.num_row_groups = int(self.rg_rows.size)
+        self.num_samples = int(sum(m.num_samples for m in ms))
+        self.num_shards = int(shard_base[-1])
+        self.total_bytes = int(sum(m.total_bytes for m in ms))
+        # No writer options in common: the pipeline sizes decoded row groups from rg_length.
+        self.writer: dict = {}
+
+
+class _MixedStorage:
+    """What the loader asks of a dataset's storage: whether every byte is local."""
+
+    def __init__(self, local: bool) -> None:
+        self.local = local
+
+
+class _MixedPrefetcher:
+    """One prefetcher per remote source, each told only its own source's row groups."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def consumed(self, i: int) -> None:
+        for p in self.parts:
+            p.consumed(i)
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
+
+
+class _MixedRowGroups:
+    """Virtual row group ``g`` read from (and prefetched by) the source that holds it."""
+
+    def __init__(self, mix: MixedDataset) -> None:
+        self._mix = mix
+
+    def read(self, rg: int, *, keep: bool = True) -> pa.Table:
+        k, local = self._mix.split_row_group(int(rg))
+        return self._mix.conform(k, self._mix.sources[k].row_groups.read(local, keep=keep))
+
+    def read_many(self, rgs: Iterable[int]) -> list[pa.Table]:
+        return [self.read(rg) for rg in rgs]
+
+    def prefetcher(self, step_row_groups: Callable[[int], Iterable[int]], *,
+                   budget_bytes: int, num_batches: int | None = None,
+                   coalesce=None, threads: int = 4) -> _MixedPrefetcher:
+        mix = self._mix
+        remote = [k for k, s in enumerate(mix.sources) if s.cache is not None]
+        memo: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+        def split(j: int) -> tuple[np.ndarray, np.ndarray]:
+            got = memo.get(j)
+            if got is None:
+                rgs = np.asarray(list(step_row_groups(j)), dtype=np.int64)
+                k = np.searchsorted(mix.rg_offset, rgs, side="right") - 1
+                got = memo[j] = (k, rgs - mix.rg_offset[k])
+                while len(memo) > 4 * (len(remote) + 1):
+                    memo.popitem(last=False)
+            return got
+
+        def of_source(k: int):
+            def rgs(j: int) -> np.ndarray:
+                src, local = split(j)
+                return local[src == k]
+            return rgs
+
+        # The budget is shared: each remote source keeps its share of it fetched ahead.
+        share = max(1, budget_bytes // max(1, len(remote)))
+        return _MixedPrefetcher([
+            mix.sources[k].row_groups.prefetcher(of_source(k), budget_bytes=share,
+                                                 num_batches=num_batches, coalesce=coalesce,
+                                                 threads=threads)
+            for k in remote])
+
+    def close(self) -> None:
+        for s in self._mix.sources:
+            s.row_groups.close()
+
+
+class MixedDataset:
+    """Several datasets read as one by a stage schedule (see the module docstring).
+
+    ``sources``: opened :class:`~zephon_store.read.dataset.Dataset` objects, in the
+    mixture's source order (source ``k`` is weight ``k`` of every stage); ``schedule``: the
+    :class:`~zephon_store.order.mixture.MixtureSchedule`; ``names``: one per source (errors
+    and checkpoints name sources by them); ``columns``: the columns every batch holds. Sources
+    may differ in schema; each must hold every selected column, with one type across sources
+    (checked here, before any batch). ``columns=None`` selects the columns of the first
+    source, which every other source must then hold.
+    """
+
+    def __init__(self, sources: Sequence, schedule, *, names: Sequence[str] | None = None,
+                 columns: Sequence[str] | None = None, spec=None) -> None:
+        if not sources:
+            raise ValueError("a mixture needs at least one source")
+        self.sources = list(sources)
+        self.names = list(names) if names is not None else [f"source{k}"
+                                                            for k in range(len(sources))]
+        if len(self.names) != len(self.sources) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"a mixture needs one distinct name per source, got {self.names} "
+                             f"for {len(self.sources)} sources")
+        self.schedule = schedule
+        self.spec = spec
+        self._setup(columns)
+
+    def _setup(self, columns: Sequence[str] | None) -> None:
+        sizes = np.array([s.num_samples for s in self.sources], dtype=np.int64)
+        self.id_offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.rg_offset = np.concatenate(
+            [[0], np.cumsum([s.manifest.num_row_groups for s in self.sources])[:-1]]
+        ).astype(np.int64)
+        self.columns = list(columns) if columns is not None else list(
+            self.sources[0].schema.names)
+        self.schema = self._common_schema(self.columns)
+        self.manifest = _MixedManifest(self.sources, self.id_offset)
+        self.row_groups = _MixedRowGroups(self)
+        self.storage = _MixedStorage(all(s.storage.local for s in self.sources))
+
+    def _common_schema(self, columns: list[str]) -> pa.Schema:
+        fields = []
+        for name in columns:
+            types = {}
+            for k, s in enumerate(self.sources):
+                if name not in s.schema.names:
+                    raise ValueError(
+                        f"mixture source {self.names[k]!r} ({s.url}) has no column {name!r} "
+                        f"(it has {s.schema.names}); select columns every source holds "
+                        "(columns=[...]) or convert that source with the column")
+                types.setdefault(s.schema.field(name).type, []).append(self.names[k])
+            if len(types) > 1:
+                raise ValueError(
+                    f"mixture column {name!r} has different types across sources: "
+                    + "; ".join(f"{t} in {ks}" for t, ks in types.items())
+                    + "; convert the sources to one type or leave the column out")
+            nullable = any(s.schema.field(name).nullable for s in self.sources)
+            fields.append(pa.field(name, next(iter(types)), nullable=nullable))
+        return pa.schema(fields)
+
+    def select(self, columns: Sequence[str] | None) -> MixedDataset:
+        """This mixture reading ``columns`` (checked in every source); None: unchanged."""
+        if columns is None or list(columns) == self.columns:
+            return self
+        out = self._view()
+        out._setup(columns)
+        return out
+
+    def with_schedule(self, schedule) -> MixedDataset:
+        """This mixture (same sources, shared) read by another schedule."""
+        out = self._view()
+        out.schedule = schedule
+        return out
+
+    def _view(self) -> MixedDataset:
+        # Shares the opened sources (select, with_schedule). copy.copy() instead goes through
+        # __getstate__/__setstate__ and gives each source fresh threads, as a forked
+        # DataLoader worker needs (torch/dataset.py).
+        out = MixedDataset.__new__(MixedDataset)
+        out.__dict__.update(self.__dict__)
+        out.row_groups = _MixedRowGroups(out)
+        return out
+
+    # Pickling (DataLoader workers): each source pickles as a Dataset does (manifest and
+    # options; fresh threads and caches on the other side).
+    def __getstate__(self) -> dict:
+        return {"sources": self.sources, "names": self.names, "schedule": self.schedule,
+                "columns": self.columns, "spec": self.spec}
+
+    def __setstate__(self, state: dict) -> None:
+        self.sources = [copy.copy(s) for s in state["sources"]]
+        self.names, self.schedule, self.spec = state["names"], state["schedule"], state["spec"]
+        self._setup(state["columns"])
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def num_sources(self) -> int:
+        return len(self.sources)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples of all sources together (``epochs=1`` of a mixture reads this many)."""
+        return self.manifest.num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the mixture file sets (None: the loader's)."""
+        return None if self.spec is None else self.spec.seed
+
+    @property
+    def source_ids(self) -> list[str]:
+        return [s.dataset_id for s in self.sources]
+
+    @property
+    def dataset_id(self) -> str:
+        """The mixture's identity: a hash of its sources' names and dataset_ids and of the
+        schedule (``"mix:" + xxh3``)."""
+        doc = {"sources": [[n, i] for n, i in zip(self.names, self.source_ids)],
+               "schedule": self.schedule.identity()}
+        return MIXTURE_ID_PREFIX + xxh3_hex(json.dumps(doc, sort_keys=True).encode())
+
+    @property
+    def url(self) -> str:
+        return "mixture(" + ", ".join(f"{n}={s.url}" for n, s in zip(self.names,
+                                                                      self.sources)) + ")"
+
+    @property
+    def cache(self):
+        """A remote source's disk cache (None when every source is local): the loader
+        prefetches when this is set."""
+        return next((s.cache for s in self.sources if s.cache is not None), None)
+
+    def expect_id(self, dataset_id: str) -> None:
+        raise ValueError("expect_dataset_id pins one dataset; a mixture's sources are pinned "
+                         "by their dataset_ids in the checkpoint")
+
+    # -- virtual ids and row groups ------------------------------------------------------
+    def split_ids(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Virtual ids -> (source index, the source's own sample id)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        k = np.searchsorted(self.id_offset, ids, side="right") - 1
+        return k, ids - self.id_offset[k]
+
+    def split_row_group(self, rg: int) -> tuple[int, int]:
+        """Virtual row group -> (source index, the source's own row group)."""
+        k = int(np.searchsorted(self.rg_offset, rg, side="right")) - 1
+        return k, rg - int(self.rg_offset[k])
+
+    def conform(self, k: int, table: pa.Table) -> pa.Table:
+        """Source ``k``'s decoded table as the mixture's columns and schema."""
+        table = table.select(self.columns)
+        if table.schema != self.schema:
+            table = table.cast(self.schema)
+        return table
+
+    def working_set_row_groups(self, order: MixedOrder, local_batch: int) -> int:
+        """Row groups a rank reads from at once: each source's working set (every lane of
+        it, since the mixture's positions are sliced plainly), at its share of the batch."""
+        total = 0
+        for s, o in zip(self.sources, order.source_orders):
+            m = s.manifest
+            mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
+            step = int(np.ceil(local_batch / mean_rows)) + 1
+            if o.options.shuffle:
+                need = o.effective_lanes * (o.options.window_blocks + 2) + step
+            else:
+                need = 2 * step
+            total += min(m.num_row_groups, need)
+        return total
+
+    # -- checkpoint ------------------------------------------------------------------------
+    def state_entry(self) -> dict:
+        """The ``mixture`` entry of a checkpoint: each source's name, dataset_id and size,
+        and the schedule with each source's consumed count at every stage boundary."""
+        return {"sources": [{"name": n, "dataset_id": s.dataset_id,
+                             "num_samples": s.num_samples}
+                            for n, s in zip(self.names, self.sources)],
+                "schedule": self.schedule.to_dict()}
+
+    def resumed(self, saved: dict, cursor: int) -> MixedDataset:
+        """This mixture continuing a checkpoint's (``saved``: its ``mixture`` entry) at
+        ``cursor``, or :class:`~zephon_store.errors.StateMismatchError` saying what differs.
+
+        Every checkpointed source must be here, at the same index, with the same dataset_id
+        (sources may be added after them). The stages that started before the cursor must
+        be this mixture's first stages, unchanged; this mixture's later stages then follow,
+        each starting at or after the cursor: appended with
+        :meth:`~zephon_store.order.mixture.MixtureSchedule.append_stage`, so every source
+        continues from its consumed count and nothing is repeated or skipped.
+        """
+        try:
+            saved_sources = list(saved["sources"])
+            saved_schedule = saved["schedule"]
+            names = [str(s["name"]) for s in saved_sources]
+            ids = [str(s["dataset_id"]) for s in saved_sources]
+        except (KeyError, TypeError) as exc:
+            raise StateMismatchError(f"loader state 'mixture' is malformed ({exc!r}); the "
+                                     "checkpoint is corrupted") from exc
+        for k, (name, did) in enumerate(zip(names, ids)):
+            if name not in self.names:
+                raise StateMismatchError(
+                    f"checkpoint mixture source {name!r} (dataset {did}) is missing from this "
+                    f"mixture (sources {self.names}); keep every source of the run, with "
+                    "weight 0 in new stages to drop it")
+            if self.names[k] != name:
+                raise StateMismatchError(
+                    f"checkpoint mixture source {k} is {name!r} but this mixture's source {k} "
+                    f"is {self.names[k]!r}; keep the sources in their order and add new ones "
+                    "at the end")
+            if self.sources[k].dataset_id != did:
+                raise StateMismatchError(
+                    f"mixture source {name!r} ({self.sources[k].url}) holds dataset "
+                    f"{self.sources[k].dataset_id}, but the checkpoint read dataset {did}; "
+                    "its data changed since the checkpoint: point it at the dataset the run "
+                    "started with (or start a new run)")
+        try:
+            saved_sched = MixtureSchedule.from_dict(saved_schedule)
+        except (MixtureError, TypeError, KeyError) as exc:
+            raise StateMismatchError(f"loader state 'mixture' schedule is invalid: {exc}"
+                                     ) from exc
+        return self.with_schedule(self._continue(saved_sched, saved_schedule, cursor))
+
+    def _continue(self, saved: MixtureSchedule, saved_dict: dict, cursor: int):
+        mine = self.schedule
+        if saved.policy != mine.policy:
+            raise StateMismatchError(
+                f"the checkpoint's exhaustion policy is {saved.policy!r}, this mixture's "
+                f"{mine.policy!r}; resume with the checkpoint's policy")
+        mine_sources = mine.to_dict()["sources"]
+        for k, src in enumerate(saved_dict["sources"]):
+            if (src["max_epochs"], src["epoch_size"]) != (mine_sources[k]["max_epochs"],
+                                                          mine_sources[k]["epoch_size"]):
+                raise StateMismatchError(
+                    f"mixture source {self.names[k]!r}: the checkpoint caps it at "
+                    f"max_epochs={src['max_epochs']} of {src['epoch_size']} samples, this "
+                    f"mixture at {mine_sources[k]['max_epochs']} of "
+                    f"{mine_sources[k]['epoch_size']}; keep the cap of the run")
+        k_new = mine.num_sources
+        past = [(s, w) for s, w in saved.stages if s < cursor]
+        ours = mine.stages
+        for j, (start, weights) in enumerate(past):
+            pad = (*weights, *[0] * (k_new - len(weights)))
+            if j >= len(ours) or ours[j][0] != start or tuple(ours[j][1]) != pad:
+                have = (f"stage {j} starts at {ours[j][0]} with weights "
+                        f"{[str(w) for w in ours[j][1]]}" if j < len(ours)
+                        else f"only {len(ours)} stages")
+                raise StateMismatchError(
+                    f"the checkpoint (cursor {cursor}) consumed stage {j}, starting at "
+                    f"{start} with weights {[str(w) for w in weights]}, but this mixture has "
+                    f"{have}; stages that began before the cursor cannot change: keep them "
+                    "as they were and add a stage starting at or after the cursor")
+        if not past:
+            return mine   # nothing consumed yet: this mixture's schedule as it is
+        kept = {**saved_dict, "stages": saved_dict["stages"][:len(past)]}
+        out = MixtureSchedule.from_dict(kept)
+        mine_stages = mine.to_dict()["stages"]
+        for j in range(len(past), len(ours)):
+            start, weights = ours[j]
+            if start < cursor:
+                raise StateMismatchError(
+                    f"stage {j} ({mine_stages[j]['name'] or 'unnamed'}) starts at {start}, "
+                    f"before the checkpoint's cursor {cursor}, and the checkpoint has no such "
+                    "stage: a stage boundary cannot be in the past; start it at or after "
+                    f"{cursor}")
+            if k_new > out.num_sources and mine_sources[out.num_sources]["max_epochs"]:
+                raise StateMismatchError(
+                    f"mixture source {self.names[out.num_sources]!r} is added at resume with "
+                    "max_epochs; a source added mid-run cannot be capped yet")
+            by_name = dict(zip(self.names, mine_stages[j]["weights"]))
+            out = out.append_stage(start, by_name, cursor=cursor,
+                                   name=mine_stages[j]["name"])
+        if out.num_sources != k_new:
+            raise StateMismatchError(
+                f"sources {self.names[out.num_sources:]} were added but no stage at or after "
+                f"the cursor {cursor} gives them a weight; add one")
+        return out
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+    def __enter__(self) -> MixedDataset:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MixedOrder:
+    """Mixture position -> virtual sample id: the schedule picks (source, index), the
+    source's own order picks the sample.
+
+    Plain slicing between ranks (``effective_lanes`` 1): a mixture step holds several
+    sources, each with its own lanes, so there is no lane to align ranks with.
+    """
+
+    def __init__(self, mix: MixedDataset, options: OrderOptions) -> None:
+        self.mix = mix
+        self._options = options
+        self.source_orders = [Order(s.manifest.rg_rows, source_order_options(options, k))
+                              for k, s in enumerate(mix.sources)]
+
+    @property
+    def options(self) -> OrderOptions:
+        return self._options
+
+    @property
+    def num_samples(self) -> int:
+        return self.mix.num_samples
+
+    @property
+    def effective_lanes(self) -> int:
+        return 1
+
+    def locate(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, the source's own sample id) at each mixture position."""
+        p = np.asarray(positions, dtype=np.int64)
+        shape = p.shape
+        src, index = self.mix.schedule.locate(p.reshape(-1))
+        src = np.asarray(src, dtype=np.int64)
+        index = np.asarray(index, dtype=np.int64)
+        ids = np.empty_like(index)
+        for k in np.unique(src).tolist():
+            sel = src == k
+            ids[sel] = self.source_orders[k].sample_at(index[sel])
+        return src.reshape(shape), ids.reshape(shape)
+
+    def sample_at(self, positions) -> np.ndarray:
+        """The virtual sample id at each mixture position (``id_offset[k] + local id``)."""
+        src, ids = self.locate(positions)
+        return ids + self.mix.id_offset[src]
+
+    def __repr__(self) -> str:
+        return f"MixedOrder(sources={self.mix.names}, options={self._options!r})"
+
+
+MIXTURE_FILE_SUFFIXES = (".toml", ".json")
+
+
+def is_mixture(obj) -> bool:
+    """Whether the loader should read ``obj`` as a mixture: a :class:`MixedDataset`, a
+    mixture spec or its dict, or the path of a mixture file (``.toml``/``.json``)."""
+    if isinstance(obj, (MixedDataset, dict)):
+        return True
+    if isinstance(obj, str):
+        return obj.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in obj
+    return type(obj).__name__ == "MixtureSpec"
+
+
+def open_mixture(mixture, *, columns: Sequence[str] | None = None,
+                 global_batch: int | None = None, cache=None) -> MixedDataset:
+    """Open a mixture: a :class:`MixedDataset` (``columns`` selected), or a mixture file path,
+    its dict or a :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source
+    opened with its own storage options; remote ones through ``cache``)."""
+    if isinstance(mixture, MixedDataset):
+        return mixture.select(columns)
+    spec = mixture_spec(mixture)
+    from ..read.dataset import open_dataset
+
+    sources = []
+    for src in spec.sources:
+        try:
+            sources.append(open_dataset(src.url, storage_options=(
+                None if src.storage_options is None else dict(src.storage_options)),
+                cache=cache))
+        except (OSError, ValueError) as exc:
+            raise MixtureError(f"{spec.origin}: mixture source {src.name!r} at {src.url} "
+                               f"cannot be opened: {exc}") from exc
+    schedule = MixtureSchedule.from_spec(
+        spec, global_batch=global_batch,
+        tokens_per_sample=_tokens_per_sample(spec, sources),
+        mean_sizes=(None if spec.weight_unit == "samples"
+                    else [mean_sample_size(s, spec.weight_unit, name=n)
+                          for n, s in zip(spec.source_names, sources)]),
+        epoch_sizes=[s.num_samples for s in sources])
+    return MixedDataset(sources, schedule, names=spec.source_names, columns=columns, spec=spec)
+
+
+def mixture_spec(mixture):
+    """A :class:`~zephon_store.format.mixture_file.MixtureSpec` from a mixture file path, its
+    dict or a spec."""
+    from ..format.mixture_file import MixtureSpec, load_mixture_file
+
+    if isinstance(mixture, MixtureSpec):
+        return mixture
+    if isinstance(mixture, dict):
+        return MixtureSpec.from_dict(mixture)
+    return load_mixture_file(mixture)
+
+
+def mean_sample_size(dataset, unit: str, *, name: str = "") -> float:
+    """Mean ``unit`` ("tokens" or "bytes") per sample of ``dataset``, from its manifest.
+
+    Tokens: the window length of a packed dataset (``seq_len`` in its manifest's packing
+    entry; each sample trains on that many tokens). Bytes: the stored (compressed) bytes of
+    its row groups per sample. An unpacked dataset records no token counts: token weights
+    need packed sources (or weights in bytes).
+    """
+    m = dataset.manifest
+    if unit == "bytes":
+        return float(m.rg_length.sum()) / max(1, m.num_samples)
+    if unit == "tokens":
+        info = m.packing
+        if info is None or "seq_len" not in info:
+            raise MixtureError(
+                f"mixture source {name!r} ({dataset.url}) is not packed, so its manifest "
+                "records no tokens per sample; token weights need sources converted with "
+                "--tokenizer and --seq-len (or give the weights in samples or bytes)")
+        return float(info["seq_len"])
+    raise MixtureError(f"unknown weight unit {unit!r}; use samples, tokens or bytes")
+
+
+def _tokens_per_sample(spec, sources) -> int | None:
+    """The window length shared by every packed source (stage starts in tokens), or None."""
+    if not any(st.unit == "tokens" for st in spec.stages):
+        return None
+    lens = {int(mean_sample_size(s, "tokens", name=n))
+            for n, s in zip(spec.source_names, sources)}
+    if len(lens) != 1:
+        raise MixtureError(f"{spec.origin}: stage starts in tokens need one window length "
+                           f"across sources, got {sorted(lens)}; give the starts in samples")
+    return lens.pop()
