@@ -45,6 +45,7 @@ _LAZY = {
     "InputOptions": ("ingest.options", "InputOptions"),
     "LoaderState": ("load.state", "LoaderState"),
     "MixtureSchedule": ("order.mixture", "MixtureSchedule"),
+    "MixtureSpec": ("format.mixture_file", "MixtureSpec"),
     "Order": ("order.order", "Order"),
     "OrderOptions": ("order.order", "OrderOptions"),
     "PackingOptions": ("write.packing", "PackingOptions"),
@@ -57,6 +58,7 @@ _LAZY = {
     "check_state": ("load.state", "check_state"),
     "convert": ("write.convert", "convert"),
     "gc": ("write.gc", "gc"),
+    "load_mixture_file": ("format.mixture_file", "load_mixture_file"),
     "open_dataset": ("read.dataset", "open_dataset"),
     "verify": ("read.verify", "verify"),
 }
@@ -76,6 +78,7 @@ __all__ = [
     "MissingExtraError",
     "MixtureError",
     "MixtureSchedule",
+    "MixtureSpec",
     "Order",
     "OrderOptions",
     "OutputExistsError",
@@ -100,6 +103,7 @@ __all__ = [
     "check_state",
     "convert",
     "gc",
+    "load_mixture_file",
     "open_dataset",
     "verify",
 ]

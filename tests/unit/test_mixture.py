@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from fractions import Fraction
 
 import numpy as np
@@ -285,6 +286,9 @@ def test_to_dict_is_small_json_and_checked_on_load() -> None:
         MixtureSchedule.from_dict(bad)
     other = s.append_stage(2000, [0, 0, 1])
     assert other.identity() != s.identity()
+    copy = pickle.loads(pickle.dumps(other))          # process workers receive it pickled
+    assert copy == other and np.array_equal(copy.locate(np.arange(3000))[1],
+                                            other.locate(np.arange(3000))[1])
 
 
 def test_golden_positions() -> None:
@@ -309,6 +313,9 @@ def test_golden_positions() -> None:
     ([(0, [1.0])], {"policy": "wrap"}, "policy must be one of"),
     ([(0, [0.5, 0.5])], {"max_epochs": [1, None]}, "max_epochs=1 but no epoch size"),
     ([(0, [1e-12, 1 - 1e-12])], {}, "below the mixture's resolution"),
+    ([0.5, 0.5], {}, "stages must be a sequence of .start, weights. pairs"),
+    ([(0, "ab")], {}, "weights must be a sequence"),
+    ([(0,)], {}, "stage 0 must be a pair"),
 ])
 def test_bad_inputs_are_clear_errors(stages, kw, match) -> None:
     with pytest.raises(MixtureError, match=match):

@@ -221,7 +221,11 @@ class MixtureSchedule:
                  max_epochs: Sequence[int | None] | None = None,
                  epoch_sizes: Sequence[int | None] | None = None,
                  policy: str = "error", normalise: bool = False) -> None:
-        stages = list(stages)
+        try:
+            stages = [tuple(st) for st in stages]
+        except TypeError:
+            raise MixtureError(f"stages must be a sequence of (start, weights) pairs, e.g. "
+                               f"[(0, [0.7, 0.3])], got {stages!r}") from None
         if not stages:
             raise MixtureError("a mixture schedule needs at least one stage (start, weights)")
         if names is not None:
@@ -234,7 +238,7 @@ class MixtureSchedule:
             first = stages[0][1] if len(stages[0]) == 2 else None
             if isinstance(first, Mapping):
                 raise MixtureError("weights given by name need names=[...] for the sources")
-            k = len(first) if first is not None else 0
+            k = len(first) if hasattr(first, "__len__") else 0
         self._names = tuple(names) if names is not None else None
         self._k = k
         if stage_names is not None and len(stage_names) != len(stages):
