@@ -14,9 +14,12 @@ value once and any world size can load it.
         --log-dir logs --tag phase2
 
 Log: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per step ``{"tag", "rank", "world_size",
-"num_workers", "step", "cursor", "global_batch", "ids"}`` (``cursor``: before the step), and
+"num_workers", "step", "global_step", "cursor", "global_batch", "ids"}`` (``cursor``: before
+the step; ``step`` counts this phase's steps, ``global_step`` the run's; ``masked`` with
+``--deny-list``), and
 lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``scripts/elastic_demo.py`` and
-``tests/integration/test_elastic_torchrun.py``.
+``tests/integration/test_elastic_torchrun.py``. With ``--run-log`` the loader appends the
+phase's segment to the run log, which ``zephon audit`` and ``zephon trace`` read.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import time
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dataset", help="dataset URL (local path or s3://bucket/prefix)")
+    p.add_argument("dataset", help="dataset URL (local path or s3://bucket/prefix) or a "
+                   "mixture file (.toml/.json)")
     p.add_argument("--storage-options", default=None, help="JSON dict for fsspec")
     p.add_argument("--global-batch", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="global steps to consume")
@@ -41,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lanes", type=int, default=None)
     p.add_argument("--load", default=None, help="DCP checkpoint directory to resume from")
     p.add_argument("--save", default=None, help="DCP checkpoint directory to write at the end")
+    p.add_argument("--run-log", default=None,
+                   help="the loader's run log (rank 0 appends this phase's segment)")
+    p.add_argument("--deny-list", default=None, help="deny list file: mask those samples")
     p.add_argument("--log-dir", required=True)
     p.add_argument("--tag", required=True)
     return p.parse_args(argv)
@@ -88,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = ZephonLoader(args.dataset, global_batch=args.global_batch, order=order_options(args),
                           world_size=world, rank=rank, num_workers=args.num_workers,
                           prefetch=args.prefetch, with_seq=True, max_steps=args.steps,
-                          storage_options=storage_options)
+                          storage_options=storage_options, run_log=args.run_log,
+                          deny_list=args.deny_list)
     os.makedirs(args.log_dir, exist_ok=True)
     log_path = os.path.join(args.log_dir, f"{args.tag}.rank{rank}.jsonl")
     with open(log_path, "w", encoding="utf-8") as log:
@@ -108,8 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         step = 0
         for batch in loader:
             ids = [int(i) for i in batch["_seq"].tolist()]
-            write({"world_size": world, "num_workers": args.num_workers, "step": step,
-                   "cursor": cursor, "global_batch": args.global_batch, "ids": ids})
+            record = {"world_size": world, "num_workers": args.num_workers, "step": step,
+                      "global_step": loader.step - 1, "cursor": cursor,
+                      "global_batch": args.global_batch, "ids": ids}
+            if "_masked" in batch:
+                record["masked"] = [bool(m) for m in batch["_masked"].tolist()]
+            if "_source" in batch:   # a mixture (the dataset argument is a mixture file)
+                record["sources"] = [int(k) for k in batch["_source"].tolist()]
+            write(record)
             cursor += args.global_batch
             step += 1
         if step != args.steps:
