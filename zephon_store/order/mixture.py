@@ -139,6 +139,7 @@ class _Tree:
         self._rchild = np.asarray(rchild, dtype=np.int64)
         self._source = np.asarray(source, dtype=np.int64)
         self._py = [(total[i], left[i]) for i in range(len(total))]
+        self._kids = list(zip(lchild, rchild, source))
 
     def locate(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, item number within the source) of stage-local positions ``n`` (int64)."""
@@ -152,15 +153,18 @@ class _Tree:
             node = np.where(go_left, self._lchild[node], self._rchild[node])
         return self._source[node], cur
 
-    def count(self, k: int, n):
-        """Items of source ``k`` among the first ``n`` stage positions (array or Python int)."""
-        if k not in self.paths:
-            return n * 0
-        for i, is_left in self.paths[k]:
-            total, left = self._py[i]
-            c = _left_count(n, left, total)
-            n = c if is_left else n - c
-        return n
+    def counts(self, n) -> list:
+        """Items of every source among the first ``n`` stage positions: one pass over the
+        nodes (parents come before their children), instead of one path per source."""
+        at = [n] + [None] * (len(self._py) - 1)
+        out = [n * 0] * len(self.numerators)
+        for i, ((total, left), (lc, rc, src)) in enumerate(zip(self._py, self._kids)):
+            if lc == i:
+                out[src] = at[i]
+                continue
+            c = _left_count(at[i], left, total)
+            at[lc], at[rc] = c, at[i] - c
+        return out
 
     def position(self, k: int, i):
         """Stage-local position of source ``k``'s item ``i`` (array or Python int); the inverse."""
@@ -186,8 +190,7 @@ class _Segment:
         self.offset_array = np.asarray(self.offsets, dtype=np.int64)
 
     def consumed_at(self, p: int) -> list[int]:
-        n = p - self.start
-        return [o + self.tree.count(k, n) for k, o in enumerate(self.offsets)]
+        return [o + c for o, c in zip(self.offsets, self.tree.counts(p - self.start))]
 
 
 class MixtureSchedule:
@@ -521,9 +524,8 @@ class MixtureSchedule:
         for s in np.unique(seg_of):
             seg = self._segments[s]
             sel = seg_of == s
-            n = flat[sel] - seg.start
-            for k in range(self._k):
-                out[sel, k] = seg.offsets[k] + seg.tree.count(k, n)
+            out[sel] = seg.offset_array + np.stack(seg.tree.counts(flat[sel] - seg.start),
+                                                   axis=-1)
         return out.reshape((*p.shape, self._k))
 
     def position_of(self, source: int, index: np.ndarray) -> np.ndarray:
