@@ -5,18 +5,12 @@ operations; nothing is replayed, so locating position 10**12 costs what position
 Each source then keeps its own :class:`~zephon_store.order.Order` (its seed-derived key,
 locality and epochs): the index returned here is a position in that source's own stream.
 
-The interleave (docs/mixtures.md has the proof):
-
-- a stage's weights are exact fractions over one integer denominator;
-- a balanced binary tree is built over the sources with a weight > 0; an internal node with
-  subtree weight ``M`` and left-subtree weight ``L`` sends the ``n``-th item that reaches it
-  (0-based) left iff ``c(n + 1) > c(n)``, where ``c(n) = floor((n*L + M/2) / M)`` is how
-  many of the first ``n`` items went left; the item becomes item ``c(n)`` of the left child,
-  or item ``n - c(n)`` of the right one;
-- since ``|c(n) - n*L/M| <= 1/2`` at every node, a source at depth ``d`` holds, after any
-  ``n`` positions of a stage, ``count_k(n)`` with ``|count_k(n) - n*w_k| <= d/2`` (for every
-  ``n``, however large), and any ``B`` consecutive positions hold it within ``d`` of
-  ``B*w_k``; ``d <= ceil(log2 K)`` (:attr:`MixtureSchedule.bound` is the prefix bound).
+Within a stage, the weights are exact fractions over one integer denominator and a
+:class:`~zephon_store.order.interleave.SplitTree` (a balanced tree of two-way Beatty splits)
+routes each position: a source at depth ``d`` holds, after any ``n`` positions of a stage,
+``count_k(n)`` with ``|count_k(n) - n*w_k| <= d/2`` (for every ``n``, however large), and any
+``B`` consecutive positions hold it within ``d`` of ``B*w_k``; ``d <= ceil(log2 K)``
+(:attr:`MixtureSchedule.bound` is the prefix bound, docs/mixtures.md the proof).
 
 A stage starting at ``P_j`` continues every source where the previous stage left it: the
 offsets ``o_{j,k} = consumed_k(P_j)`` are closed-form counts, so position ``p`` of stage
@@ -38,6 +32,7 @@ import numpy as np
 from .._util import weights as _w
 from .._util.hashing import xxh3_hex
 from ..errors import MixtureError, SourceExhaustedError
+from .interleave import SplitTree
 
 __all__ = ["MIXTURE_ALGORITHM", "MixtureSchedule", "POLICIES", "sample_weights"]
 
@@ -61,8 +56,8 @@ MIXTURE_ALGORITHM = 1
 #: What happens when a source capped by ``max_epochs`` runs out.
 POLICIES = ("error", "renormalize")
 _VERSION = 1
-# Positions are int64 and every product below stays under 2**62 (see _split_floor); an
-# exhaustion point further out than this is "never" for any run.
+# Positions are int64 and the interleave's products stay under 2**62 (order/interleave.py);
+# an exhaustion point further out than this is "never" for any run.
 _MAX_POSITION = 1 << 62
 # Positions per vectorised pass of locate: the per-level gathers then stay in L2 cache
 # (docs/benchmarks.md, "Why the code is shaped this way: loading").
@@ -76,104 +71,6 @@ def _is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-# --- the two-way split, on numpy int64 arrays or Python ints alike ------------------------
-# Every function keeps its intermediate products below 2**62 for numerators up to 2**30 by
-# splitting n = h*m + l with 0 <= l < m first: (h*m + l)*a/m = h*a + l*a/m.
-
-def _left_count(n, left, total):
-    """How many of the first ``n`` items of a node went left: floor((2*n*left + total) / (2*total))."""
-    h = n // total
-    lo = n - h * total
-    return h * left + (2 * lo * left + total) // (2 * total)
-
-
-def _left_item(i, left, total):
-    """Node item number of the ``i``-th item (0-based) sent left: ceil((2i+1)*total/(2*left)) - 1."""
-    h = i // left
-    lo = i - h * left
-    return h * total - ((-(2 * lo + 1) * total) // (2 * left)) - 1
-
-
-def _right_item(i, right, total):
-    """Node item number of the ``i``-th item sent right: floor((2i+1)*total/(2*right))."""
-    h = i // right
-    lo = i - h * right
-    return h * total + ((2 * lo + 1) * total) // (2 * right)
-
-
-class _Tree:
-    """The balanced split tree of one weight vector (integer numerators summing to ``total``).
-
-    Leaves are stored as nodes that send everything left to themselves, so :meth:`locate`
-    runs exactly ``depth`` vectorised passes without masks.
-    """
-
-    def __init__(self, numerators: Sequence[int]) -> None:
-        self.numerators = tuple(int(m) for m in numerators)
-        active = [k for k, m in enumerate(self.numerators) if m > 0]
-        total, left, lchild, rchild, source = [], [], [], [], []
-        self.paths: dict[int, list[tuple[int, bool]]] = {}
-
-        def node(members: list[int], path: list[tuple[int, bool]]) -> int:
-            i = len(total)
-            weight = sum(self.numerators[k] for k in members)
-            total.append(weight)
-            left.append(weight)
-            lchild.append(i)
-            rchild.append(i)
-            source.append(members[0])
-            if len(members) == 1:
-                self.paths[members[0]] = path
-                return i
-            half = (len(members) + 1) // 2
-            left[i] = sum(self.numerators[k] for k in members[:half])
-            lchild[i] = node(members[:half], [*path, (i, True)])
-            rchild[i] = node(members[half:], [*path, (i, False)])
-            return i
-
-        node(active, [])
-        self.depth = max(len(p) for p in self.paths.values())
-        self._total = np.asarray(total, dtype=np.int64)
-        self._left = np.asarray(left, dtype=np.int64)
-        self._lchild = np.asarray(lchild, dtype=np.int64)
-        self._rchild = np.asarray(rchild, dtype=np.int64)
-        self._source = np.asarray(source, dtype=np.int64)
-        self._py = [(total[i], left[i]) for i in range(len(total))]
-        self._kids = list(zip(lchild, rchild, source))
-
-    def locate(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source, item number within the source) of stage-local positions ``n`` (int64)."""
-        node = np.zeros(len(n), dtype=np.int64)
-        cur = n.astype(np.int64, copy=True)
-        for _ in range(self.depth):
-            total, left = self._total[node], self._left[node]
-            c = _left_count(cur, left, total)
-            go_left = _left_count(cur + 1, left, total) > c
-            cur = np.where(go_left, c, cur - c)
-            node = np.where(go_left, self._lchild[node], self._rchild[node])
-        return self._source[node], cur
-
-    def counts(self, n) -> list:
-        """Items of every source among the first ``n`` stage positions: one pass over the
-        nodes (parents come before their children), instead of one path per source."""
-        at = [n] + [None] * (len(self._py) - 1)
-        out = [n * 0] * len(self.numerators)
-        for i, ((total, left), (lc, rc, src)) in enumerate(zip(self._py, self._kids)):
-            if lc == i:
-                out[src] = at[i]
-                continue
-            c = _left_count(at[i], left, total)
-            at[lc], at[rc] = c, at[i] - c
-        return out
-
-    def position(self, k: int, i):
-        """Stage-local position of source ``k``'s item ``i`` (array or Python int); the inverse."""
-        for node_id, is_left in reversed(self.paths[k]):
-            total, left = self._py[node_id]
-            i = _left_item(i, left, total) if is_left else _right_item(i, total - left, total)
-        return i
-
-
 @dataclass
 class _Segment:
     """A run of positions ``[start, stop)`` with one weight vector and per-source offsets."""
@@ -184,7 +81,7 @@ class _Segment:
     derived: bool           # an implicit boundary (a capped source ran out), not a user stage
     weights: tuple[Fraction, ...]
     offsets: tuple[int, ...]
-    tree: _Tree
+    tree: SplitTree
 
     def __post_init__(self) -> None:
         self.offset_array = np.asarray(self.offsets, dtype=np.int64)
@@ -358,7 +255,7 @@ class MixtureSchedule:
                     eff = [w / left for w in eff]
                 nums, den = _integer_weights(eff, where=self._stage_label(j))
                 eff_w = tuple(Fraction(m, den) for m in nums)
-                seg = _Segment(cur, stop, j, cur != start, eff_w, tuple(offsets), _Tree(nums))
+                seg = _Segment(cur, stop, j, cur != start, eff_w, tuple(offsets), SplitTree(nums))
                 if segs and segs[-1].start == cur:
                     segs.pop()   # an empty derived segment: a source ran out at its first item
                 segs.append(seg)
