@@ -373,3 +373,21 @@ def test_far_indices_have_no_position() -> None:
     far, near = s.position_of(0, np.array([10**13, 5])).tolist()
     assert far == -1 and abs(near - 5.5e9) <= 1      # centred: item i near (i + 1/2) / w
     assert [a.tolist() for a in s.locate(np.array([near]))] == [[0], [5]]
+
+
+def test_the_same_schedule_in_another_process_maps_the_same() -> None:
+    """Nothing depends on the process (hash seeds, dict order): another interpreter agrees."""
+    import subprocess
+    import sys
+
+    s = MixtureSchedule([(0, {"b": "1/3", "a": "2/3"}), (77, [0.25, 0.75])], names=["a", "b"])
+    code = ("import json, sys, numpy as np\n"
+            "from zephon_store.order.mixture import MixtureSchedule\n"
+            "s = MixtureSchedule.from_dict(json.loads(sys.stdin.read()))\n"
+            "src, idx = s.locate(np.arange(10**12, 10**12 + 50))\n"
+            "print(json.dumps([s.identity(), src.tolist(), idx.tolist()]))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(s.to_dict()),
+                         capture_output=True, text=True, env={"PYTHONHASHSEED": "123"},
+                         check=True).stdout
+    src, idx = s.locate(np.arange(10**12, 10**12 + 50))
+    assert json.loads(out) == [s.identity(), src.tolist(), idx.tolist()]

@@ -103,6 +103,11 @@ def test_token_weights_and_token_starts() -> None:
                                   mean_sizes={"short": 100, "long": 300})
     assert s.stages[1][0] == 489                      # ceil(10**6 / 2048)
     assert s.stages[0][1] == (Fraction(3, 4), Fraction(1, 4))
+    with pytest.raises(MixtureError, match="mean_sizes has no entry for source 'long'"):
+        MixtureSchedule.from_spec(spec, tokens_per_sample=2048, mean_sizes={"short": 100})
+    with pytest.raises(MixtureError, match="epoch_sizes has 1 entries for 2 sources"):
+        MixtureSchedule.from_spec(spec, tokens_per_sample=2048, mean_sizes=[1, 2],
+                                  epoch_sizes=[5])
 
 
 @pytest.mark.parametrize("text,match", [
