@@ -2,8 +2,8 @@
 
 ``ZephonDataLoader`` is a TorchTitan ``BaseDataLoader``: TorchTitan builds it from its config
 (``ZephonDataLoader.Config``) and checkpoints it with the rest of the training state. Its
-``state_dict()`` is the zephon loader state ``{version, dataset_id, seed, order, cursor}`` and
-nothing else: identical on every rank, with no ``dp_rank_N`` keys, so TorchTitan's DCP
+``state_dict()`` is the zephon loader state ``{version, dataset_id, seed, order, cursor, step}``
+and nothing else: identical on every rank, with no ``dp_rank_N`` keys, so TorchTitan's DCP
 checkpointer stores one copy and a run resumes on any data-parallel degree. TorchTitan's own
 loaders store per-rank state and refuse a new degree.
 
@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import MissingExtraError, require
 
 require("torch", "torch")
@@ -62,13 +64,17 @@ except ImportError as _main_error:
         ) from exc
 
 from ..io.cache import ChunkCache  # noqa: E402
+from ..load.denylist import MASK_KEY  # noqa: E402
+from ..load.mixed import SOURCE_KEY, MixedDataset, build_mixture, mixture_spec  # noqa: E402
+from ..load.mixed import open_sources as open_mixture_sources  # noqa: E402
+from ..load.runlog import RUNLOG_NAME  # noqa: E402
 from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.assign import step_cursor  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
 from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
-from .titan_batches import flat_batch, rows_batch  # noqa: E402
+from .titan_batches import TitanInputs, flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
            "dataset_seq_len"]
@@ -78,10 +84,15 @@ log = logging.getLogger("zephon_store")
 # exported variable reaches every torchrun rank.
 DATASET_ENV = "ZEPHON_DATASET"
 _DEFAULT_ORDER = OrderOptions()
+# TorchTitan's cross-entropy skips labels equal to this (components/loss.py).
+IGNORE_INDEX = -100
 
 
-def dataset_seq_len(dataset: Dataset) -> int:
-    """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema)."""
+def dataset_seq_len(dataset: Dataset | MixedDataset) -> int:
+    """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema);
+    of a mixture, the ``L`` all its sources share."""
+    if isinstance(dataset, MixedDataset):
+        return _common_seq_len(dataset.sources, dataset.names)
     info = dataset.manifest.packing
     if info is not None and "seq_len" in info:
         return int(info["seq_len"])
@@ -95,6 +106,14 @@ def dataset_seq_len(dataset: Dataset) -> int:
         raise ValueError(f"dataset {dataset.url}: column {TOKENS_COLUMN!r} is {t}, not a "
                          "fixed-size list of token ids; convert it with --tokenizer and --seq-len")
     return t.list_size - 1
+
+
+def _common_seq_len(sources, names) -> int:
+    lens = {name: dataset_seq_len(s) for name, s in zip(names, sources)}
+    if len(set(lens.values())) != 1:
+        raise ValueError(f"the mixture's sources hold windows of different lengths {lens}; "
+                         "a batch needs one seq_len: re-convert them with one --seq-len")
+    return next(iter(lens.values()))
 
 
 class ZephonDataLoader(BaseDataLoader):
@@ -111,6 +130,12 @@ class ZephonDataLoader(BaseDataLoader):
         dataset: str = ""
         """Dataset URL (local path, s3://..., any fsspec URL) of windows made by
         ``zephon convert --tokenizer ... --seq-len L``; defaults to $ZEPHON_DATASET."""
+
+        mixture: str = ""
+        """A mixture file (.toml/.json, docs/mixtures.md) to read instead of one dataset:
+        packed sources of one seq_len, each with its own URL and storage options; stage
+        starts in steps count global batches of this run. Its ``seed``, if set, applies
+        when ``seed`` is left at 0."""
 
         seed: int = 0
         """Shuffle seed; part of the checkpoint (resuming with another seed is refused)."""
@@ -147,6 +172,15 @@ class ZephonDataLoader(BaseDataLoader):
         """If set, every rank appends one JSON line per consumed batch (cursor, positions,
         sample ids) to ``<audit_dir>/dp<W>-rank<r>.jsonl``."""
 
+        run_log: str = ""
+        """The run log (one JSON line per segment, written by global rank 0; ``zephon trace``,
+        ``where`` and ``audit`` read it, docs/audit.md). :func:`with_zephon` puts it in the
+        checkpoint folder when the config enables checkpointing; "" (default): none."""
+
+        deny_list: str = ""
+        """A deny list file (docs/audit.md): its windows keep their positions and their
+        labels become TorchTitan's ignore index, so the loss skips them."""
+
         def __post_init__(self) -> None:
             if self.num_workers < 0:
                 raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
@@ -178,14 +212,26 @@ class ZephonDataLoader(BaseDataLoader):
                  num_tokens_per_batch: int | None = None, **_: Any) -> None:
         # Other build kwargs (0.3.0's snapshot_every_n_steps) need no handling: the state is
         # one cursor, exact after every batch.
-        url = config.dataset or os.environ.get(DATASET_ENV, "")
-        if not url:
-            raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset URL "
-                             f"(or ${DATASET_ENV})")
+        cache = ChunkCache(config.cache_dir) if config.cache_dir else None
         self.config = config
-        self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
-                                    cache=ChunkCache(config.cache_dir) if config.cache_dir else None)
-        self.seq_len = dataset_seq_len(self.dataset)
+        spec = None
+        if config.mixture:
+            if config.dataset:
+                raise ValueError("set --dataloader.dataset or --dataloader.mixture, not both")
+            url = config.mixture
+            spec = mixture_spec(url)
+            # Each source with its own storage options (the mixture file's).
+            self._datasets = open_mixture_sources(spec, cache=cache)
+            self.seq_len = _common_seq_len(self._datasets, spec.source_names)
+        else:
+            url = config.dataset or os.environ.get(DATASET_ENV, "")
+            if not url:
+                raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset "
+                                 f"URL or --dataloader.mixture FILE (or ${DATASET_ENV})")
+            self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
+                                        cache=cache)
+            self._datasets = [self.dataset]
+            self.seq_len = dataset_seq_len(self.dataset)
         if seq_len is not None and local_batch_size is not None:
             self.layout = "rows"
             if seq_len != self.seq_len:
@@ -214,19 +260,31 @@ class ZephonDataLoader(BaseDataLoader):
             raise ValueError(f"a batch must hold at least one window, got {rows}")
         self._check_tokenizer(tokenizer)
         columns = [TOKENS_COLUMN]
-        if config.positions and DOC_STARTS_COLUMN in self.dataset.schema.names:
+        if config.positions and all(DOC_STARTS_COLUMN in d.schema.names for d in self._datasets):
             columns.append(DOC_STARTS_COLUMN)
+        order = config.order_options()
+        if spec is not None:
+            self.dataset = build_mixture(spec, self._datasets, columns=columns,
+                                         global_batch=rows * dp_world_size)
+            if spec.seed is not None and config.seed == 0:
+                order = order.replace(seed=spec.seed)
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
-            self.dataset, global_batch=rows * dp_world_size, order=config.order_options(),
+            self.dataset, global_batch=rows * dp_world_size, order=order,
             world_size=dp_world_size, rank=dp_rank, num_workers=config.num_workers,
             prefetch=config.prefetch, columns=columns, with_seq=bool(config.audit_dir),
-            collate=None, epochs=None if config.infinite else 1)
+            collate=None, epochs=None if config.infinite else 1,
+            run_log=config.run_log if config.run_log and _global_rank() == 0 else None,
+            deny_list=config.deny_list or None)
         self._audit = None
         self._iter: Iterator | None = None
 
     def _check_tokenizer(self, tokenizer) -> None:
-        info = self.dataset.manifest.packing or {}
+        for dataset in self._datasets:
+            self._check_tokenizer_of(dataset, tokenizer)
+
+    def _check_tokenizer_of(self, dataset, tokenizer) -> None:
+        info = dataset.manifest.packing or {}
         expected = (info.get("tokenizer") or {}).get("vocab_size")
         get = getattr(tokenizer, "get_vocab_size", None)
         if expected is None or get is None:
@@ -255,10 +313,16 @@ class ZephonDataLoader(BaseDataLoader):
         start = self._loader.cursor
         for i, batch in enumerate(self._loader):
             if self.config.audit_dir:
-                self._write_audit(step_cursor(start, i, global_batch), batch[SEQ_KEY])
-            yield shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN), positions=positions)
+                self._write_audit(step_cursor(start, i, global_batch), batch[SEQ_KEY],
+                                  batch.get(SOURCE_KEY))
+            inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
+                                   positions=positions)
+            masked = batch.get(MASK_KEY)
+            if masked is not None and masked.any():
+                inputs, labels = _ignore_rows(inputs, labels, masked)
+            yield inputs, labels
 
-    def _write_audit(self, cursor: int, seq) -> None:
+    def _write_audit(self, cursor: int, seq, source=None) -> None:
         if self._audit is None:
             os.makedirs(self.config.audit_dir, exist_ok=True)
             path = os.path.join(self.config.audit_dir,
@@ -266,13 +330,16 @@ class ZephonDataLoader(BaseDataLoader):
             self._audit = (open(path, "a", buffering=1),
                            RankStream(self.dataset, self._loader.order, self._loader.topology))
         fh, stream = self._audit
-        fh.write(json.dumps({"cursor": int(cursor), "world_size": self.dp_world_size,
-                             "rank": self.dp_rank, "positions": stream.positions(cursor).tolist(),
-                             "seq": [int(s) for s in seq]}) + "\n")
+        record = {"cursor": int(cursor), "world_size": self.dp_world_size,
+                  "rank": self.dp_rank, "positions": stream.positions(cursor).tolist(),
+                  "seq": [int(s) for s in seq]}
+        if source is not None:   # a mixture: _seq is the source's own id
+            record["source"] = [int(k) for k in source]
+        fh.write(json.dumps(record) + "\n")
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{version, dataset_id, seed, order, cursor}``: the same on every rank."""
+        """``{version, dataset_id, seed, order, cursor, step}``: the same on every rank."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -303,14 +370,43 @@ class ZephonDataLoader(BaseDataLoader):
             self._audit = None
 
 
+def _global_rank() -> int:
+    """This process's rank in the whole job (not its data-parallel rank): one writer."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _ignore_rows(inputs, labels, masked):
+    """Labels of deny-listed windows set to the loss's ignore index (-100)."""
+    import torch
+
+    rows = torch.from_numpy(np.asarray(masked, dtype=bool))
+    labels = labels.clone()
+    if labels.dim() == 2:
+        labels[rows] = IGNORE_INDEX
+        return inputs, labels
+    per_row = labels.numel() // rows.numel()       # the flat layout: rows of L labels
+    labels.view(rows.numel(), per_row)[rows] = IGNORE_INDEX
+    return TitanInputs(dict(inputs), num_valid_tokens=int((labels != IGNORE_INDEX).sum())), labels
+
+
 # -- config functions ----------------------------------------------------------------------
 def with_zephon(config, **fields):
     """Return ``config`` (a TorchTitan ``Trainer.Config``) reading its data from zephon.
 
     ``fields`` are :class:`ZephonDataLoader.Config` fields; ``dataset`` defaults to
-    ``$ZEPHON_DATASET``. The validator's dataloader is left alone.
+    ``$ZEPHON_DATASET``. When ``config`` enables checkpointing, ``run_log`` defaults to
+    ``<dump_folder>/<checkpoint.folder>/zephon-runlog.jsonl``, beside the checkpoints it
+    describes. The validator's dataloader is left alone.
     """
     fields.setdefault("dataset", os.environ.get(DATASET_ENV, ""))
+    ckpt = getattr(config, "checkpoint", None)
+    if getattr(ckpt, "enable", False) and "run_log" not in fields:
+        fields["run_log"] = os.path.join(getattr(config, "dump_folder", "."),
+                                         getattr(ckpt, "folder", "checkpoint"), RUNLOG_NAME)
     config.dataloader = ZephonDataLoader.Config(**fields)
     return config
 
