@@ -145,6 +145,54 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
             assert resumed[p] == ref[p], f"DP={world}: position {p} differs from the reference"
 
 
+def _consumed_mixture(out: str, world: int) -> dict[int, tuple[int, int]]:
+    """Position -> (source, the source's own window id) over every rank of a mixture run."""
+    got: dict[int, tuple[int, int]] = {}
+    for rank in range(world):
+        with open(os.path.join(out, "audit", f"dp{world}-rank{rank}.jsonl")) as fh:
+            for a in map(json.loads, fh):
+                for p, k, s in zip(a["positions"], a["source"], a["seq"]):
+                    assert p not in got, f"position {p} consumed twice"
+                    got[p] = (k, s)
+    return got
+
+
+@needs_torchtitan
+def test_mixture_checkpoint_resumes_at_another_dp_degree(packed, tmp_path):
+    """A two-source mixture (a second stage from step 3) through TorchTitan's checkpointer:
+    saved after step 4 at DP=2, resumed at DP=3; the resumed positions hold the same
+    (source, window) as the uninterrupted DP=2 run, and the stage kept its sample start."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    _, url, _, _ = packed
+    other = make_packed_dataset(str(tmp_path / "other"), seq_len=SEQ_LEN, windows=20)
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({
+        "stages": [{"name": "warm", "start": {"samples": 0}},
+                   {"name": "main", "start": {"steps": 3}}],
+        "sources": [{"name": "big", "url": url, "weights": [0.75, 0.25]},
+                    {"name": "small", "url": other, "weights": [0.25, 0.75]}]}))
+    ckpt = str(tmp_path / "dump")
+    common = ["--mixture", str(mix), "--ckpt", ckpt, "--seq-len", str(SEQ_LEN),
+              "--local-batch", str(LOCAL_BATCH), "--seed", str(SEED)]
+    _torchrun(2, *common, "--out", str(tmp_path / "ref"), "--steps", "10", "--save-at", "4")
+    ref = _consumed_mixture(str(tmp_path / "ref"), 2)
+    assert sorted(ref) == list(range(40)) and {k for k, _ in ref.values()} == {0, 1}
+    meta = FileSystemReader(os.path.join(ckpt, "checkpoint", "step-4")).read_metadata()
+    assert "dataloader.mixture" in meta.state_dict_metadata
+
+    out = str(tmp_path / "dp3")
+    _torchrun(3, *common, "--out", out, "--steps", "4", "--load-step", "4")
+    with open(os.path.join(out, "summary-dp3.json")) as fh:
+        summary = json.load(fh)
+    assert summary["start_cursor"] == 16 and summary["state"]["cursor"] == 40
+    stages = json.loads(summary["state"]["mixture"])["schedule"]["stages"]
+    assert [st["start"] for st in stages] == [0, 12]    # step 3 of global batch 4
+    resumed = _consumed_mixture(out, 3)
+    assert sorted(resumed) == list(range(16, 40))
+    assert all(resumed[p] == ref[p] for p in resumed)
+
+
 # -- in-process: every-step checkpoints through the shared helper ---------------------------
 def _loader_factory(url, **config):
     from zephon_store.integrations.torchtitan import ZephonDataLoader

@@ -81,7 +81,8 @@ class TrainState:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", default="")
+    p.add_argument("--mixture", default="", help="a mixture file instead of --dataset")
     p.add_argument("--ckpt", required=True, help="TorchTitan dump folder (checkpoints below)")
     p.add_argument("--out", required=True)
     p.add_argument("--seq-len", type=int, required=True)
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     audit = os.path.join(args.out, "audit")
     dataloader = ZephonDataLoader.Config(
-        dataset=args.dataset, seed=args.seed, window_blocks=2, lanes=6, audit_dir=audit,
+        dataset=args.dataset, mixture=args.mixture, seed=args.seed, window_blocks=2, lanes=6, audit_dir=audit,
         num_workers=args.num_workers,
     ).build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=args.seq_len,
             local_batch_size=args.local_batch, snapshot_every_n_steps=1)

@@ -254,3 +254,56 @@ def test_python_structure_and_token_weights(sources) -> None:
     w = [float(x) for x in by_bytes.schedule.stages[0][1]]
     sizes = [mean_sample_size(d, "bytes") for d in ds[:2]]
     assert w[0] / w[1] == pytest.approx(sizes[1] / sizes[0])
+
+
+def test_stage_starts_in_steps_keep_their_sample_position_when_the_batch_changes(
+        sources) -> None:
+    """A stage begun at step 5 of global batch 8 (sample 40) stays at sample 40 after a
+    resume at global batch 12, where step 5 would be sample 60."""
+    in_steps = _mixture(sources, TWO_STAGES)
+    in_steps["stages"][1]["start"] = {"steps": 5}
+    first = _loader(in_steps, steps=7)
+    stream = [p for b in first for p in _pairs(b)]
+    state = first.state_dict()
+    resumed = _loader(in_steps, steps=3, global_batch=12)
+    resumed.load_state_dict(state)
+    stream += [p for b in resumed for p in _pairs(b)]
+    assert [s for s, _ in resumed.dataset.schedule.stages] == [0, 40]
+    whole = [p for b in _loader(_mixture(sources, TWO_STAGES), steps=23) for p in _pairs(b)]
+    assert stream == whole[:len(stream)] and len(stream) == 92
+
+
+def test_cli_info_and_plan_describe_the_mixture(sources, tmp_path, capsys) -> None:
+    from zephon_store.cli.main import main
+
+    doc = _mixture(sources, TWO_STAGES, seed=SEED, exhaustion="renormalize")
+    doc["sources"][1]["max_epochs"] = 1            # code: 37 samples, then it runs out
+    doc["stages"][1]["start"] = {"steps": 5}
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(doc))
+    assert main(["info", str(path), "--json", "--global-batch", str(B)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in info["sources"]] == list(SIZES)
+    assert [s["num_samples"] for s in info["sources"]] == list(SIZES.values())
+    assert [st["start_sample"] for st in info["stages"]] == [0, 40]
+    assert info["stages"][1]["weights"] == {"web": "1/5", "code": "1/5", "math": "3/5"}
+
+    assert main(["plan", "--mixture", str(path), "--world-size", "2", "--global-batch",
+                 str(B), "--simulate-steps", "30", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    warm, main_stage, after = plan["stages"]
+    assert (warm["start"], warm["stop"], main_stage["start"]) == (0, 40, 40)
+    assert warm["proportions"] == {"web": 0.5, "code": 0.25, "math": 0.25}
+    # code's one epoch (37 samples) ends inside "main"; the rest is renormalised.
+    where = plan["runs_out"]["code"]
+    assert where["step"] == where["position"] // B and after["derived"]
+    assert after["start"] == where["position"] and after["weights"]["code"] == 0
+    assert main_stage["epochs_consumed"]["code"] == 1.0
+    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0, max_steps=2,
+                          with_seq=True, columns=["id", "text"])
+    first = [[list(SIZES)[k], i] for b in loader for k, i in _pairs(b)]
+    assert [p for r in plan["steps"][0]["ranks"] for p in r] == first[:B]
+    assert plan["read_amplification"] > 0
+
+    assert main(["plan", "--mixture", str(path), sources["web"], "--world-size", "1",
+                 "--global-batch", "8"]) == 2

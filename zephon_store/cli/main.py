@@ -105,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     add_storage_options(v)
 
-    i = sub.add_parser("info", help="describe a dataset")
+    i = sub.add_parser("info", help="describe a dataset, or a mixture file (.toml/.json)")
     i.add_argument("url")
+    i.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
+                   help="a mixture: convert stage starts in steps to samples")
     i.add_argument("--json", action="store_true")
     add_storage_options(i)
 
@@ -227,7 +229,13 @@ def cmd_verify(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from ..load.mixed import is_mixture
     from ..read.dataset import open_dataset
+
+    if is_mixture(args.url):
+        from .mixture_cmd import cmd_mixture_info
+
+        return cmd_mixture_info(args)
 
     with open_dataset(args.url, storage_options=args.storage_options) as ds:
         m = ds.manifest

@@ -24,7 +24,10 @@ def _steps(text: str) -> tuple[int, int]:
 def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="print which samples each rank reads per step, and simulate "
                        "read amplification, row groups per step and cache footprint")
-    p.add_argument("url")
+    p.add_argument("url", nargs="?", help="dataset URL (or --mixture FILE)")
+    p.add_argument("--mixture", default=None, metavar="FILE",
+                   help="plan a mixture file instead: per stage the realised proportions, "
+                        "each source's epochs consumed and the step a capped source runs out")
     p.add_argument("--world-size", type=int, required=True, metavar="W")
     p.add_argument("--global-batch", type=int, required=True, metavar="B")
     p.add_argument("--workers", type=int, default=0, metavar="N",
@@ -55,6 +58,12 @@ def cmd_plan(args) -> int:
 
     if args.cursor < 0:
         raise UsageError(f"--cursor must be >= 0, got {args.cursor}")
+    if args.mixture is not None:
+        from .mixture_cmd import plan_mixture
+
+        return plan_mixture(args)
+    if args.url is None:
+        raise UsageError("give a dataset URL (or --mixture FILE)")
     kw = {"seed": args.seed, "shuffle": not args.no_shuffle}
     if args.window_blocks is not None:
         kw["window_blocks"] = args.window_blocks

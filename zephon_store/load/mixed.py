@@ -40,7 +40,9 @@ from ..errors import MixtureError, StateMismatchError
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
 
-__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "source_order_options"]
+__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture", "is_mixture",
+           "mean_sample_size", "mixture_spec", "open_mixture", "open_sources",
+           "source_order_options"]
 
 SOURCE_KEY = "_source"
 # Folded into each source's seed, so source k's order differs from the mixture seed's own
@@ -395,9 +397,15 @@ class MixedDataset:
         k_new = mine.num_sources
         past = [(s, w) for s, w in saved.stages if s < cursor]
         ours = mine.stages
+        # A start in steps (or tokens) was converted to samples with the global batch of the
+        # run that first read the stage; the checkpoint keeps that sample position, so
+        # changing the global batch does not move a stage already begun.
+        units = ([st.unit for st in self.spec.stages] if self.spec is not None
+                 else ["samples"] * len(ours))
         for j, (start, weights) in enumerate(past):
             pad = (*weights, *[0] * (k_new - len(weights)))
-            if j >= len(ours) or ours[j][0] != start or tuple(ours[j][1]) != pad:
+            moved = j < len(ours) and units[j] == "samples" and ours[j][0] != start
+            if j >= len(ours) or moved or tuple(ours[j][1]) != pad:
                 have = (f"stage {j} starts at {ours[j][0]} with weights "
                         f"{[str(w) for w in ours[j][1]]}" if j < len(ours)
                         else f"only {len(ours)} stages")
@@ -469,6 +477,16 @@ class MixedOrder:
     def effective_lanes(self) -> int:
         return 1
 
+    @property
+    def window_samples(self) -> int:
+        """The largest shuffle window of the sources' orders."""
+        return max(o.window_samples for o in self.source_orders)
+
+    def block_of(self, ids) -> np.ndarray:
+        """The virtual row group (block) holding each virtual sample id."""
+        return np.searchsorted(self.mix.manifest.rg_row_start, np.asarray(ids, np.int64),
+                               side="right") - 1
+
     def locate(self, positions) -> tuple[np.ndarray, np.ndarray]:
         """(source index, the source's own sample id) at each mixture position."""
         p = np.asarray(positions, dtype=np.int64)
@@ -512,6 +530,13 @@ def open_mixture(mixture, *, columns: Sequence[str] | None = None,
     if isinstance(mixture, MixedDataset):
         return mixture.select(columns)
     spec = mixture_spec(mixture)
+    return build_mixture(spec, open_sources(spec, cache=cache), columns=columns,
+                         global_batch=global_batch)
+
+
+def open_sources(spec, *, cache=None) -> list:
+    """Open every source of ``spec`` with its own storage options (remote ones through
+    ``cache``); a source that cannot be opened is a :class:`MixtureError` naming it."""
     from ..read.dataset import open_dataset
 
     sources = []
@@ -523,6 +548,14 @@ def open_mixture(mixture, *, columns: Sequence[str] | None = None,
         except (OSError, ValueError) as exc:
             raise MixtureError(f"{spec.origin}: mixture source {src.name!r} at {src.url} "
                                f"cannot be opened: {exc}") from exc
+    return sources
+
+
+def build_mixture(spec, sources: Sequence, *, columns: Sequence[str] | None = None,
+                  global_batch: int | None = None) -> MixedDataset:
+    """The :class:`MixedDataset` of ``spec`` over its opened ``sources``: stage starts in
+    steps converted with ``global_batch``, token or byte weights with each source's mean
+    size per sample (:func:`mean_sample_size`), caps with each source's size."""
     schedule = MixtureSchedule.from_spec(
         spec, global_batch=global_batch,
         tokens_per_sample=_tokens_per_sample(spec, sources),

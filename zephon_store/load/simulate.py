@@ -47,7 +47,7 @@ def rank_of_positions(order: Order, topology: Topology, cursors) -> np.ndarray:
 
 
 def simulate(manifest, order_options: OrderOptions, topology: Topology, *, cursor: int = 0,
-             steps: int | None = None) -> dict:
+             steps: int | None = None, order=None) -> dict:
     """Simulate ``steps`` steps from ``cursor``; by default exactly one epoch's positions.
 
     The default covers ``[cursor, cursor + N)``: ``ceil(N / B)`` steps (at most 20,000),
@@ -55,9 +55,12 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
     node's amplification is about: each epoch permutes the blocks anew, so a node's lanes
     are new blocks every epoch, and a partial epoch would count the windows it leaves half
     read. ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
-    groups ranks into nodes and is passed to the rank rule.
+    groups ranks into nodes and is passed to the rank rule. ``order``: the order to simulate
+    (default ``Order(manifest.rg_rows, order_options)``; a mixture passes its mixed order
+    over its virtual manifest, :mod:`zephon_store.load.mixed`).
     """
-    order = Order(manifest.rg_rows, order_options)
+    if order is None:
+        order = Order(manifest.rg_rows, order_options)
     t = topology
     b = t.global_batch
     limit = None
