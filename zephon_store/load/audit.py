@@ -39,8 +39,10 @@ True
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -115,8 +117,12 @@ class Exposures:
         self._masked: Counter = Counter()
 
     def add(self, positions: np.ndarray, ids: np.ndarray,
-            masked: np.ndarray | None = None) -> None:
-        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``."""
+            masked: np.ndarray | None = None, *, distinct: bool = False) -> None:
+        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``.
+
+        ``distinct``: the caller knows each epoch's part holds each id at most once (ids an
+        order's bijection gave for distinct positions), which skips the check for repeats.
+        """
         positions = np.asarray(positions, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
@@ -131,7 +137,7 @@ class Exposures:
                 counts = self._counts[e] = np.zeros(self.n, dtype=np.uint16)
             # np.add.at is exact for repeated ids; a plain fancy += is faster when the part
             # holds each id once (a bijection's output, the common case).
-            if part.size > 1 and np.unique(part).size != part.size:
+            if not distinct and part.size > 1 and np.unique(part).size != part.size:
                 np.add.at(counts, part, 1)
             else:
                 counts[part] += 1
@@ -244,7 +250,7 @@ def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[
 def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
               end_step: int | None = None, dataset_id: str | None = None,
               deny_for: Callable[[RunSegment], Any] | None = None,
-              chunk: int = _AUDIT_CHUNK) -> RunAudit:
+              chunk: int = _AUDIT_CHUNK, workers: int | None = None) -> RunAudit:
     """Recompute every exposure of the run the log describes and check it, per epoch.
 
     ``order_for(segment)`` gives the stream order a segment read (built from the dataset
@@ -254,7 +260,8 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
     count as a failing ``dataset_changed`` event, their positions as skipped.
     ``deny_for(segment)``: the segment's :class:`~zephon_store.load.denylist.DenyList` (or
     None) to count masked exposures. The reference for "what a covered position holds" is
-    the first segment's order. ``chunk`` positions are recomputed per pass.
+    the first segment's order. ``chunk`` positions are recomputed per pass, ``workers``
+    passes at once in threads (default: the CPU count).
     """
     segs = list(segments)
     spans = segment_steps(segs, end_step)
@@ -295,22 +302,33 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
         lo_all = min(min(lo for lo, _, _, _ in intervals), start)
         hi_all = max(max(hi for _, hi, _, _ in intervals), end)
         exp = Exposures(n)
-        for e in range(lo_all // n, -(-hi_all // n)):
-            e_lo, e_hi = e * n, (e + 1) * n
-            for lo, hi, order, deny in intervals:
-                a, b = max(lo, e_lo), min(hi, e_hi)
-                if order is None or a >= b:
-                    continue
-                for c in range(a, b, chunk):
-                    pos = np.arange(c, min(c + chunk, b), dtype=np.int64)
-                    ids = order.sample_at(pos)
-                    exp.add(pos, ids, None if deny is None else deny.masked(ids))
-            cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
-            expected = None
-            if (cov_lo, cov_hi) != (e_lo, e_hi):
-                expected = (ref.sample_at(np.arange(cov_lo, cov_hi, dtype=np.int64))
-                            if cov_hi > cov_lo else np.zeros(0, dtype=np.int64))
-            epochs_out.append(exp.close(e, expected))
+        pool = ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1),
+                                  thread_name_prefix="zephon-audit")
+        try:
+            for e in range(lo_all // n, -(-hi_all // n)):
+                e_lo, e_hi = e * n, (e + 1) * n
+                for lo, hi, order, deny in intervals:
+                    a, b = max(lo, e_lo), min(hi, e_hi)
+                    if order is None or a >= b:
+                        continue
+
+                    def ids_of(c: int, order=order, b=b) -> tuple[np.ndarray, np.ndarray]:
+                        pos = np.arange(c, min(c + chunk, b), dtype=np.int64)
+                        return pos, order.sample_at(pos)
+
+                    # numpy releases the GIL in sample_at's passes: chunks run side by side.
+                    for pos, ids in pool.map(ids_of, range(a, b, chunk)):
+                        # One order, one epoch, distinct positions: distinct ids.
+                        exp.add(pos, ids, None if deny is None else deny.masked(ids),
+                                distinct=True)
+                cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
+                expected = None
+                if (cov_lo, cov_hi) != (e_lo, e_hi):
+                    expected = (ref.sample_at(np.arange(cov_lo, cov_hi, dtype=np.int64))
+                                if cov_hi > cov_lo else np.zeros(0, dtype=np.int64))
+                epochs_out.append(exp.close(e, expected))
+        finally:
+            pool.shutdown()
     total_steps = sum(b - a for _, a, b in spans)
     return RunAudit(steps=total_steps, first_step=first.first_step,
                     end_step=spans[-1][2], positions=sum(hi - lo for lo, hi, _, _ in intervals),
