@@ -17,7 +17,8 @@ class Topology:
     """``global_batch`` positions per step over ``world_size`` ranks; this one is ``rank``.
 
     ``ranks_per_node`` groups consecutive ranks into nodes (rank ``r`` is on node
-    ``r // ranks_per_node``); only the plan simulator's per-node figures use it.
+    ``r // ranks_per_node``, as torchrun numbers them): the rank rule gives each node its
+    own lanes (:mod:`.assign`), and the plan simulator reports figures per node.
 
     >>> Topology(global_batch=96, world_size=3, rank=2).local_batch
     32
