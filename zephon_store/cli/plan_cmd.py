@@ -21,6 +21,15 @@ def _steps(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _lanes(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--lanes takes an int or 'auto', got {text!r}") from exc
+
+
 def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="print which samples each rank reads per step, and simulate "
                        "read amplification, row groups per step and cache footprint")
@@ -36,7 +45,12 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-shuffle", action="store_true", help="sequential order")
     p.add_argument("--window-blocks", type=int, default=None, metavar="K")
-    p.add_argument("--lanes", type=int, default=None, metavar="P")
+    p.add_argument("--lanes", type=_lanes, default=None, metavar="P",
+                   help="lane count, or 'auto' (the default: resolved from the dataset and the "
+                        "node count the run starts on, as the loader does)")
+    p.add_argument("--start-nodes", type=positive_int, default=None, metavar="M0",
+                   help="resolve --lanes auto for a run that started on M0 nodes (default: "
+                        "this plan's node count); shows a resume at another node count")
     p.add_argument("--steps", type=_steps, default=(0, 2), metavar="A:B",
                    help="steps to print (default 0:2)")
     p.add_argument("--cursor", type=int, default=0, help="start from this cursor, not step 0")
@@ -74,6 +88,13 @@ def cmd_plan(args) -> int:
                              world_size=args.world_size,
                              ranks_per_node=min(args.ranks_per_node, args.world_size))
     m = load_manifest(Storage(args.url, storage_options=args.storage_options))
+    requested = options.lanes
+    # As the loader does at a run's first start: "auto" from the dataset and the nodes (each
+    # node taking ranks_per_node ranks' share of the batch).
+    options = options.resolved(
+        m.num_row_groups, m.num_samples,
+        nodes=args.start_nodes or topology.num_nodes,
+        node_batch=topology.local_batch * topology.ranks_per_node)
     order = Order(m.rg_rows, options)
     lo, hi = args.steps
     steps = []
@@ -86,13 +107,13 @@ def cmd_plan(args) -> int:
     out = {"dataset_id": m.dataset_id, "num_samples": m.num_samples,
            "world_size": args.world_size, "global_batch": args.global_batch,
            "num_workers": args.workers, "ranks_per_node": topology.ranks_per_node,
-           "order": options.to_dict(), "steps": steps, **sim}
+           "order": options.to_dict(), "lanes_requested": requested, "steps": steps, **sim}
     if args.json:
         emit(out)
         return 0
     print(f"dataset {m.dataset_id}: {m.num_samples} samples, {m.num_row_groups} row groups")
     print(f"W={args.world_size} B={args.global_batch} nodes={sim['num_nodes']} "
-          f"lanes={sim['effective_lanes']} (lane order: {sim['lane_order']})")
+          f"lanes={sim['effective_lanes']} (asked: {requested}; lane order: {sim['lane_order']})")
     for st in steps:
         print(f"step {st['step']} (cursor {st['cursor']}, worker {st['worker']}):")
         for r, ids in enumerate(st["ranks"]):
