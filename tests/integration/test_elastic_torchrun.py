@@ -166,7 +166,9 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
     assert order.effective_lanes == 20
 
     def positions(c, b, w, r):
-        return positions_for_rank(c, b, w, r, lanes=order.effective_lanes, epoch_size=N)
+        # torchrun --standalone puts every rank on one node (LOCAL_WORLD_SIZE = W).
+        return positions_for_rank(c, b, w, r, lanes=order.effective_lanes, epoch_size=N,
+                                  ranks_per_node=w)
 
     for tail in (p3w1, p3w4):
         job = p1 + p2 + tail
@@ -180,7 +182,8 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
         consumed = [i for s in job for r in s.ids for i in r]
         assert sorted(consumed) == sorted(reference)  # no repeat, no drop
         # The product's audit (the demo's proof) agrees, with the real loader's reference.
-        report = audit_stream([ConsumedStep(s.cursor, s.global_batch, s.world_size, s.ids)
+        report = audit_stream([ConsumedStep(s.cursor, s.global_batch, s.world_size, s.ids,
+                                            ranks_per_node=s.world_size)
                                for s in job], order, reference=reference)
         assert report.ok, report
         assert (report.samples, report.complete_epochs_checked) == (210 * B, 1)

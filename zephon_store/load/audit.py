@@ -374,7 +374,8 @@ def rank_positions(seg: RunSegment, order, step: int) -> list[np.ndarray]:
     """The positions each rank consumed at ``step`` of ``seg`` (the loader's rank rule)."""
     c = seg.cursor_at(step)
     return [positions_for_rank(c, seg.global_batch, seg.world_size, r,
-                               lanes=order.effective_lanes, epoch_size=order.num_samples)
+                               lanes=order.effective_lanes, epoch_size=order.num_samples,
+                               ranks_per_node=seg.ranks_per_node or 1)
             for r in range(seg.world_size)]
 
 
@@ -444,7 +445,8 @@ def _consumed_at(spans, order_for, sid: int, epoch: int, end_step) -> list[dict]
         step = seg.first_step + (p - seg.cursor) // seg.global_batch
         c = seg.cursor_at(step)
         r = int(step_ranks(c, seg.global_batch, seg.world_size, lanes=order.effective_lanes,
-                           epoch_size=order.num_samples)[p - c])
+                           epoch_size=order.num_samples,
+                           ranks_per_node=seg.ranks_per_node or 1)[p - c])
         hits.append({"step": step, "rank": r, "line": seg.line, "position": p,
                      "reached": not open_end})
     return hits
@@ -456,12 +458,14 @@ def _consumed_at(spans, order_for, sid: int, epoch: int, end_step) -> list[dict]
 @dataclass(frozen=True)
 class ConsumedStep:
     """One global step as the job consumed it: the cursor before it, its global batch and
-    world size, and ``ids[rank]``, the sample ids rank ``rank`` got, in its order."""
+    world size, and ``ids[rank]``, the sample ids rank ``rank`` got, in its order;
+    ``ranks_per_node`` as the job's loader had it (the rank rule groups ranks by node)."""
 
     cursor: int
     global_batch: int
     world_size: int
     ids: Sequence[Sequence[int]]
+    ranks_per_node: int = 1
 
 
 @dataclass(frozen=True)
@@ -544,7 +548,8 @@ def audit_stream(steps: Iterable[ConsumedStep], order: Order, *,
         if got != Counter(reference[c:c + b]):
             mismatched.append(c)
         for rank, ids in enumerate(s.ids):
-            pos = positions_for_rank(c, b, s.world_size, rank, lanes=lanes, epoch_size=n)
+            pos = positions_for_rank(c, b, s.world_size, rank, lanes=lanes, epoch_size=n,
+                                     ranks_per_node=s.ranks_per_node)
             k = min(pos.size, len(ids))
             exposures.add(pos[:k], np.asarray(list(ids)[:k], dtype=np.int64))
     want = Counter(reference[start:total])
