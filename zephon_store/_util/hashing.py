@@ -47,6 +47,41 @@ def xxh3_file(path: str, start: int = 0, end: int | None = None) -> str:
     return h.hexdigest()
 
 
+def xxh3_ranges(path: str, ranges: list[tuple[int, int]]) -> tuple[str, list[str]]:
+    """The xxh3-128 of a local file and of each byte range ``[start, end)`` of it, in one
+    sequential pass of :data:`_CHUNK`-sized reads (the file is never held whole).
+
+    The ranges must be sorted and must not overlap; bytes between them count for the file only.
+
+    >>> import os
+    >>> p = os.path.join(tmp, "r.bin")
+    >>> _ = open(p, "wb").write(b"abcdefgh")
+    >>> whole, (a, b) = xxh3_ranges(p, [(0, 3), (5, 8)])
+    >>> whole == xxh3_hex(b"abcdefgh"), a == xxh3_hex(b"abc"), b == xxh3_hex(b"fgh")
+    (True, True, True)
+    """
+    whole = xxhash.xxh3_128()
+    hashers = [xxhash.xxh3_128() for _ in ranges]
+    k, pos = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            block = memoryview(f.read(_CHUNK))
+            if not block:
+                break
+            whole.update(block)
+            end = pos + len(block)
+            while k < len(ranges) and ranges[k][0] < end:
+                a, b = ranges[k]
+                lo, hi = max(a, pos) - pos, min(b, end) - pos
+                if hi > lo:
+                    hashers[k].update(block[lo:hi])
+                if b > end:
+                    break  # this range continues in the next block
+                k += 1
+            pos = end
+    return whole.hexdigest(), [h.hexdigest() for h in hashers]
+
+
 def is_hex_hash(s: str) -> bool:
     """True when ``s`` looks like a 32-hex-digit xxh3-128 value."""
     return isinstance(s, str) and HEX_RE.fullmatch(s) is not None

@@ -68,9 +68,15 @@ def _sizes(arr: pa.Array) -> np.ndarray:
         offset_width = 8 if (pa.types.is_large_string(t) or pa.types.is_large_binary(t)) else 4
         return lengths + offset_width
     if pa.types.is_fixed_size_list(t):
-        child = _sizes(arr.flatten()) if n else np.zeros(0, dtype=np.int64)
         if t.list_size == 0 or n == 0:
             return np.zeros(n, dtype=np.int64)
+        width = _fixed_width(t.value_type)
+        if width:
+            # Token windows: list_size * width per valid row, without a size per element
+            # (2049 int64 per window was most of the parse stage's own time).
+            return np.where(valid_mask(arr), t.list_size * width, 0).astype(np.int64) \
+                if arr.null_count else np.full(n, t.list_size * width, dtype=np.int64)
+        child = _sizes(arr.flatten())
         # flatten() drops the values of null slots; rebuild per-row sums over valid rows.
         valid = valid_mask(arr)
         out = np.zeros(n, dtype=np.int64)
@@ -87,13 +93,20 @@ def _sizes(arr: pa.Array) -> np.ndarray:
         for child in arr.flatten():
             out += _sizes(child)
         return out
-    try:
-        width = t.bit_width // 8
-    except ValueError:
-        width = 0
+    width = _fixed_width(t)
     if width > 0:
         return np.full(n, width, dtype=np.int64)
     # Types without a fixed width that are not handled above (unions, extension types):
     # spread the buffer size evenly, which is still a pure function of the values.
     per = (arr.nbytes // n) if n else 0
     return np.full(n, per, dtype=np.int64)
+
+
+def _fixed_width(t: pa.DataType) -> int:
+    """Bytes per value of a fixed-width, non-nested, non-boolean type; else 0."""
+    if pa.types.is_boolean(t) or pa.types.is_nested(t) or pa.types.is_dictionary(t):
+        return 0
+    try:
+        return max(t.bit_width // 8, 0)
+    except ValueError:
+        return 0

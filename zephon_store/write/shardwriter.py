@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._util.arrow import is_flat_binary
-from .._util.hashing import xxh3_hex
+from .._util.hashing import xxh3_ranges
 from .._util.sizes import parse_size
 from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 from ..format.footer import row_group_byte_range
@@ -191,28 +191,36 @@ def dictionary_columns(table: pa.Table, exclude=()) -> list[str]:
 
 def _leaf_paths(schema: pa.Schema) -> list[str]:
     """Parquet's dotted leaf-column paths for ``schema`` (what per-column options name)."""
+    if not any(pa.types.is_nested(f.type) for f in schema):
+        return list(schema.names)  # flat: one leaf per field, named after it
     sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink, store_schema=False)
+    # Not schema.empty_table(): that imports pandas (about half a second per process).
+    pq.write_table(pa.Table.from_batches([], schema=schema), sink, store_schema=False)
     md = pq.read_metadata(pa.BufferReader(sink.getvalue()))
     return [md.schema.column(i).path for i in range(md.num_columns)]
 
 
 def describe_shard(path: str) -> ShardInfo:
-    """Read back a local Parquet file's layout and hash every range the manifest records."""
+    """Read back a local Parquet file's layout and hash every range the manifest records.
+
+    One pass over the file in blocks of a few MiB (never the whole file in memory): each
+    block feeds the file's hash and the hash of the range (row group or footer) it falls in.
+    """
     size = os.path.getsize(path)
     md = pq.read_metadata(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    rgs: list[RowGroupInfo] = []
+    bounds = []  # (start, end) of each row group, then the footer
     prev_end = 4  # after the leading "PAR1" magic
     for i in range(md.num_row_groups):
-        rg = md.row_group(i)
-        start, end = row_group_byte_range(rg)
+        start, end = row_group_byte_range(md.row_group(i))
         if start != prev_end:
             raise RuntimeError(f"{path}: row group {i} starts at {start}, expected {prev_end}")
-        rgs.append(RowGroupInfo(rg.num_rows, start, end - start, xxh3_hex(data[start:end])))
+        bounds.append((start, end))
         prev_end = end
+    bounds.append((prev_end, size))
+    file_hash, range_hashes = xxh3_ranges(path, bounds)
+    rgs = [RowGroupInfo(md.row_group(i).num_rows, a, b - a, range_hashes[i])
+           for i, (a, b) in enumerate(bounds[:-1])]
     return ShardInfo(
-        name=xxh3_hex(data), bytes=size, rows=md.num_rows, footer_offset=prev_end,
-        footer_xxh3=xxh3_hex(data[prev_end:]), row_groups=rgs,
+        name=file_hash, bytes=size, rows=md.num_rows, footer_offset=prev_end,
+        footer_xxh3=range_hashes[-1], row_groups=rgs,
     )
