@@ -280,3 +280,67 @@ def test_cli_audit_fails_naming_the_step_of_an_edited_cursor(url, tmp_path, caps
     assert code == 1 and "line 3: not a complete JSON line" in err
     code, _, err = run_cli(capsys, "trace", url, "--step", "1")
     assert code == 2 and "--global-batch" in err
+
+
+def test_mixture_trace_where_audit(tmp_path, capsys) -> None:
+    from stateful_helper import small_dataset
+
+    from zephon_store.torch import ZephonLoader
+
+    a = small_dataset(str(tmp_path / "a"), files=1, records=100, row_group_rows=10)
+    b = small_dataset(str(tmp_path / "b"), files=1, records=60, row_group_rows=10)
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'''seed = 3
+[[stages]]
+name = "only"
+start = {{ samples = 0 }}
+[[sources]]
+name = "web"
+url = "{a}"
+weights = {{ only = 0.6 }}
+[[sources]]
+name = "code"
+url = "{b}"
+weights = {{ only = 0.4 }}
+''')
+    log = str(tmp_path / "run.jsonl")
+    seen: dict[int, list] = {}
+    first = ZephonLoader(str(mix), global_batch=8, world_size=1, rank=0, with_seq=True,
+                         max_steps=10, run_log=log)
+    for i, batch in enumerate(first):
+        seen[i] = [list(zip(batch["_source"].tolist(), batch["_seq"].tolist()))]
+    state = first.state_dict()
+    for rank in range(2):
+        loader = ZephonLoader(str(mix), global_batch=12, world_size=2, rank=rank,
+                              with_seq=True, max_steps=15, run_log=log)
+        loader.load_state_dict(state)
+        for i, batch in enumerate(loader):
+            seen.setdefault(10 + i, [None, None])[rank] = list(
+                zip(batch["_source"].tolist(), batch["_seq"].tolist()))
+    names = ["web", "code"]
+    code, out, _ = run_cli(capsys, "trace", str(mix), "--log", log, "--steps", "0:25",
+                           "--json", "--provenance")
+    assert code == 0
+    for t in json.loads(out)["steps"]:
+        got = [[(names.index(s), i) for s, i in zip(r["sources"], r["ids"])]
+               for r in t["ranks"]]
+        assert got == seen[t["step"]]
+        for r in t["ranks"]:
+            assert [p["record"] for p in r["provenance"]] == r["ids"]
+    # 80 + 180 = 260 positions: web (100) and code (60) each wrap an epoch.
+    code, out, _ = run_cli(capsys, "audit", str(mix), "--log", log, "--end-step", "25",
+                           "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"], report
+    assert {(e["source"], e["epoch"], e["complete"]) for e in report["epochs"]} >= {
+        ("web", 0, True), ("code", 0, True)}
+    assert sum(e["exposures"] for e in report["epochs"]) == 260
+    code, out, _ = run_cli(capsys, "where", str(mix), "code:7", "web:42", "--log", log,
+                           "--end-step", "25", "--json")
+    for rec in json.loads(out)["where"]:
+        k = names.index(rec["source"])
+        assert len(rec["consumed"]) == 1
+        hit = rec["consumed"][0]
+        assert (k, rec["id"]) in seen[hit["step"]][hit["rank"]]
+    code, _, err = run_cli(capsys, "where", str(mix), "7", "--log", log)
+    assert code == 2 and "SOURCE:ID" in err

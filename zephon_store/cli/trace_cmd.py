@@ -48,7 +48,8 @@ def add_trace_parsers(sub) -> None:
     w = sub.add_parser("where", help="when each sample id is read: its position per epoch, "
                        "and with a run log the step and rank that consumed it")
     w.add_argument("dataset", metavar="DATASET")
-    w.add_argument("seqs", nargs="+", type=int, metavar="SEQ")
+    w.add_argument("seqs", nargs="+", metavar="SEQ",
+                   help="sample ids; for a mixture SOURCE:ID (a source name or index)")
     w.add_argument("--epochs", type=positive_int, default=1, metavar="E",
                    help="epochs 0..E-1 (default 1)")
     w.add_argument("--log", default=None, metavar="RUNLOG")
@@ -83,31 +84,82 @@ class _Context:
     def __init__(self, args) -> None:
         from ..format.manifest import load_manifest
         from ..io.storage import Storage
+        from ..load.mixed import is_mixture, open_mixture
 
         self.args = args
-        self.manifest = load_manifest(Storage(args.dataset,
-                                              storage_options=args.storage_options))
+        self.mix = None
+        if is_mixture(args.dataset):
+            # A mixture file: its sources' manifests; the schedule comes from the log.
+            self.mix = open_mixture(args.dataset,
+                                    global_batch=getattr(args, "global_batch", None))
+            self.manifest = None
+            self.dataset_id = self.mix.dataset_id
+        else:
+            self.manifest = load_manifest(Storage(args.dataset,
+                                                  storage_options=args.storage_options))
+            self.dataset_id = self.manifest.dataset_id
         self._orders: dict = {}
         self._deny: dict = {}
         self.segments = None
         if getattr(args, "log", None):
             from ..load.runlog import read_run_log
 
-            self.segments = read_run_log(args.log, dataset_id=self.manifest.dataset_id)
+            self.segments = read_run_log(
+                args.log, dataset_id=None if self.mix is not None else self.dataset_id)
+            if self.mix is not None:
+                self._check_mixture_log()
 
-    def order(self, options):
+    def _check_mixture_log(self) -> None:
+        from ..load.runlog import RunLogError
+
+        ids = [s.dataset_id for s in self.mix.sources]
+        for seg in self.segments:
+            logged = [str(s.get("dataset_id")) for s in (seg.mixture or {}).get("sources", [])]
+            if seg.mixture is None or logged[:len(ids)] != ids[:len(logged)]:
+                raise RunLogError(
+                    f"{self.args.log} line {seg.line}: the segment is for "
+                    + (f"dataset {seg.dataset_id}" if seg.mixture is None else
+                       f"a mixture of sources {logged}")
+                    + f", not this mixture's sources {ids}; pass the mixture the run read")
+
+    @property
+    def num_samples(self) -> int:
+        return self.mix.num_samples if self.mix is not None else self.manifest.num_samples
+
+    def order(self, options, schedule: dict | None = None):
+        import json
+
+        from ..load.mixed import MixedOrder
+        from ..order.mixture import MixtureSchedule
         from ..order.order import Order
 
-        got = self._orders.get(options)
+        key = (options, None if schedule is None else json.dumps(schedule, sort_keys=True))
+        got = self._orders.get(key)
         if got is None:
-            got = self._orders[options] = Order(self.manifest.rg_rows, options)
+            if self.mix is None:
+                got = Order(self.manifest.rg_rows, options)
+            else:
+                mix = self.mix if schedule is None else self.mix.with_schedule(
+                    MixtureSchedule.from_dict(schedule))
+                got = MixedOrder(mix, options)
+            self._orders[key] = got
         return got
 
     def order_for(self, seg):
+        if self.mix is not None:
+            return self.order(seg.order, (seg.mixture or {}).get("schedule"))
         if seg.mixture is not None:
             raise UsageError(f"line {seg.line} of {self.args.log} is a mixture's segment; "
-                             "trace/where/audit of mixtures is not supported yet")
+                             "pass the mixture file, not a dataset")
         return self.order(seg.order)
+
+    def source_index(self, name: str) -> int:
+        names = list(self.mix.names)
+        if name in names:
+            return names.index(name)
+        if name.isdigit() and int(name) < len(names):
+            return int(name)
+        raise UsageError(f"mixture source {name!r} is not one of {names}")
 
     def deny_for(self, seg):
         from ..load.denylist import load_deny_list
@@ -119,6 +171,9 @@ class _Context:
         got = self._deny.get(entry["id"])
         if got is None:
             path = entry.get("path") or ""
+            if self.manifest is None:
+                raise RunLogError(f"{self.args.log} line {seg.line}: deny lists of mixtures "
+                                  "are not supported")
             try:
                 got = load_deny_list(path, self.manifest)
             except OSError as exc:
@@ -141,9 +196,9 @@ class _Context:
             kw["lanes"] = self.args.lanes
         return build_options(OrderOptions, **kw)
 
-    def provenance(self):
+    def provenance(self, manifest):
         """``(starts, names, row starts)`` of the provenance pieces, sorted by sample."""
-        table = self.manifest.tables["provenance"]
+        table = manifest.tables["provenance"]
         starts = table.column("row_start").to_numpy()
         rows = table.column("num_rows").to_numpy()
         keep = rows > 0
@@ -152,11 +207,27 @@ class _Context:
         return (starts[keep][order], names,
                 table.column("input_row_start").to_numpy()[keep][order])
 
-    def origin(self, ids: list[int]) -> list[dict]:
-        starts, names, input_rows = self.provenance()
-        at = np.searchsorted(starts, np.asarray(ids, dtype=np.int64), side="right") - 1
-        return [{"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])}
-                for k, i in zip(at.tolist(), ids)]
+    def origin(self, ids: list[int], sources: list[str] | None = None) -> list[dict]:
+        """Each id's input file and record index (a mixture: in its source)."""
+        out = []
+        for j, i in enumerate(ids):
+            manifest = (self.manifest if sources is None
+                        else self.mix.sources[self.source_index(sources[j])].manifest)
+            starts, names, input_rows = self.provenance(manifest)
+            k = int(np.searchsorted(starts, i, side="right") - 1)
+            out.append({"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])})
+        return out
+
+    def records(self, ids: list[int], sources: list[str] | None = None) -> list[dict]:
+        """The records themselves (reads their row groups)."""
+        if sources is None:
+            from ..read.dataset import open_dataset
+
+            with open_dataset(self.args.dataset,
+                              storage_options=self.args.storage_options) as ds:
+                return ds.take(ids).to_pylist() if ids else []
+        return [self.mix.sources[self.source_index(src)].take([i]).to_pylist()[0]
+                for i, src in zip(ids, sources)]
 
 
 def cmd_trace(args) -> int:
@@ -175,42 +246,36 @@ def cmd_trace(args) -> int:
             raise UsageError(f"--cursor must be >= 0, got {args.cursor}")
         seg = build_options(RunSegment, first_step=0, cursor=args.cursor,
                             global_batch=args.global_batch, world_size=args.world_size,
-                            num_workers=0, dataset_id=ctx.manifest.dataset_id,
+                            num_workers=0, dataset_id=ctx.dataset_id,
                             order=ctx.options_from_args())
         ctx.segments = [seg]
     traced = trace(ctx.segments, ctx.order_for, steps, rank=args.rank, deny_for=ctx.deny_for)
-    records = None
-    if args.show:
-        from ..read.dataset import open_dataset
-
-        with open_dataset(args.dataset, storage_options=args.storage_options) as ds:
-            all_ids = sorted({i for t in traced for r in t.ranks for i in r})
-            rows = dict(zip(all_ids, ds.take(all_ids).to_pylist())) if all_ids else {}
-        records = rows
     out = []
     for t in traced:
         d = t.to_dict()
         ranks = range(t.world_size) if args.rank is None else [args.rank]
         d["ranks"] = [{"rank": r, "ids": ids} for r, ids in zip(ranks, t.ranks)]
-        if t.masked is not None:
-            for entry, m in zip(d["ranks"], t.masked):
-                entry["masked"] = m
-            d.pop("masked", None)
-        if args.provenance:
-            for entry in d["ranks"]:
-                entry["provenance"] = ctx.origin(entry["ids"])
-        if records is not None:
-            for entry in d["ranks"]:
-                entry["records"] = [records[i] for i in entry["ids"]]
+        for key in ("masked", "sources"):
+            if getattr(t, key) is not None:
+                for entry, v in zip(d["ranks"], getattr(t, key)):
+                    entry[key] = v
+                d.pop(key, None)
+        for entry in d["ranks"]:
+            if args.provenance:
+                entry["provenance"] = ctx.origin(entry["ids"], entry.get("sources"))
+            if args.show:
+                entry["records"] = ctx.records(entry["ids"], entry.get("sources"))
         out.append(d)
     if args.json:
-        emit({"dataset_id": ctx.manifest.dataset_id, "steps": out})
+        emit({"dataset_id": ctx.dataset_id, "steps": out})
         return 0
     for d in out:
         print(f"step {d['step']} (cursor {d['cursor']}, W={d['world_size']}, "
               f"B={d['global_batch']}, log line {d['line']}):")
         for entry in d["ranks"]:
-            print(f"  rank {entry['rank']}: {entry['ids']}")
+            shown = (entry["ids"] if "sources" not in entry else
+                     [f"{src}:{i}" for src, i in zip(entry["sources"], entry["ids"])])
+            print(f"  rank {entry['rank']}: {shown}")
             if "masked" in entry and any(entry["masked"]):
                 print(f"    masked: {[i for i, m in zip(entry['ids'], entry['masked']) if m]}")
             for i, prov in enumerate(entry.get("provenance", [])):
@@ -224,25 +289,30 @@ def cmd_where(args) -> int:
     from ..load.audit import where
 
     ctx = _Context(args)
-    n = ctx.manifest.num_samples
-    bad = [s for s in args.seqs if not 0 <= s < n]
-    if bad:
-        raise UsageError(f"sample id {bad[0]} is outside the dataset's [0, {n})")
+    wanted = _parse_seqs(ctx, args.seqs)
     if ctx.segments is not None:
         order = ctx.order_for(ctx.segments[0])
     else:
         order = ctx.order(ctx.options_from_args())
     t0 = time.perf_counter()
-    found = where(order, args.seqs, range(args.epochs), segments=ctx.segments,
-                  order_for=ctx.order_for if ctx.segments else None, end_step=args.end_step)
+    found = []
+    for source, ids in wanted:
+        found += where(order, ids, range(args.epochs), segments=ctx.segments,
+                       order_for=ctx.order_for if ctx.segments else None,
+                       end_step=args.end_step, source=source)
     elapsed = time.perf_counter() - t0
     if args.json:
-        emit({"dataset_id": ctx.manifest.dataset_id, "num_samples": n, "where": found,
+        emit({"dataset_id": ctx.dataset_id, "num_samples": ctx.num_samples, "where": found,
               "seconds": elapsed})
         return 0
     for rec in found:
-        line = (f"id {rec['id']} epoch {rec['epoch']}: position {rec['position']} "
-                f"(global {rec['global_position']})")
+        if "source" in rec:
+            line = (f"{rec['source']}:{rec['id']} source epoch {rec['epoch']}: position "
+                    f"{rec['position']} in the source (its stream position "
+                    f"{rec['source_position']}), mixture position {rec['global_position']}")
+        else:
+            line = (f"id {rec['id']} epoch {rec['epoch']}: position {rec['position']} "
+                    f"(global {rec['global_position']})")
         for hit in rec.get("consumed", []):
             line += (f"; step {hit['step']} rank {hit['rank']} (log line {hit['line']}"
                      + ("" if hit["reached"] else ", if the run got that far") + ")")
@@ -252,13 +322,35 @@ def cmd_where(args) -> int:
     return 0
 
 
+def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:
+    """``[(source or None, ids)]`` from the command line, ids checked in range."""
+    groups: dict = {}
+    for text in seqs:
+        source, _, sid = text.rpartition(":")
+        if (ctx.mix is not None) != bool(source):
+            raise UsageError(f"{text!r}: " + ("a mixture's samples are SOURCE:ID" if ctx.mix
+                                               is not None else "a sample id is an integer"))
+        try:
+            i = int(sid)
+        except ValueError:
+            raise UsageError(f"{text!r} is not a sample id") from None
+        k = ctx.source_index(source) if source else None
+        n = ctx.manifest.num_samples if k is None else ctx.mix.sources[k].num_samples
+        if not 0 <= i < n:
+            raise UsageError(f"sample id {i} is outside [0, {n})"
+                             + ("" if k is None else f" of source {source!r}"))
+        groups.setdefault(k, []).append(i)
+    return list(groups.items())
+
+
 def cmd_audit(args) -> int:
     from ..load.audit import audit_run
 
     ctx = _Context(args)
     t0 = time.perf_counter()
     report = audit_run(ctx.segments, ctx.order_for, end_step=args.end_step,
-                       dataset_id=ctx.manifest.dataset_id, deny_for=ctx.deny_for)
+                       dataset_id=None if ctx.mix is not None else ctx.dataset_id,
+                       deny_for=ctx.deny_for)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
     out["seconds"] = elapsed
@@ -271,7 +363,8 @@ def cmd_audit(args) -> int:
               f"recomputed in {elapsed:.2f} s")
         for e in report.epochs:
             kind = "complete" if e.complete else "partial"
-            print(f"  epoch {e.epoch} ({kind}, {e.expected} expected): once {e.once}, "
+            src = "" if e.source is None else f"source {e.source} "
+            print(f"  {src}epoch {e.epoch} ({kind}, {e.expected} expected): once {e.once}, "
                   f"repeated {e.repeated}, skipped {e.skipped}, unexpected {e.unexpected}"
                   + (f", masked {e.masked}" if e.masked else "")
                   + ("" if e.ok else "  <- NOT exactly once"))

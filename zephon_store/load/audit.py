@@ -39,6 +39,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -87,6 +88,7 @@ class EpochExposure:
     skipped: int
     unexpected: int
     masked: int = 0
+    source: str | None = None      # a mixture's source (its own epochs), None for a dataset
 
     @property
     def ok(self) -> bool:
@@ -227,16 +229,23 @@ def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[
         events.append(RunEvent(s, ln, "overlap", f"cursor {seg.cursor}, but the segment of "
                                f"line {prev.line} leaves it at {expected}: positions "
                                f"[{seg.cursor}, {expected}) are read again", True))
-    if seg.dataset_id != prev.dataset_id:
+    if prev.mixture is not None and seg.mixture is not None:
+        # A mixture's id changes when a resume appends a stage; its sources must stay.
+        a = [x.get("dataset_id") for x in prev.mixture.get("sources", [])]
+        b = [x.get("dataset_id") for x in seg.mixture.get("sources", [])]
+        if b[:len(a)] != a:
+            events.append(RunEvent(s, ln, "mixture_changed", f"sources {a} -> {b}", True))
+        elif prev.mixture.get("schedule") != seg.mixture.get("schedule"):
+            events.append(RunEvent(s, ln, "schedule_changed", "the mixture's schedule changed "
+                                   "(a stage appended at the resume); exposures are counted "
+                                   "with each segment's own schedule", False))
+    elif seg.dataset_id != prev.dataset_id:
         events.append(RunEvent(s, ln, "dataset_changed", f"dataset {prev.dataset_id} -> "
                                f"{seg.dataset_id}", True))
     if seg.order != prev.order:
         a, b = prev.order.to_dict(), seg.order.to_dict()
         diff = ", ".join(f"{k} {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k])
         events.append(RunEvent(s, ln, "order_changed", diff, True))
-    if (seg.mixture or {}).get("id") != (prev.mixture or {}).get("id"):
-        events.append(RunEvent(s, ln, "mixture_changed", "the mixture's identity changed",
-                               True))
     da, db = (prev.deny_list or {}).get("id"), (seg.deny_list or {}).get("id")
     if da != db:
         events.append(RunEvent(s, ln, "deny_list_changed", f"deny list {da} -> {db} (mode "
@@ -286,7 +295,7 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
         lo, hi = seg.cursor_at(a), seg.cursor_at(b)
         readable = dataset_id is None or seg.dataset_id == dataset_id
         order = order_for(seg) if readable else None
-        if order is not None and int(order.num_samples) != n:
+        if order is not None and not _is_mixture_order(order) and int(order.num_samples) != n:
             raise RunLogError(f"line {seg.line}: its order has {order.num_samples} samples per "
                               f"epoch, the first segment's {n}")
         deny = deny_for(seg) if deny_for is not None and readable else None
@@ -298,7 +307,9 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                      f"{last_seg.first_step}) has no recorded end: pass end_step (--end-step) "
                      "to audit its steps")
     epochs_out: list[EpochExposure] = []
-    if intervals:
+    if intervals and _is_mixture_order(ref):
+        epochs_out = _mixture_epochs(intervals, ref, start, end, chunk)
+    elif intervals:
         lo_all = min(min(lo for lo, _, _, _ in intervals), start)
         hi_all = max(max(hi for _, hi, _, _ in intervals), end)
         exp = Exposures(n)
@@ -336,12 +347,52 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                     notes=tuple(notes))
 
 
+def _is_mixture_order(order) -> bool:
+    return hasattr(order, "source_orders") and hasattr(order, "mix")
+
+
+def _mixture_epochs(intervals, ref, start: int, end: int, chunk: int) -> list[EpochExposure]:
+    """Per source and source epoch: a mixture position is (source k, index i in k's own
+    stream), and exposures count in k's epoch ``i // N_k``. Every source epoch touched is
+    held until the end (2 bytes per sample of each)."""
+    names = list(ref.mix.names)
+    sizes = [int(o.num_samples) for o in ref.source_orders]
+    exps = [Exposures(nk) for nk in sizes]
+    for lo, hi, order, _deny in intervals:
+        if order is None:
+            continue
+        for c in range(lo, hi, chunk):
+            pos = np.arange(c, min(c + chunk, hi), dtype=np.int64)
+            src, index = order.mix.schedule.locate(pos)
+            src, index = np.asarray(src, dtype=np.int64), np.asarray(index, dtype=np.int64)
+            for k in np.unique(src).tolist():
+                idx = index[src == k]
+                # locate is a bijection onto (source, index): distinct indices, distinct ids.
+                exps[k].add(idx, order.source_orders[k].sample_at(idx), distinct=True)
+    lo_k = np.asarray(ref.mix.schedule.consumed(start), dtype=np.int64)
+    hi_k = np.asarray(ref.mix.schedule.consumed(end), dtype=np.int64)
+    out = []
+    for k, (exp, nk) in enumerate(zip(exps, sizes)):
+        a, b = int(lo_k[k]), int(hi_k[k])
+        epochs = set(exp.open_epochs()) | set(range(a // nk, -(-b // nk)))
+        for e in sorted(epochs):
+            cov_lo, cov_hi = max(e * nk, a), min((e + 1) * nk, b)
+            expected = None
+            if (cov_lo, cov_hi) != (e * nk, (e + 1) * nk):
+                expected = (ref.source_orders[k].sample_at(
+                    np.arange(cov_lo, cov_hi, dtype=np.int64)) if cov_hi > cov_lo
+                    else np.zeros(0, dtype=np.int64))
+            out.append(dataclasses.replace(exp.close(e, expected), source=names[k]))
+    return out
+
+
 # --------------------------------------------------------------------------- trace / where
 
 
 @dataclass(frozen=True)
 class TraceStep:
-    """One step as the log places it: ``ranks[r]`` are the ids rank ``r`` consumed."""
+    """One step as the log places it: ``ranks[r]`` are the ids rank ``r`` consumed (for a
+    mixture, each source's own ids, and ``sources[r]`` the source of each)."""
 
     step: int
     cursor: int
@@ -350,11 +401,13 @@ class TraceStep:
     line: int
     ranks: list[list[int]]
     masked: list[list[bool]] | None = None
+    sources: list[list[str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if self.masked is None:
-            d.pop("masked")
+        for key in ("masked", "sources"):
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -395,18 +448,28 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
             parts = [parts[rank]]
         ids = [order.sample_at(p) for p in parts]
         deny = deny_for(seg) if deny_for is not None else None
+        masked = None if deny is None else [deny.masked(i).tolist() for i in ids]
+        sources = None
+        if _is_mixture_order(order):
+            split = [order.mix.split_ids(i) for i in ids]
+            names = list(order.mix.names)
+            sources = [[names[k] for k in src.tolist()] for src, _ in split]
+            ids = [local for _, local in split]
         out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, seg.world_size, seg.line,
-                             [i.tolist() for i in ids],
-                             None if deny is None else [deny.masked(i).tolist() for i in ids]))
+                             [i.tolist() for i in ids], masked, sources))
     return out
 
 
 def where(order, ids: Sequence[int], epochs: Iterable[int], *,
           segments: Sequence[RunSegment] | None = None, order_for: OrderFor | None = None,
-          end_step: int | None = None) -> list[dict[str, Any]]:
+          end_step: int | None = None, source: int | None = None) -> list[dict[str, Any]]:
     """Per id and epoch: its position in the epoch and global position ``epoch*N + q``;
-    with ``segments``, the step and rank that consumed it (``None`` when the run had not
-    reached it, or a list when segments read it more than once).
+    with ``segments``, the step and rank that consumed it (an empty list when the run had
+    not reached it, two entries when segments read it twice).
+
+    For a mixture's order, ``ids`` are source ``source``'s own ids and ``epochs`` that
+    source's epochs: ``source_position`` is the position in the source's own stream, and
+    ``global_position`` the mixture position the schedule gives it (-1: never reached).
 
     >>> import numpy as np
     >>> from zephon_store.order import Order, OrderOptions
@@ -416,9 +479,13 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
     """
     ids_arr = np.asarray(list(ids), dtype=np.int64)
     eps = np.asarray(list(epochs), dtype=np.int64)
-    n = int(order.num_samples)
+    mixture = _is_mixture_order(order)
+    if mixture and source is None:
+        raise ValueError("a mixture's ids belong to a source: pass source=")
+    inner = order.source_orders[source] if mixture else order
+    n = int(inner.num_samples)
     grid_ids, grid_ep = np.meshgrid(ids_arr, eps, indexing="ij")
-    pos = order.positions_of(grid_ids, grid_ep)
+    pos = inner.positions_of(grid_ids, grid_ep)
     spans = segment_steps(segments, end_step) if segments else []
     out = []
     for i, sid in enumerate(ids_arr.tolist()):
@@ -426,18 +493,34 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
             p = int(pos[i, j])
             rec: dict[str, Any] = {"id": sid, "epoch": e, "position": p - e * n,
                                    "global_position": p}
+            if mixture:
+                rec["source"] = list(order.mix.names)[source]
+                rec["source_position"] = p
+                rec["global_position"] = int(order.mix.schedule.position_of(
+                    source, np.array([p]))[0])
             if segments:
-                rec["consumed"] = _consumed_at(spans, order_for, sid, e, end_step)
+                rec["consumed"] = _consumed_at(spans, order_for, sid, e, end_step, source)
             out.append(rec)
     return out
 
 
-def _consumed_at(spans, order_for, sid: int, epoch: int, end_step) -> list[dict]:
+def _position_in(order, sid: int, epoch: int, source: int | None) -> int:
+    """The stream position of ``sid`` in ``epoch`` (a mixture: of source ``source``)."""
+    if _is_mixture_order(order):
+        p = int(order.source_orders[source].positions_of(np.array([sid]), epoch)[0])
+        return int(order.mix.schedule.position_of(source, np.array([p]))[0])
+    return int(order.positions_of(np.array([sid]), epoch)[0])
+
+
+def _consumed_at(spans, order_for, sid: int, epoch: int, end_step,
+                 source: int | None = None) -> list[dict]:
     hits = []
     for k, (seg, a, b) in enumerate(spans):
         open_end = k == len(spans) - 1 and end_step is None
         order = order_for(seg)
-        p = int(order.positions_of(np.array([sid]), epoch)[0])
+        p = _position_in(order, sid, epoch, source)
+        if p < 0:
+            continue
         lo = seg.cursor_at(a)
         hi = None if open_end else seg.cursor_at(b)
         if p < lo or (hi is not None and p >= hi):

@@ -96,6 +96,12 @@ class ZephonLoader:
     >>> [batch["id"].tolist() for batch in resumed]
     [[43, 40, 0, 3]]
 
+    ``dataset``: a URL, a :class:`~zephon_store.read.dataset.Dataset`, or a mixture (a mixture
+    file ``.toml``/``.json``, its dict, a ``MixtureSpec`` or a
+    :class:`~zephon_store.load.mixed.MixedDataset`; docs/mixtures.md): batches then hold
+    rows of every source, ``with_seq`` adds ``_source`` and ``_seq`` is the id in that
+    source, and the state carries the sources and the stage schedule (version 2).
+
     Arguments: ``global_batch`` samples per step over all ranks (``world_size`` must divide
     it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
     ``ranks_per_node`` (default torchrun's ``LOCAL_WORLD_SIZE``, else 1) groups consecutive
@@ -193,6 +199,9 @@ class ZephonLoader:
         self.step = 0
         self._logged_loads: int | None = None
         if deny_list is not None:
+            if self.is_mixture:
+                raise ValueError("deny_list names one dataset's sample ids; a mixture's are "
+                                 "not supported yet (docs/audit.md)")
             self.batch_options = self.batch_options.with_deny_list(
                 deny_list if isinstance(deny_list, DenyList)
                 else load_deny_list(str(deny_list), self.dataset.manifest))
@@ -348,7 +357,9 @@ class ZephonLoader:
         """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
         t = self.topology
         deny = self.batch_options.deny_list
-        mixture = ({"id": self.dataset_id, "sources": list(self.dataset.source_ids)}
+        # A mixture's entry holds its schedule too: trace and audit rebuild its order from
+        # the log (a resume may append stages).
+        mixture = ({"id": self.dataset_id, **self.dataset.state_entry()}
                    if self.is_mixture else None)
         append_segment(self.run_log, RunSegment(
             first_step=first_step, cursor=cursor, global_batch=t.global_batch,
