@@ -122,7 +122,11 @@ class ZephonLoader:
     :mod:`zephon_store.load.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
     fetched ahead into the disk cache; ``coalesce``
     (:class:`~zephon_store.io.coalesce.CoalesceOptions`) sets how neighbouring row groups are
-    merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``).
+    merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``);
+    ``run_log`` (a local path) makes rank 0 append one JSON line per segment of the run (at
+    its first batch after a start or resume) for ``zephon trace``/``where``/``audit``;
+    ``deny_list`` (a file or a :class:`~zephon_store.load.denylist.DenyList`) keeps those
+    samples' positions and flags them in ``_masked`` (docs/audit.md).
     """
 
     def __init__(self, dataset: str | Dataset | MixedDataset, *, global_batch: int, seed: int | None = None,
@@ -250,8 +254,9 @@ class ZephonLoader:
         return isinstance(self.dataset, MixedDataset)
 
     def state_dict(self) -> dict:
-        """``{version, dataset_id, seed, order, cursor}``: identical on every rank (a
-        mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md)."""
+        """``{version, dataset_id, seed, order, cursor, step}``: identical on every rank (a
+        mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md). ``step``
+        counts the global steps consumed since the run began (the run log's step numbers)."""
         mixture = self.dataset.state_entry() if self.is_mixture else None
         state = LoaderState(self.dataset_id, self.order, self.cursor, mixture=mixture).to_dict()
         return with_step(state, self.step)
