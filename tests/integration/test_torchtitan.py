@@ -192,6 +192,14 @@ def test_mixture_checkpoint_resumes_at_another_dp_degree(packed, tmp_path):
     assert sorted(resumed) == list(range(16, 40))
     assert all(resumed[p] == ref[p] for p in resumed)
 
+    # The override selects a mixture too (no dataset needed).
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from zephon_store.integrations.torchtitan_override import use_zephon
+
+    cfg = use_zephon(HuggingFaceTextDataLoader.Config(), mixture=str(mix))
+    assert (cfg.mixture, cfg.dataset) == (str(mix), "")
+
 
 # -- in-process: every-step checkpoints through the shared helper ---------------------------
 def _loader_factory(url, **config):

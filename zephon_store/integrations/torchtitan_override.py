@@ -53,9 +53,11 @@ def use_zephon(cfg, **fields) -> ZephonDataLoader.Config:
     for name in _CARRIED:
         if name not in fields and hasattr(cfg, name):
             fields[name] = getattr(cfg, name)
-    if not fields.get("dataset"):
+    if fields.get("mixture"):       # a mixture file instead of one dataset
+        fields.setdefault("dataset", "")
+    elif not fields.get("dataset"):
         fields["dataset"] = _dataset_from(cfg)
-    if not fields["dataset"]:
+    if not fields["dataset"] and not fields.get("mixture"):
         raise ValueError(
             "use_zephon: no dataset given; pass it as --override.imports "
             "'zephon_store.integrations.torchtitan_override.use_zephon={\"dataset\": \"URL\"}', "
