@@ -307,3 +307,23 @@ def test_cli_info_and_plan_describe_the_mixture(sources, tmp_path, capsys) -> No
 
     assert main(["plan", "--mixture", str(path), sources["web"], "--world-size", "1",
                  "--global-batch", "8"]) == 2
+
+
+def test_a_capped_source_ends_the_mixture_after_the_last_full_step(sources) -> None:
+    from zephon_store.errors import SourceExhaustedError
+
+    doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})])
+    doc["sources"][1]["max_epochs"] = 1          # code: 37 samples, then the mixture ends
+    loader = _loader(doc)
+    end = loader.dataset.end
+    assert end is not None and loader.dataset.schedule.consumed(end).tolist()[1] == 37
+    got = []
+    with pytest.raises(SourceExhaustedError, match="'code' runs out"):
+        for batch in loader:
+            got += _pairs(batch)
+    assert len(got) == (end // B) * B and loader.state_dict()["cursor"] == (end // B) * B
+    assert got == _pure(sources, loader.dataset.schedule, np.arange(len(got)))
+    # renormalize: the other sources go on.
+    doc["exhaustion"] = "renormalize"
+    pairs = [p for b in _loader(doc, steps=12) for p in _pairs(b)]
+    assert Counter(k for k, _ in pairs)[1] == 37 and len(pairs) == 96

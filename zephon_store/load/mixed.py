@@ -262,6 +262,12 @@ class MixedDataset:
         return self.num_samples
 
     @property
+    def end(self) -> int | None:
+        """The first position the mixture cannot serve (a capped source ran out under the
+        ``"error"`` policy), or None."""
+        return self.schedule.end
+
+    @property
     def seed(self) -> int | None:
         """The seed the mixture file sets (None: the loader's)."""
         return None if self.spec is None else self.spec.seed

@@ -101,6 +101,9 @@ class RankStream:
         cursors = [step_cursor(cursor, j, t.global_batch) for j in range(steps)]
         if self.end is not None:
             cursors = [c for c in cursors if c < self.end] or [cursor]
+        if isinstance(self.dataset, MixedDataset) and self.dataset.end is not None:
+            # Not past a capped source's end: looking ahead must not fail a step before it.
+            cursors = [c for c in cursors if c + t.global_batch <= self.dataset.end] or [cursor]
         parts = [self.positions(c) for c in cursors]
         ids = self.order.sample_at(np.concatenate(parts))
         # Steps hold local_batch ids each, except a short last step.

@@ -297,8 +297,21 @@ class ZephonLoader:
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
-        return self.stop.num_batches(start, self.topology.global_batch,
-                                     self.dataset.num_samples)
+        n = self.stop.num_batches(start, self.topology.global_batch, self.dataset.num_samples)
+        end = self.dataset.end if self.is_mixture else None
+        if end is not None:
+            # A capped source ends the mixture (policy "error"): the full steps before it.
+            full = max(0, end - start) // self.topology.global_batch
+            n = full if n is None else min(n, full)
+        return n
+
+    def _mixture_cut(self, start: int) -> bool:
+        """Whether the mixture's end stops this run before its own stop (then it raises)."""
+        if not self.is_mixture or self.dataset.end is None:
+            return False
+        wanted = self.stop.num_batches(start, self.topology.global_batch,
+                                       self.dataset.num_samples)
+        return wanted is None or wanted > self._num_batches(start)
 
     @property
     def _end(self) -> int | None:
@@ -357,6 +370,10 @@ class ZephonLoader:
                 # short last step (drop_last=False) ends the cursor exactly at the end.
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
+        if self._loads == loads and self._mixture_cut(start):
+            # Every full step before the end was handed out; the next one needs a sample
+            # past a source's cap: SourceExhaustedError, saying which source and where.
+            self.dataset.schedule.locate(np.array([self.dataset.end], dtype=np.int64))
 
     def _log_segment(self, cursor: int, first_step: int) -> None:
         """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
