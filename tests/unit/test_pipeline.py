@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store._util.decode import decode_table
-from zephon_store.load.pipeline import BatchPipeline, step_rows
+from zephon_store.load.pipeline import BatchPipeline, plan_steps, step_rows
 from zephon_store.load.stream import RankStream
 from zephon_store.order import OrderOptions, Topology
 from zephon_store.write.shardwriter import WriteOptions
@@ -129,6 +129,34 @@ def test_step_rows_points_at_the_located_rows(ds, data):
         firsts = [rgs[g] for g in inverse]
         assert rgs == list(dict.fromkeys(firsts))   # listed in order of first use
     assert got == list(zip(loc.row_group.tolist(), loc.row_in_group.tolist()))
+
+
+def _same_plan(a: tuple, b: tuple) -> bool:
+    return all((x is None and y is None) or (x is not None and y is not None
+               and np.array_equal(np.asarray(x), np.asarray(y))) for x, y in zip(a, b))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_plan_steps_equals_step_rows_per_step(ds, data):
+    """Planning many steps at once gives each step exactly what step_rows gives it alone,
+    also where consecutive ids run across step boundaries or a step is empty."""
+    n = ds.num_samples
+    blocks = []
+    for _ in range(data.draw(st.integers(1, 12))):
+        kind = data.draw(st.sampled_from(["run", "ids", "empty"]))
+        if kind == "run":
+            lo = data.draw(st.integers(0, n - 1))
+            blocks.append(np.arange(lo, data.draw(st.integers(lo + 1, min(n, lo + 30)))))
+        elif kind == "ids":
+            blocks.append(np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1,
+                                                      max_size=20)), dtype=np.int64))
+        else:
+            blocks.append(np.zeros(0, dtype=np.int64))
+    planned = plan_steps(ds.manifest, blocks)
+    assert len(planned) == len(blocks)
+    for block, plan in zip(blocks, planned):
+        assert _same_plan(plan, step_rows(ds.manifest, block))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ handed out: a start or a resume waits only for its own row groups.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import threading
 from collections import deque
@@ -43,6 +45,8 @@ MIN_AHEAD_BYTES = 16 << 20
 MAX_AUTO_AHEAD_BYTES = 1 << 30
 # Steps queued ahead at most: bounds the queueing work when row groups are tiny.
 MAX_AHEAD_STEPS = 1024
+# Sample ids whose steps are planned together (plan_steps), after the first step.
+PLAN_AHEAD_IDS = 2048
 
 
 @dataclass
@@ -80,8 +84,12 @@ class _Step:
     rows: np.ndarray | None = None
 
 
-def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object, object]:
+def step_rows(manifest, ids: np.ndarray, *, rg_of: np.ndarray | None = None,
+              contiguous: bool | None = None) -> tuple[list[int], list | None, object, object]:
     """Where a step's rows are: ``(row_groups, runs, inverse, rows)``, see ``_Step``.
+
+    ``rg_of`` (the row group of each id) and ``contiguous`` (ids follow each other) may be
+    given when already known (:func:`plan_steps` computes them for many steps at once).
 
     >>> from zephon_store import open_dataset
     >>> step_rows(open_dataset(tiny_dataset).manifest, np.arange(5, 12))   # row groups of 10 rows
@@ -89,10 +97,16 @@ def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object
     """
     n = ids.size
     starts = manifest.rg_row_start
-    if n and int(ids[-1]) - int(ids[0]) == n - 1 and (n == 1 or bool((np.diff(ids) == 1).all())):
+    if contiguous is None:
+        contiguous = bool(n) and int(ids[-1]) - int(ids[0]) == n - 1 and (
+            n == 1 or bool((np.diff(ids) == 1).all()))
+    if contiguous:
         lo, hi = int(ids[0]), int(ids[-1]) + 1
-        first = int(starts.searchsorted(lo, "right")) - 1
-        last = int(starts.searchsorted(hi - 1, "right")) - 1
+        if rg_of is not None:
+            first, last = int(rg_of[0]), int(rg_of[-1])
+        else:
+            first = int(starts.searchsorted(lo, "right")) - 1
+            last = int(starts.searchsorted(hi - 1, "right")) - 1
         rgs, runs = [], []
         for rg in range(first, last + 1):
             begin = max(lo, int(starts[rg]))
@@ -101,7 +115,8 @@ def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object
             runs.append((begin - int(starts[rg]), end - begin))
         return rgs, runs, None, None
     # Row groups are listed in order of first use, so decodes start with the one needed first.
-    rg_of = starts.searchsorted(ids, "right") - 1
+    if rg_of is None:
+        rg_of = starts.searchsorted(ids, "right") - 1
     if n <= 512:
         # On a batch this small a dict beats np.unique + argsort (docs/benchmarks.md).
         seen: dict[int, int] = {}
@@ -113,6 +128,35 @@ def step_rows(manifest, ids: np.ndarray) -> tuple[list[int], list | None, object
     rank = np.empty_like(by_use)
     rank[by_use] = np.arange(by_use.size)
     return rgs[by_use].tolist(), None, rank[inverse.reshape(-1)], ids - starts[rg_of]
+
+
+def plan_steps(manifest, id_blocks: list[np.ndarray]) -> list[tuple]:
+    """:func:`step_rows` of several steps at once, with the same results: the row group of
+    every id in one ``searchsorted`` and the runs of consecutive ids in one pass. At a
+    per-rank batch of 8 the per-step numpy calls were most of the loop thread's own time.
+
+    >>> from zephon_store import open_dataset
+    >>> m = open_dataset(tiny_dataset).manifest
+    >>> plan = plan_steps(m, [np.arange(5, 12), np.array([31, 3, 35])])
+    >>> plan[0]
+    ([0, 1], [(5, 5), (0, 2)], None, None)
+    >>> plan[1][0], plan[1][2].tolist(), plan[1][3].tolist()   # row groups, inverse, rows
+    ([3, 0], [0, 1, 0], [1, 3, 5])
+    """
+    if not id_blocks:
+        return []
+    ids = np.concatenate(id_blocks)
+    rg_all = manifest.rg_row_start.searchsorted(ids, "right") - 1
+    # j is in `breaks` when ids[j] does not follow ids[j - 1].
+    breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
+    plans, a = [], 0
+    for block in id_blocks:
+        b = a + block.size
+        k = bisect.bisect_right(breaks, a)
+        contiguous = b > a and (k == len(breaks) or breaks[k] >= b)
+        plans.append(step_rows(manifest, block, rg_of=rg_all[a:b], contiguous=contiguous))
+        a = b
+    return plans
 
 
 def _cut(tables: list[pa.Table], step: _Step) -> pa.Table:
@@ -147,18 +191,23 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
 
 def _gather_text(step: _Step, decoded: list[_Decoded], name: str,
                  whole: list[bool] | None) -> list:
-    """A shuffled step's rows of a string/binary column, as Python objects.
+    """A step's rows of a string/binary column, as Python objects.
 
     Where ``whole`` says this pipeline reads most of every row group of the step (a
     shuffled order reads all rows of a row group within one window of steps, when one rank
     and one worker read them all), each row group's column is converted whole, once, by
     Arrow's loop (``_Decoded.pylist``), and steps pick from those lists, cheaper than a
-    row-by-row conversion. Otherwise (the first step after a start or resume, or a
-    rank's or worker's share of the rows) only the step's own rows are converted.
+    row-by-row conversion; a sequential step (``step.runs``) takes slices of them, where
+    an Arrow slice and conversion per step cost more than the rows at a batch of 8.
+    Otherwise (the first step after a start or resume, or a rank's or worker's share of
+    the rows) only the step's own rows are converted.
     """
-    if not whole or not all(whole):
+    lists = [d.pylist(name) for d in decoded] if whole and all(whole) else None
+    if step.runs is not None:   # a run of a sequential order: slices of the whole lists
+        parts = [lst[b:b + n] for lst, (b, n) in zip(lists, step.runs)]
+        return parts[0] if len(parts) == 1 else [x for part in parts for x in part]
+    if lists is None:
         return gather_pylist([d.table.column(name) for d in decoded], step.inverse, step.rows)
-    lists = [d.pylist(name) for d in decoded]
     return [lists[k][r] for k, r in zip(step.inverse.tolist(), step.rows.tolist())]
 
 
@@ -277,8 +326,13 @@ class BatchPipeline:
         for name in decoded[0].table.column_names:
             if all(name in d.views for d in decoded):
                 out[name] = _cut_arrays([d.views[name] for d in decoded], step)
-            elif step.runs is None and is_flat_binary(decoded[0].table.schema.field(name).type):
+            elif is_flat_binary(decoded[0].table.schema.field(name).type) and (
+                    step.runs is None or (whole and all(whole))):
                 out[name] = _gather_text(step, decoded, name, whole)
+            elif step.runs is not None:   # a run of other objects: slices of the column
+                parts = [d.table.column(name).slice(b, n) for d, (b, n) in zip(decoded, step.runs)]
+                out[name] = decode_column(parts[0] if len(parts) == 1 else pa.chunked_array(
+                    [c for part in parts for c in part.chunks], type=parts[0].type))
             else:   # text and other objects, or numbers with nulls: as decode_table does
                 out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
                                                step).column(0))
@@ -295,15 +349,27 @@ class BatchPipeline:
         it = iter(self.indices)
         serial = 0
 
+        planned: deque[tuple] = deque()   # (index, ids, step_rows) of the coming steps
+
+        def plan_ahead() -> None:
+            # The first step alone (a start or resume waits only for its own ids), then
+            # the steps of PLAN_AHEAD_IDS ids at a time: one numpy pass plans them all.
+            t = self.stream.topology
+            count = 1 if serial == 0 else max(1, PLAN_AHEAD_IDS // max(1, t.local_batch))
+            steps = []
+            for i in itertools.islice(it, count):
+                cursor = step_cursor(self.start_cursor, i, t.global_batch)
+                steps.append((i, self.stream.ids(cursor, ahead=serial > 0)))
+            plans = plan_steps(self.dataset.manifest, [ids for _, ids in steps])
+            planned.extend((i, ids, p) for (i, ids), p in zip(steps, plans))
+
         def queue_one() -> bool:
             nonlocal serial
-            i = next(it, None)
-            if i is None:
-                return False
-            ids = self.stream.ids(
-                step_cursor(self.start_cursor, i, self.stream.topology.global_batch),
-                ahead=serial > 0)
-            rgs, runs, inverse, rows = step_rows(self.dataset.manifest, ids)
+            if not planned:
+                plan_ahead()
+                if not planned:
+                    return False
+            i, ids, (rgs, runs, inverse, rows) = planned.popleft()
             counts = ([n for _, n in runs] if runs is not None
                       else np.bincount(inverse, minlength=len(rgs)).tolist())
             for rg, count in zip(rgs, counts):
