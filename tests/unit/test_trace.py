@@ -344,3 +344,26 @@ weights = {{ only = 0.4 }}
         assert (k, rec["id"]) in seen[hit["step"]][hit["rank"]]
     code, _, err = run_cli(capsys, "where", str(mix), "7", "--log", log)
     assert code == 2 and "SOURCE:ID" in err
+
+
+def test_cli_a_dataset_swap_mid_run(url, tmp_path, capsys) -> None:
+    from zephon_store.load.runlog import append_segment, read_run_log
+    from zephon_store.torch import ZephonLoader
+
+    log = str(tmp_path / "run.jsonl")
+    loader = ZephonLoader(url, global_batch=8, order=OrderOptions(seed=1), world_size=1,
+                          rank=0, max_steps=4, run_log=log)
+    for _ in loader:
+        pass
+    (seg,) = read_run_log(log)
+    append_segment(log, seg.replace(first_step=4, cursor=32, dataset_id="xxh3:" + "9" * 32))
+    code, out, _ = run_cli(capsys, "audit", url, "--log", log, "--end-step", "6", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert [(e["step"], e["kind"]) for e in report["events"] if e["failure"]] == [
+        (4, "dataset_changed")]
+    assert report["epochs"][0]["skipped"] == 16     # steps 4-5 read another dataset
+    code, _, err = run_cli(capsys, "trace", url, "--log", log, "--step", "5")
+    assert code == 1 and "line 2: that segment read dataset xxh3:999" in err
+    code, out, _ = run_cli(capsys, "trace", url, "--log", log, "--step", "3", "--json")
+    assert code == 0 and json.loads(out)["steps"][0]["line"] == 1

@@ -151,6 +151,12 @@ class _Context:
         if seg.mixture is not None:
             raise UsageError(f"line {seg.line} of {self.args.log} is a mixture's segment; "
                              "pass the mixture file, not a dataset")
+        if seg.dataset_id != self.dataset_id:
+            from ..load.runlog import RunLogError
+
+            raise RunLogError(f"{self.args.log} line {seg.line}: that segment read dataset "
+                              f"{seg.dataset_id}, not {self.dataset_id}; its samples cannot "
+                              "be recomputed from this dataset (zephon audit reports the swap)")
         return self.order(seg.order)
 
     def source_index(self, name: str) -> int:
