@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     InputError,
     InputNotFoundError,
     IntegrityError,
+    LiveTopologyError,
     ManifestError,
     MissingExtraError,
     MixtureError,
@@ -44,6 +45,7 @@ _LAZY = {
     "Dataset": ("read.dataset", "Dataset"),
     "InputOptions": ("ingest.options", "InputOptions"),
     "LoaderState": ("load.state", "LoaderState"),
+    "MixedDataset": ("load.mixed", "MixedDataset"),
     "MixtureSchedule": ("order.mixture", "MixtureSchedule"),
     "MixtureSpec": ("format.mixture_file", "MixtureSpec"),
     "Order": ("order.order", "Order"),
@@ -60,6 +62,7 @@ _LAZY = {
     "gc": ("write.gc", "gc"),
     "load_mixture_file": ("format.mixture_file", "load_mixture_file"),
     "open_dataset": ("read.dataset", "open_dataset"),
+    "open_mixture": ("load.mixed", "open_mixture"),
     "verify": ("read.verify", "verify"),
 }
 
@@ -73,9 +76,11 @@ __all__ = [
     "InputNotFoundError",
     "InputOptions",
     "IntegrityError",
+    "LiveTopologyError",
     "LoaderState",
     "ManifestError",
     "MissingExtraError",
+    "MixedDataset",
     "MixtureError",
     "MixtureSchedule",
     "MixtureSpec",
@@ -105,6 +110,7 @@ __all__ = [
     "gc",
     "load_mixture_file",
     "open_dataset",
+    "open_mixture",
     "verify",
 ]
 

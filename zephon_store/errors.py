@@ -149,3 +149,9 @@ class SourceExhaustedError(MixtureError):
         super().__init__(message)
         self.source = source
         self.position = position
+
+
+class LiveTopologyError(ZephonError, ValueError):
+    """The participants of a live-elastic step disagree (cursor, count or index), or the
+    commit counter moved in a way no quorum explains; nothing of the step was read. The
+    message says which and what to do (``docs/live-elastic.md``)."""

@@ -1,0 +1,419 @@
+"""Live elasticity: each step's participants come from its quorum, the cursor moves on commit.
+
+With torchft, replica groups leave on failure and rejoin later while the others keep
+training; no process restarts. Each step's quorum says who is present, and a step whose
+quorum broke is not committed. This module makes the loader follow that, without torch:
+
+- **Per-step topology.** The step ``[cursor, cursor + B)`` is split among exactly the
+  participants of its quorum: participant ``index`` of ``participants`` reads
+  :func:`~zephon_store.order.assign.positions_for_participant` (uneven when the count does
+  not divide ``B``; every position of the step read by exactly one participant).
+- **Commit-based cursor** (:class:`LiveCursor`). The cursor advances only when the step
+  commits, so a step that failed part-way is served again, to whatever quorum comes next.
+- **Reuse** (:class:`LiveShare`). A step served again to the same participant with the
+  same positions gets the batch already made, not fetched or decoded again; the steps after
+  it are decoded ahead as long as the quorum keeps its shape.
+- **Agreement** (:func:`check_claims`). Before a step is read, the participants exchange
+  ``(cursor, participants, index)`` through a caller-given collective (a cheap all-gather)
+  and every participant checks that the claims partition the step. A participants callable
+  that disagrees across ranks raises :class:`LiveTopologyError` instead of training on
+  overlapping data.
+
+Joining replicas take the cursor from the quorum's state transfer: the state is the plain
+one-cursor loader state (:mod:`zephon_store.load.state`), unchanged. The torch shell is
+:class:`zephon_store.torch.live.LiveZephonLoader`; ``docs/live-elastic.md`` has the failure
+cases and why each is exact.
+
+>>> from zephon_store import open_dataset
+>>> share = LiveShare(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
+>>> [share.batch(0, 3, i)["id"].tolist() for i in range(3)]    # 8 positions, 3 participants
+[[79, 41], [78, 45, 68], [97, 30, 33]]
+>>> share.batch(0, 1, 0)["id"].tolist()                         # the same step, alone
+[79, 41, 78, 45, 68, 97, 30, 33]
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._util.decode import decode_table
+from ..errors import LiveTopologyError
+from ..order.assign import positions_for_participant, tail_positions_for_rank
+from ..order.order import OrderOptions
+from ..order.topology import Topology
+from .options import BatchOptions, ReadAheadOptions
+from .pipeline import BatchPipeline, default_ahead_bytes, default_decode_threads
+from .stream import RankStream
+
+__all__ = ["LiveTopologyError", "StepClaim", "claim_step", "check_claims", "participant_positions",
+           "LiveCursor", "LiveShare"]
+
+
+@dataclass(frozen=True)
+class StepClaim:
+    """What one process is about to read: the step at ``cursor``, as participant ``index``
+    of ``participants`` (``index`` None: present in the quorum but not reading, e.g. healing).
+
+    ``as_row``/``from_row`` give a fixed-size int64 row for a collective:
+    ``[present, cursor, participants, index]`` (``present`` 0 for a non-participant).
+
+    >>> StepClaim(120, 3, 1).as_row().tolist()
+    [1, 120, 3, 1]
+    >>> StepClaim.from_row([0, 0, 0, 0]) is None
+    True
+    """
+
+    cursor: int
+    participants: int
+    index: int | None
+
+    def as_row(self) -> np.ndarray:
+        if self.index is None:
+            return np.zeros(4, dtype=np.int64)
+        return np.array([1, self.cursor, self.participants, self.index], dtype=np.int64)
+
+    @classmethod
+    def from_row(cls, row) -> StepClaim | None:
+        present, cursor, participants, index = (int(v) for v in row)
+        return None if present == 0 else cls(cursor, participants, index)
+
+
+def claim_step(cursor: int, participants, index) -> StepClaim:
+    """This process's claim on the step at ``cursor``, from its participants callable's
+    ``(index, participants)``; a value no quorum can give raises :class:`LiveTopologyError`.
+
+    >>> claim_step(16, 0, None)
+    Traceback (most recent call last):
+    ...
+    zephon_store.errors.LiveTopologyError: a live step needs at least one participant, got participants=0; draw the step's batch after its quorum is formed (torchft: after manager.start_quorum(), which torchft's Optimizer.zero_grad() calls)
+    """
+    participants = int(participants)
+    if participants <= 0:
+        raise LiveTopologyError(
+            f"a live step needs at least one participant, got participants={participants}; "
+            "draw the step's batch after its quorum is formed (torchft: after "
+            "manager.start_quorum(), which torchft's Optimizer.zero_grad() calls)")
+    if index is not None and not 0 <= int(index) < participants:
+        raise LiveTopologyError(f"participant index must be in [0, {participants}) or None "
+                                f"(present, not reading), got {index}")
+    return StepClaim(cursor, participants, None if index is None else int(index))
+
+
+def check_claims(mine: StepClaim, claims: Sequence[StepClaim]) -> None:
+    """Check that the participants' ``claims`` for one step partition it; raise if not.
+
+    ``claims`` are every participant's (the all-gather's result, non-participants left
+    out). They must agree on the cursor and the number of participants, that number must be
+    how many claims there are, and the indices must be ``0 .. participants-1``, once each.
+    Every participant sees the same claims, so all of them raise together.
+
+    >>> check_claims(StepClaim(24, 2, 0), [StepClaim(24, 2, 0), StepClaim(24, 2, 1)])
+    >>> check_claims(StepClaim(24, 2, 0), [StepClaim(24, 2, 0), StepClaim(24, 2, 0)])
+    Traceback (most recent call last):
+    ...
+    zephon_store.errors.LiveTopologyError: the participants of the live step at cursor 24 disagree: indices [0, 0] of 2 participants (each of 0..1 must be claimed once); 2 processes claimed it. The participants callable must give every process of the step's quorum the same count and a distinct index; the step is not read, so nothing overlaps
+    """
+    if mine.index is None:
+        return
+    cursors = sorted({c.cursor for c in claims})
+    counts = sorted({c.participants for c in claims})
+    indices = sorted(c.index for c in claims)
+    problem = None
+    if cursors != [mine.cursor]:
+        problem = f"cursors {cursors} (this process: {mine.cursor})"
+    elif counts != [mine.participants]:
+        problem = f"participant counts {counts} (this process: {mine.participants})"
+    elif indices != list(range(mine.participants)):
+        problem = (f"indices {indices} of {mine.participants} participants (each of "
+                   f"0..{mine.participants - 1} must be claimed once)")
+    if problem is not None:
+        raise LiveTopologyError(
+            f"the participants of the live step at cursor {mine.cursor} disagree: {problem}; "
+            f"{len(claims)} processes claimed it. The participants callable must give every "
+            "process of the step's quorum the same count and a distinct index; the step is "
+            "not read, so nothing overlaps")
+
+
+def participant_positions(cursor: int, global_batch: int, participants: int,
+                          index: int | None, *, lanes: int = 1,
+                          epoch_size: int | None = None, end: int | None = None,
+                          group_size: int = 1, group_rank: int = 0) -> np.ndarray:
+    """Positions participant ``index`` of ``participants`` reads in the step at ``cursor``.
+
+    A full step follows :func:`~zephon_store.order.assign.positions_for_participant` (any
+    count, uneven when it does not divide ``global_batch``). A step cut short by ``end``
+    (the last one of a bounded run) is split as evenly as it goes. ``index`` None (present,
+    not participating) reads nothing. ``group_size`` ranks of one participant (a replica
+    group) split its share into contiguous parts as evenly as they go; ``group_rank`` takes
+    its part.
+
+    >>> [participant_positions(0, 8, 3, i).tolist() for i in range(3)]
+    [[0, 1], [2, 3, 4], [5, 6, 7]]
+    >>> participant_positions(96, 8, 2, 1, end=100).tolist()        # short last step
+    [98, 99]
+    >>> participant_positions(0, 8, 3, 2, group_size=2, group_rank=1).tolist()
+    [6, 7]
+    """
+    claim_step(cursor, participants, index)
+    if not 0 <= group_rank < group_size:
+        raise ValueError(f"group_rank must be in [0, {group_size}), got {group_rank}")
+    if index is None:
+        return np.empty(0, dtype=np.int64)
+    if end is not None and cursor + global_batch > end:
+        share = tail_positions_for_rank(min(cursor, end), end, participants, index,
+                                        lanes=lanes, epoch_size=epoch_size)
+    else:
+        share = positions_for_participant(cursor, global_batch, participants, index,
+                                          lanes=lanes, epoch_size=epoch_size)
+    n = share.size
+    return share[group_rank * n // group_size:(group_rank + 1) * n // group_size]
+
+
+class LiveCursor:
+    """The committed cursor of a live run: it moves only when a step commits.
+
+    Two ways to learn of commits:
+
+    - ``commits`` given: a counter of committed steps (torchft: ``manager.current_step``).
+      The cursor is ``anchor + (commits() - anchor_count) * global_batch`` (capped at
+      ``end``): each committed step moved it by one global batch. A load re-anchors it at
+      the counter's value then. That is what makes a replica that heals exact: torchft sets
+      the counter and loads the state together, before the step's commit.
+    - no ``commits``: the caller calls :meth:`commit` after each served step with the
+      step's fate; serving another step first raises.
+
+    >>> c = LiveCursor(8)
+    >>> c.begin(), c.commit(False), c.begin(), c.commit(True), c.position
+    (0, None, 0, None, 8)
+    >>> steps = iter([0, 0, 0, 1])
+    >>> c = LiveCursor(8, commits=lambda: next(steps))
+    >>> c.begin(), c.begin(), c.begin()     # the first step did not commit, the second did
+    (0, 0, 8)
+    """
+
+    def __init__(self, global_batch: int, *, cursor: int = 0, end: int | None = None,
+                 commits: Callable[[], int] | None = None) -> None:
+        if global_batch <= 0:
+            raise ValueError(f"global_batch must be > 0, got {global_batch}")
+        if cursor < 0:
+            raise ValueError(f"cursor must be >= 0, got {cursor}")
+        self.global_batch = global_batch
+        self.end = end
+        self.commits = commits
+        self._lock = threading.Lock()
+        self._anchor = cursor
+        self._anchor_step = 0
+        self._anchor_count = commits() if commits is not None else 0
+        self._pending = False       # explicit mode: a served step awaits commit()
+
+    def _steps(self, count: int) -> int:
+        steps = count - self._anchor_count
+        if steps < 0:
+            raise LiveTopologyError(
+                f"the commit counter went back from {self._anchor_count} to {count}; the "
+                "loader state must be loaded after the counter's owner (torchft: load the "
+                "Manager's state before the loader's)")
+        return steps
+
+    def _at(self, count: int) -> int:
+        cursor = self._anchor + self._steps(count) * self.global_batch
+        return cursor if self.end is None else min(cursor, max(self.end, self._anchor))
+
+    @property
+    def step(self) -> int:
+        """Committed steps (counted from the loaded state's, else from 0)."""
+        with self._lock:
+            if self.commits is None:
+                return self._anchor_step
+            return self._anchor_step + self._steps(self.commits())
+
+    @property
+    def position(self) -> int:
+        """The committed cursor: every position before it was consumed by a committed step."""
+        with self._lock:
+            if self.commits is None:
+                return self._anchor
+            return self._at(self.commits())
+
+    def begin(self) -> int:
+        """The cursor of the step to serve now (the same one again if the last did not commit)."""
+        with self._lock:
+            if self.commits is None:
+                if self._pending:
+                    raise LiveTopologyError(
+                        f"the step at cursor {self._anchor} was served but neither committed "
+                        "nor abandoned; call commit(True) or commit(False) after each step "
+                        "(or give the loader a commit counter)")
+                self._pending = True
+                return self._anchor
+            return self._at(self.commits())
+
+    def commit(self, ok: bool = True) -> None:
+        """The step served last committed (``ok``) or did not; explicit mode only."""
+        with self._lock:
+            if self.commits is not None:
+                raise LiveTopologyError("this cursor follows a commit counter; commit() is "
+                                        "for a cursor without one")
+            if not self._pending:
+                raise LiveTopologyError("commit() without a served step; call it once per step")
+            self._pending = False
+            if ok:
+                step = self.global_batch if self.end is None else \
+                    min(self.global_batch, max(0, self.end - self._anchor))
+                self._anchor += step
+                self._anchor_step += 1
+
+    def load(self, cursor: int, step: int | None = None) -> None:
+        """Continue from ``cursor`` (a loaded state; a joining replica's state transfer),
+        after ``step`` committed steps (None: ``cursor // global_batch``).
+
+        A step in flight stays in flight: committing it advances from ``cursor``, which is
+        where the quorum that commits it stands.
+        """
+        with self._lock:
+            self._anchor = cursor
+            self._anchor_step = cursor // self.global_batch if step is None else step
+            if self.commits is not None:
+                self._anchor_count = self.commits()
+
+
+class _ShareStream(RankStream):
+    """A rank stream whose share of each step is one participant's: what the pipeline reads.
+
+    One per :class:`LiveShare` (the order is built once); :meth:`use` switches it to another
+    quorum shape, which the read-ahead then starts over with.
+    """
+
+    def __init__(self, dataset, order_options: OrderOptions, global_batch: int, *,
+                 columns: list[str] | None, with_seq: bool, end: int | None,
+                 group_size: int, group_rank: int) -> None:
+        super().__init__(dataset, order_options, Topology(global_batch), columns=columns,
+                         with_seq=with_seq, end=end)
+        self.group = (group_size, group_rank)
+        self.participants, self.index = 1, None
+
+    def use(self, participants: int, index: int | None) -> None:
+        if (participants, index) != (self.participants, self.index):
+            self.participants, self.index = participants, index
+            self._ids_memo.clear()
+
+    def positions(self, cursor: int) -> np.ndarray:
+        return participant_positions(
+            cursor, self.topology.global_batch, self.participants, self.index,
+            lanes=self.order.effective_lanes, epoch_size=self.order.num_samples, end=self.end,
+            group_size=self.group[0], group_rank=self.group[1])
+
+
+class LiveShare:
+    """This process's batch of any live step, reused when a step is served again.
+
+    :meth:`batch` ``(cursor, participants, index)`` returns the share's decoded batch. The
+    steps after it are decoded ahead while the quorum keeps its shape (same participants,
+    same index); when it changes, the read-ahead starts over at the new step. The last batch
+    handed out is kept: a step that did not commit and comes back with the same positions
+    (:attr:`reused` counts those) is handed out again without fetching or decoding.
+
+    >>> from zephon_store import open_dataset
+    >>> share = LiveShare(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
+    >>> a = share.batch(0, 2, 1); b = share.batch(0, 2, 1)      # not committed: served again
+    >>> a is b, share.reused, a["id"].tolist()
+    (True, 1, [68, 97, 30, 33])
+    """
+
+    def __init__(self, dataset, order_options: OrderOptions, *, global_batch: int,
+                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+                 end: int | None = None, group_size: int = 1, group_rank: int = 0) -> None:
+        self.batch_options = batch or BatchOptions()
+        self.read_ahead = read_ahead or ReadAheadOptions()
+        columns = None if self.batch_options.columns is None else \
+            list(self.batch_options.columns)
+        self._stream = _ShareStream(dataset, order_options, global_batch, columns=columns,
+                                    with_seq=self.batch_options.with_seq, end=end,
+                                    group_size=group_size, group_rank=group_rank)
+        self.order = self._stream.order
+        self.dataset = dataset
+        self.global_batch = global_batch
+        self.end = end
+        self._ahead = self.read_ahead.decode_ahead_bytes
+        if self._ahead is None:
+            self._ahead = default_ahead_bytes(self._stream)
+        self._last: tuple[tuple, dict] | None = None
+        self._run: _Run | None = None
+        self.reused = 0          # batches handed out again for a step served again
+        self.decodes = 0         # row-group decodes started, over every read-ahead run
+
+    def batch(self, cursor: int, participants: int, index: int | None) -> dict:
+        """The batch of participant ``index`` of ``participants`` in the step at ``cursor``."""
+        key = (cursor, participants, index)
+        if self._last is not None and self._last[0] == key:
+            self.reused += 1
+            return self._last[1]
+        if index is None:
+            out = self._empty()
+        else:
+            run = self._run
+            if run is None or run.shape != (participants, index) or run.next_cursor != cursor:
+                self.close()
+                run = self._run = _Run(self._pipeline(cursor, participants, index),
+                                       (participants, index), cursor, self.global_batch)
+            out = run.next()
+            self.decodes += run.decodes_since()
+        self._last = (key, out)
+        return out
+
+    def _pipeline(self, cursor: int, participants: int, index: int) -> BatchPipeline:
+        self._stream.use(participants, index)
+        if self.end is None:
+            indices: Iterator[int] | range = itertools.count()
+        else:
+            indices = range(-(-max(0, self.end - cursor) // self.global_batch))
+        return BatchPipeline(self._stream, cursor, indices,
+                             transform=self.batch_options.transform, ahead_bytes=self._ahead,
+                             decode_threads=default_decode_threads(self.dataset))
+
+    def _empty(self) -> dict:
+        out = decode_table(self._stream.select(self.dataset.schema.empty_table()))
+        if self._stream.with_seq:
+            out.update(self._stream.seq_fields(np.empty(0, dtype=np.int64)))
+        if self.batch_options.transform is not None:
+            out = self.batch_options.transform(out)
+        return out
+
+    def close(self) -> None:
+        """Stop the read-ahead (decodes queued are dropped)."""
+        run, self._run = self._run, None
+        if run is not None:
+            run.close()
+
+
+class _Run:
+    """A read-ahead pipeline over consecutive steps of one quorum shape."""
+
+    def __init__(self, pipeline: BatchPipeline, shape: tuple, cursor: int,
+                 global_batch: int) -> None:
+        self.pipeline = pipeline
+        self.shape = shape
+        self.start = cursor
+        self.next_cursor = cursor
+        self.global_batch = global_batch
+        self._it = iter(pipeline)
+        self._counted = 0
+
+    def next(self) -> dict:
+        i, out = next(self._it)
+        assert self.start + i * self.global_batch == self.next_cursor
+        self.next_cursor += self.global_batch
+        return out
+
+    def decodes_since(self) -> int:
+        new, self._counted = self.pipeline.decodes - self._counted, self.pipeline.decodes
+        return new
+
+    def close(self) -> None:
+        self.pipeline.cancel()
+        self._it.close()

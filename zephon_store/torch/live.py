@@ -1,0 +1,288 @@
+"""``LiveZephonLoader``: each step split among the replicas present, the cursor moved by commits.
+
+The torch shell over :mod:`zephon_store.load.live`. With a torchft ``Manager`` it needs no
+other wiring:
+
+- the step's participants are the replicas of the manager's quorum whose gradients count
+  (:func:`manager_participants`); a replica that is healing is present but reads nothing
+  that step;
+- a step is committed when ``manager.should_commit()`` returned True: the manager's step
+  counter (``current_step()``) moved, and the cursor moves with it;
+- the loader registers its state with the manager (``register_state_dict_fn``), so a
+  joining replica receives the cursor in torchft's state transfer;
+- before a step is read, the participants all-gather ``(cursor, participants, index)``
+  through ``manager.allreduce`` and check that they partition the step.
+
+Draw each step's batch after the step's quorum was started (``manager.start_quorum()``,
+which torchft's ``Optimizer.zero_grad()`` calls) and before ``should_commit()``::
+
+    manager = torchft.Manager(pg=torchft.ProcessGroupGloo(), min_replica_size=2, ...)
+    loader = LiveZephonLoader("s3://bucket/ds", global_batch=1024, seed=7, manager=manager)
+    optimizer = torchft.Optimizer(manager, torch.optim.AdamW(model.parameters()))
+    batches = iter(loader)
+    while True:
+        optimizer.zero_grad()          # starts the step's quorum
+        batch = next(batches)          # this replica's share of the step
+        model(batch).backward()        # gradients averaged by torchft's DDP
+        optimizer.step()               # should_commit(); the cursor follows
+
+Without torchft, pass ``participants`` (a callable giving ``(index, count)`` for the
+current step; ``index`` None: present but not reading), and either ``commits`` (a counter of
+committed steps) or call :meth:`LiveZephonLoader.commit` after each step; ``agree`` (for
+example :func:`distributed_agreement`) checks the participants.
+
+>>> loader = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
+...                           participants=lambda: (1, 3))   # participant 1 of 3
+>>> batches = iter(loader)
+>>> next(batches)["id"].tolist()
+[78, 45, 68]
+>>> loader.commit(False)                 # the step broke: served again, to any quorum
+>>> next(batches)["id"].tolist()
+[78, 45, 68]
+>>> loader.commit(True)
+>>> loader.state_dict()["cursor"]
+8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..load.live import (
+    LiveCursor,
+    LiveShare,
+    LiveTopologyError,
+    StepClaim,
+    check_claims,
+    claim_step,
+)
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
+from ..load.runlog import split_step, with_step
+from ..load.state import LoaderState, check_state
+from ..order.order import OrderOptions
+from ..read.dataset import Dataset, open_dataset
+from .loader import to_torch
+
+__all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
+           "manager_participants"]
+
+Participants = Callable[[], tuple]
+Agree = Callable[[StepClaim], Sequence[StepClaim] | None]
+
+
+def manager_participants(manager) -> Participants:
+    """``(index, count)`` of this replica among the replicas whose gradients count this step.
+
+    torchft's quorum numbers ``num_participants()`` replicas, but a replica that is healing
+    at the step (``is_participating()`` False, e.g. the non-primary replicas at step 0 with
+    ``init_sync``) has its gradient zeroed by ``manager.allreduce``: its share of the data
+    would be read and never trained on. So each replica sums a one-hot vector of its quorum
+    rank through ``manager.allreduce`` (torchft zeroes a healer's): the ranks that came
+    through are the step's participants, numbered in quorum order. Every replica sees the
+    same vector, so they agree by construction. When the collective failed the step cannot
+    commit; the replica then reads nothing.
+    """
+    from torch.distributed import ReduceOp
+
+    def participants() -> tuple[int | None, int]:
+        n = manager.num_participants()
+        if n <= 0:
+            return None, n
+        rank = manager.participating_rank()
+        present = torch.zeros(n, dtype=torch.int64)
+        if rank is not None and manager.is_participating() and 0 <= rank < n:
+            present[rank] = 1
+        manager.allreduce(present, reduce_op=ReduceOp.SUM).wait()
+        if manager.errored() is not None:
+            return None, n
+        flags = present.numpy()
+        if (flags > 1).any():
+            raise LiveTopologyError(
+                f"torchft quorum ranks {np.flatnonzero(flags > 1).tolist()} were claimed by "
+                "more than one replica; the quorum is inconsistent, nothing is read")
+        count = int(flags.sum())
+        if count == 0:
+            return None, n
+        if rank is None or flags[rank] == 0:
+            return None, count
+        return int(flags[:rank].sum()), count
+
+    return participants
+
+
+def manager_agreement(manager) -> Agree:
+    """All-gather the participants' claims through a torchft ``Manager``.
+
+    A ``(num_participants, 4)`` int64 table is summed with ``manager.allreduce``: each
+    participant fills the row of its ``participating_rank()`` with its claim, a replica that
+    is not participating sends zeros (torchft zeroes them). Returns None when the collective
+    failed (the manager then does not commit the step, so it needs no check).
+    """
+    from torch.distributed import ReduceOp
+
+    def agree(claim: StepClaim) -> list[StepClaim] | None:
+        n = max(1, manager.num_participants())
+        rank = manager.participating_rank()
+        table = torch.zeros((n, 4), dtype=torch.int64)
+        if rank is not None and claim.index is not None and 0 <= rank < n:
+            table[rank] = torch.from_numpy(claim.as_row())
+        manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        if manager.errored() is not None:
+            return None
+        rows = table.numpy()
+        doubled = np.flatnonzero(rows[:, 0] > 1)
+        if doubled.size:
+            raise LiveTopologyError(
+                f"torchft quorum ranks {doubled.tolist()} were claimed by more than one "
+                f"replica at cursor {claim.cursor}; the quorum is inconsistent, nothing is read")
+        return [c for c in map(StepClaim.from_row, rows) if c is not None]
+
+    return agree
+
+
+def distributed_agreement(group=None) -> Agree:
+    """All-gather the claims over a ``torch.distributed`` group (every member, every step)."""
+    import torch.distributed as dist
+
+    def agree(claim: StepClaim) -> list[StepClaim]:
+        mine = torch.from_numpy(claim.as_row())
+        rows = [torch.zeros(4, dtype=torch.int64)
+                for _ in range(dist.get_world_size(group))]
+        dist.all_gather(rows, mine, group=group)
+        return [c for c in (StepClaim.from_row(r.numpy()) for r in rows) if c is not None]
+
+    return agree
+
+
+class LiveZephonLoader:
+    """Batches of a live-elastic run: this replica's share of each step, the cursor moved by
+    commits. See the module docstring for the torchft and plain-callable wiring.
+
+    Arguments: ``global_batch`` samples per committed step over all participants (any
+    participant count splits it, unevenly when it does not divide); ``manager`` a torchft
+    ``Manager`` (participants, commits, agreement and state transfer from it); or
+    ``participants``/``commits``/``agree`` callables; ``group_size``/``group_rank`` split a
+    participant's share among the ranks of its replica group; ``epochs``/``drop_last`` bound
+    the run as in :class:`~zephon_store.torch.ZephonLoader`; ``state_key`` names the
+    loader's entry in the manager's state transfer. ``columns``, ``with_seq``, ``transform``,
+    ``collate``, ``seed``/``order``, ``storage_options``, ``cache``, ``decode_ahead_bytes``
+    and ``expect_dataset_id`` are ``ZephonLoader``'s.
+
+    ``state_dict()`` is ``ZephonLoader``'s one-cursor state (committed steps only), so
+    either loader resumes the other's checkpoint. Unlike ``ZephonLoader``, a loaded state
+    applies to the live iterator's next step: that is how a replica heals mid-run.
+    """
+
+    def __init__(self, dataset: str | Dataset, *, global_batch: int, manager=None,
+                 participants: Participants | None = None,
+                 commits: Callable[[], int] | None = None, agree: Agree | None = None,
+                 seed: int | None = None, order: OrderOptions | None = None,
+                 columns: list[str] | None = None, with_seq: bool = False,
+                 transform: Callable[[dict], dict] | None = None,
+                 collate: Callable[[dict], object] | None = to_torch,
+                 epochs: float | None = None, drop_last: bool = True,
+                 group_size: int = 1, group_rank: int = 0,
+                 storage_options: dict | None = None, cache=None,
+                 decode_ahead_bytes: int | None = None, expect_dataset_id: str | None = None,
+                 state_key: str = "zephon_loader") -> None:
+        if order is None:
+            order = OrderOptions(seed=seed or 0)
+        elif seed is not None and seed != order.seed:
+            raise ValueError(f"seed={seed} disagrees with order.seed={order.seed}; pass one")
+        if manager is not None:
+            participants = participants or manager_participants(manager)
+            commits = commits or manager.current_step
+            agree = agree or manager_agreement(manager)
+        if participants is None:
+            raise ValueError("pass manager= (torchft) or participants= (a callable giving "
+                             "(index, count) for the current step)")
+        if isinstance(dataset, Dataset):
+            self.dataset = dataset
+            if expect_dataset_id is not None:
+                dataset.expect_id(expect_dataset_id)
+        else:
+            self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
+                                        expect_dataset_id=expect_dataset_id)
+        # lanes="auto" is resolved as ZephonLoader resolves it for one node (replica groups
+        # come and go, so they do not count as nodes); a resume takes the checkpoint's lanes.
+        self._requested_order = order
+        self.order = order.resolved(self.dataset.manifest.num_row_groups,
+                                    self.dataset.num_samples, node_batch=global_batch)
+        self.global_batch = global_batch
+        self.collate = collate
+        self.stop = StopOptions(epochs=epochs, drop_last=drop_last)
+        self._end = self.stop.end_position(self.dataset.num_samples)
+        self.participants = participants
+        self.agree = agree
+        self._cursor = LiveCursor(global_batch, end=self._end, commits=commits)
+        self._share_args = dict(
+            global_batch=global_batch,
+            batch=BatchOptions(columns=columns, with_seq=with_seq, transform=transform),
+            read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes),
+            end=None if drop_last else self._end, group_size=group_size, group_rank=group_rank)
+        self.share = LiveShare(self.dataset, self.order, **self._share_args)
+        self.last_step: StepClaim | None = None   # the step served last (for logs and audits)
+        if manager is not None:
+            manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def dataset_id(self) -> str:
+        return self.dataset.dataset_id
+
+    def state_dict(self) -> dict:
+        """``{version, dataset_id, seed, order, cursor, step}``: the committed cursor and
+        step count, identical on every rank (``ZephonLoader``'s state)."""
+        return with_step(LoaderState(self.dataset_id, self.order,
+                                     self._cursor.position).to_dict(), self._cursor.step)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (a checkpoint, or the quorum's state transfer).
+
+        With a torchft manager, load the manager's own state first: the cursor counts
+        commits from the manager's step at the time of the load.
+        """
+        state, step = split_step(state, self.global_batch)
+        st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order)
+        if st.order != self.order:     # "auto" lanes: the checkpoint's count
+            self.order = st.order
+            old, self.share = self.share, LiveShare(self.dataset, st.order, **self._share_args)
+            old.close()
+        self._cursor.load(st.cursor, step)
+
+    def commit(self, ok: bool = True) -> None:
+        """The step served last committed (``ok``) or not; only without a commit counter."""
+        self._cursor.commit(ok)
+
+    # -- iteration -----------------------------------------------------------------------
+    def _finished(self, cursor: int) -> bool:
+        if self._end is None:
+            return False
+        return cursor + self.global_batch > self._end if self.stop.drop_last \
+            else cursor >= self._end
+
+    def __iter__(self) -> Iterator:
+        return self._steps()
+
+    def _steps(self) -> Iterator:
+        try:
+            while True:
+                # The quorum first: a replica that heals before the step loads its cursor
+                # in there (torchft's synchronous quorum), so the cursor is read after it.
+                index, participants = self.participants()
+                if self._finished(self._cursor.position):
+                    return
+                cursor = self._cursor.begin()
+                claim = claim_step(cursor, participants, index)
+                if self.agree is not None:
+                    claims = self.agree(claim)
+                    if claims is not None:
+                        check_claims(claim, claims)
+                batch = self.share.batch(claim.cursor, claim.participants, claim.index)
+                self.last_step = claim
+                yield self.collate(batch) if self.collate is not None else batch
+        finally:
+            self.share.close()
