@@ -15,6 +15,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import zephon_store as z
 from zephon_store.errors import MixtureError, StateMismatchError
@@ -327,3 +329,41 @@ def test_a_capped_source_ends_the_mixture_after_the_last_full_step(sources) -> N
     doc["exhaustion"] = "renormalize"
     pairs = [p for b in _loader(doc, steps=12) for p in _pairs(b)]
     assert Counter(k for k, _ in pairs)[1] == 37 and len(pairs) == 96
+
+
+@settings(max_examples=40, deadline=None)
+@given(cursor=st.integers(1, 2000), gap=st.integers(0, 500), n=st.integers(1, 600),
+       w=st.lists(st.integers(0, 10), min_size=3, max_size=3).filter(lambda w: sum(w) > 0),
+       far=st.integers(0, 10**12))
+def test_resume_appending_at_a_random_cursor_neither_repeats_nor_skips(
+        sources, cursor, gap, n, w, far) -> None:
+    """The mixed order over the real sources, resumed at ``cursor`` (plus ``far``) with a
+    stage appended ``gap`` later: every source's stream indices run 0, 1, 2, ... without a
+    repeat or a hole across the resume, and each position's id is that source's own order."""
+    names = list(sources)
+    ds = [open_dataset(sources[k]) for k in names]
+    cursor += far
+    base = MixtureSchedule([(0, [0.5, 0.25, 0.25]), (700, ["1/3", "1/3", "1/3"])], names=names)
+    saved = MixedDataset(ds, base, names=names, columns=["id", "text"])
+    weights = [f"{x}/{sum(w)}" for x in w]
+    stages = [*base.stages, (max(base.stages[-1][0] + 1, cursor + gap), weights)]
+    wanted = MixedDataset(ds, MixtureSchedule(stages, names=names), names=names,
+                          columns=["id", "text"])
+    resumed = wanted.resumed(saved.state_entry(), cursor)
+    before = np.arange(max(0, cursor - 300), cursor)
+    after = np.arange(cursor, cursor + n)
+    k0, i0 = saved.schedule.locate(before)
+    k1, i1 = resumed.schedule.locate(after)
+    assert (resumed.schedule.locate(before)[1] == i0).all()     # the past is unchanged
+    start = saved.schedule.consumed(int(before[0])) if before.size else np.zeros(3, np.int64)
+    ks, idx = np.concatenate([k0, k1]), np.concatenate([i0, i1])
+    for k in range(3):
+        mine = idx[ks == k]
+        assert mine.tolist() == list(range(int(start[k]), int(start[k]) + mine.size))
+    order = MixedOrder(resumed, OrderOptions(seed=SEED))
+    src, local = resumed.split_ids(order.sample_at(after))
+    assert (src == k1).all()
+    for k in range(3):
+        sel = k1 == k
+        expect = order.source_orders[k].sample_at(i1[sel])
+        assert (local[sel] == expect).all()
