@@ -155,3 +155,29 @@ def test_the_loader_writes_one_line_per_segment_from_rank_0(url, tmp_path) -> No
     loader.load_state_dict(old)
     assert loader.state_dict()["step"] == 10
     assert not os.path.exists(str(tmp_path / "none.jsonl"))
+
+
+def test_deny_lists_by_id_and_by_input_file(url, tmp_path) -> None:
+    import numpy as np
+
+    from zephon_store.load.denylist import load_deny_list
+    from zephon_store.read.dataset import open_dataset
+
+    manifest = open_dataset(url).manifest
+    by_input = tmp_path / "inputs.json"
+    by_input.write_text(json.dumps({"ids": [3], "inputs": ["part-001.jsonl"]}))
+    deny = load_deny_list(str(by_input), manifest)
+    assert deny.ids.tolist() == [3, *range(100, 200)]   # the second input's 100 records
+    assert deny.masked(np.array([3, 4, 99, 100, 199])).tolist() == [
+        True, False, False, True, True]
+    same = tmp_path / "same.txt"
+    same.write_text("# the same list, as text\n" + "\n".join(map(str, deny.ids.tolist())))
+    assert load_deny_list(str(same), manifest).identity == deny.identity
+    assert deny.to_log()["count"] == 101 and deny.to_log()["mode"] == "mask"
+    for text, message in (('{"inputs": ["nope.jsonl"]}', "does not record"),
+                          ('{"ids": [200]}', r"id 200 is outside the dataset's \[0, 200\)"),
+                          ('{"idz": [1]}', "unknown key"), ("1\nx\n", "line 2: 'x'")):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_deny_list(str(bad), manifest)
