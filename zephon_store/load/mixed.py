@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -523,8 +524,11 @@ def is_mixture(obj) -> bool:
     mixture spec or its dict, or the path of a mixture file (``.toml``/``.json``)."""
     if isinstance(obj, (MixedDataset, dict)):
         return True
-    if isinstance(obj, str):
-        return obj.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in obj
+    if isinstance(obj, (str, os.PathLike)):
+        path = os.fspath(obj)
+        # A local file named *.toml/*.json; a dataset is a folder (or a remote URL).
+        return (path.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in path
+                and not os.path.isdir(path))
     return type(obj).__name__ == "MixtureSpec"
 
 
