@@ -140,3 +140,7 @@ def test_mixture_restarts_with_an_appended_stage_consume_the_uninterrupted_strea
     # All three sources, the S3 one included, were read in every phase.
     for part in (p1, p2, p3):
         assert {k for k, _ in part} == {0, 1, 2}
+    # The S3 source's row groups went through the node's disk cache (local sources are
+    # read in place).
+    cached = [f for _, _, fs in os.walk(os.path.join(root, "cache")) for f in fs]
+    assert cached
