@@ -367,3 +367,14 @@ def test_resume_appending_at_a_random_cursor_neither_repeats_nor_skips(
         sel = k1 == k
         expect = order.source_orders[k].sample_at(i1[sel])
         assert (local[sel] == expect).all()
+
+
+def test_a_second_load_starts_from_the_configured_schedule(sources) -> None:
+    loader = _loader(_mixture(sources, THREE_STAGES), steps=2)
+    early, late = _ran(sources, steps=3), _ran(sources, steps=12)   # cursors 24 and 96
+    loader.load_state_dict(late)
+    loader.load_state_dict(early)     # the last load wins, from the file's stages
+    assert [s for s, _ in loader.dataset.schedule.stages] == [0, 40, 96]
+    assert loader.dataset.schedule == loader.dataset.config_schedule
+    whole = [p for b in _loader(_mixture(sources, THREE_STAGES), steps=5) for p in _pairs(b)]
+    assert [p for b in loader for p in _pairs(b)] == whole[24:40]

@@ -179,6 +179,10 @@ class MixedDataset:
             raise ValueError(f"a mixture needs one distinct name per source, got {self.names} "
                              f"for {len(self.sources)} sources")
         self.schedule = schedule
+        # The schedule this mixture was configured with; a resume replaces ``schedule`` by
+        # the checkpoint's past plus this one's later stages, and a second resume starts
+        # from this one again.
+        self.config_schedule = schedule
         self.spec = spec
         self._setup(columns)
 
@@ -242,11 +246,13 @@ class MixedDataset:
     # options; fresh threads and caches on the other side).
     def __getstate__(self) -> dict:
         return {"sources": self.sources, "names": self.names, "schedule": self.schedule,
-                "columns": self.columns, "spec": self.spec}
+                "config_schedule": self.config_schedule, "columns": self.columns,
+                "spec": self.spec}
 
     def __setstate__(self, state: dict) -> None:
         self.sources = [copy.copy(s) for s in state["sources"]]
         self.names, self.schedule, self.spec = state["names"], state["schedule"], state["spec"]
+        self.config_schedule = state["config_schedule"]
         self._setup(state["columns"])
 
     # -- facts -------------------------------------------------------------------------
@@ -387,7 +393,7 @@ class MixedDataset:
         return self.with_schedule(self._continue(saved_sched, saved_schedule, cursor))
 
     def _continue(self, saved: MixtureSchedule, saved_dict: dict, cursor: int):
-        mine = self.schedule
+        mine = self.config_schedule
         if saved.policy != mine.policy:
             raise StateMismatchError(
                 f"the checkpoint's exhaustion policy is {saved.policy!r}, this mixture's "
