@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import ZEPHONS, count, import_streaming, vm_kb  # noqa: E402
+from common import BATCH, ZEPHONS, count, import_streaming, vm_kb  # noqa: E402
 
 RANDOM_ACCESSES = 1000
 RESUME_REPS = 4   # the first is the process's first resume ("cold"), the rest are warm
@@ -142,6 +142,8 @@ def main() -> None:
     ap.add_argument("--s3")
     ap.add_argument("--cache-dir")
     a = ap.parse_args()
+    if a.batch:
+        BATCH[a.kind] = a.batch   # every system reads its batch size from this dict
     _preimport(a.system)
     rss0 = vm_kb("VmRSS")
     out = measure(a)

@@ -18,9 +18,13 @@ LABELS = {"pyarrow": "raw pyarrow", "zephon": "Zephon", "zephonraw": "Zephon, un
 # Samples per batch: 256 documents of text, 32 windows of 2049 tokens (~256 KiB), as in
 # benchmarks/bench_loader.py.
 BATCH = {"text": 256, "tokens": 32}
+# The per-rank batch of the "_b8" read metrics: a training rank's batch is often 4-16
+# samples, where the loader's per-step cost shows (issue 19).
+SMALL_BATCH = 8
 SEED = 0
 
-for p in (ROOT, HERE):
+# ZEPHON_BENCH_ROOT imports zephon_store from another checkout (ab.py's "before" side).
+for p in (os.environ.get("ZEPHON_BENCH_ROOT", ROOT), HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 

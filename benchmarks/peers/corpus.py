@@ -133,7 +133,9 @@ def _write_text(inp: str, mb: int) -> dict:
 def _write_tokens(inp: str, mb: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from bench.corpora import WINDOW, token_windows
+    # benchmarks/corpora.py (the folder was once named bench/).
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from corpora import WINDOW, token_windows
 
     n = max(1, round(mb * 1_000_000 / (WINDOW * 4)))
     schema = pa.schema([("tokens", pa.list_(pa.int32(), WINDOW))])

@@ -102,9 +102,10 @@ def throughput_table(kind: str, block: dict) -> list[str]:
     res = block["results"]
     disk = block.get("bytes_on_disk", {})
     rows = ["| system | convert MB/s | on disk MB | sequential read, samples/s | "
-            "shuffled read, samples/s | DataLoader w=0, samples/s | "
-            "DataLoader w=2, samples/s | S3 sequential, samples/s |",
-            "|---|---|---|---|---|---|---|---|"]
+            "shuffled read, samples/s | sequential, per-rank batch 8 | shuffled, per-rank "
+            "batch 8 | DataLoader w=0, samples/s | DataLoader w=2, samples/s | "
+            "S3 sequential, samples/s |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     cases = [c for c in ORDER if c != "zephon_take" and any(c in res.get(m, {}) for m in res)]
     for c in cases:
         g = lambda m, c=c: res.get(m, {}).get(c)  # noqa: E731
@@ -113,6 +114,8 @@ def throughput_table(kind: str, block: dict) -> list[str]:
         rows.append(f"| {CASE_LABELS[c]} | {conv} | {d} | "
                     f"{_cell(g('read_seq'), 'samples_per_s', ratio=True)}{_mb(g('read_seq'))} | "
                     f"{_cell(g('read_shuffled'), 'samples_per_s', ratio=True)} | "
+                    f"{_cell(g('read_seq_b8'), 'samples_per_s', ratio=True)} | "
+                    f"{_cell(g('read_shuffled_b8'), 'samples_per_s', ratio=True)} | "
                     f"{_cell(g('loader_w0'), 'samples_per_s', ratio=True)} | "
                     f"{_cell(g('loader_w2'), 'samples_per_s', ratio=True)} | "
                     f"{_cell(g('s3_seq'), 'samples_per_s', ratio=True)}{_mb(g('s3_seq'))} |")
@@ -123,7 +126,7 @@ def latency_table(kind: str, block: dict) -> list[str]:
     res = block["results"]
     rows = ["| system | random access p50 µs | p99 µs | resume, first batch ms "
             "(default order) | same, first resume in the process | resume, sequential order, "
-            "ms | peak RSS MB: seq / shuffled / w=0 |",
+            "ms | peak RSS MB: convert / seq / shuffled / w=0 |",
             "|---|---|---|---|---|---|---|"]
     for c in [c for c in ORDER if c != "zephon_w2"]:
         g = lambda m, c=c: res.get(m, {}).get(c)  # noqa: E731
@@ -132,7 +135,7 @@ def latency_table(kind: str, block: dict) -> list[str]:
         if not any(g(m) for m in res):
             continue
         rss = " / ".join(f"{g(m)['peak_rss_mb']:.0f}" if g(m) and "peak_rss_mb" in g(m)
-                         else "–" for m in ("read_seq", "read_shuffled", "loader_w0"))
+                         else "–" for m in ("convert", "read_seq", "read_shuffled", "loader_w0"))
         rows.append(f"| {CASE_LABELS[c]} | {_cell(g('random'), 'p50_us', ratio=True)} | "
                     f"{_cell(g('random'), 'p99_us', spread=False)} | "
                     f"{_cell(g('resume'), 'warm_first_ms')} | "

@@ -34,11 +34,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import corpus as corpus_mod  # noqa: E402
-from common import BATCH, BENCH, HERE, ROOT, SYSTEMS, ZEPHONS  # noqa: E402
+from common import BATCH, BENCH, HERE, ROOT, SMALL_BATCH, SYSTEMS, ZEPHONS  # noqa: E402
 
 QUICK_MB, FULL_MB = 40, 300
-METRICS = ("convert", "read_seq", "read_shuffled", "random", "resume", "resume_seq",
-           "loader_w0", "loader_w2", "s3_seq")
+METRICS = ("convert", "read_seq", "read_shuffled", "read_seq_b8", "read_shuffled_b8", "random",
+           "resume", "resume_seq", "loader_w0", "loader_w2", "s3_seq")
 RESULTS = os.path.join(BENCH, "results.json")
 # Which systems a metric runs for, when not every one. Raw pyarrow and HF have no shuffled
 # resume, so their "resume" is sequential and resume_seq would repeat it.
@@ -49,7 +49,10 @@ def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S ") + msg, file=sys.stderr, flush=True)
 
 
-def spawn(system: str, metric: str, kind: str, path: str, timeout: float, **kw) -> dict:
+def spawn(system: str, metric: str, kind: str, path: str, timeout: float, *, root: str = ROOT,
+          **kw) -> dict:
+    """One measurement in a fresh ``child.py`` process; ``root``: the checkout whose
+    zephon_store it imports."""
     args = [sys.executable, os.path.join(HERE, "child.py"), "--system", system,
             "--metric", metric, "--kind", kind, "--path", path]
     for k, v in kw.items():
@@ -58,7 +61,7 @@ def spawn(system: str, metric: str, kind: str, path: str, timeout: float, **kw) 
     t0 = time.perf_counter()
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                             env=dict(os.environ, PYTHONPATH=ROOT))
+                             env=dict(os.environ, PYTHONPATH=root, ZEPHON_BENCH_ROOT=root))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = out.stdout.strip().splitlines()
@@ -136,11 +139,13 @@ def cases_for(metric: str, systems: list[str]) -> list[str]:
 def _spawn_case(case: str, metric: str, kind: str, meta: dict, fmt: dict, timeout: float,
                 extra: dict | None = None) -> dict:
     system = case.split("_")[0]
-    m = metric
+    m, batch = metric, BATCH[kind]
     if case == "zephon_take":
         m = "random_take"
+    if metric.endswith("_b8"):   # the same read at a per-rank batch of SMALL_BATCH
+        m, batch = metric.removesuffix("_b8"), SMALL_BATCH
     return spawn(system, m, kind, fmt[system], timeout, num_samples=meta["num_samples"],
-                 batch=BATCH[kind], **(extra or {}))
+                 batch=batch, **(extra or {}))
 
 
 def run_convert(kind, meta, fmt, work, runs, systems, timeout) -> dict:
