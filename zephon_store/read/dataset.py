@@ -25,8 +25,8 @@ from ..io.cache import ChunkCache
 from ..io.storage import Storage
 from .rowgroups import DEFAULT_DECODE_CACHE_BYTES, RowGroups
 
-__all__ = ["DEFAULT_DECODE_CACHE_BYTES", "Dataset", "check_dataset_id", "gather_rows",
-           "open_dataset"]
+__all__ = ["DEFAULT_DECODE_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
+           "gather_rows", "open_dataset"]
 
 
 class Dataset:
@@ -293,6 +293,23 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
     return Dataset(url, storage_options=storage_options, cache=cache,
                    decode_cache_bytes=decode_cache_bytes, retry=retry,
                    expect_dataset_id=expect_dataset_id)
+
+
+def as_dataset(dataset: str | Dataset, *, storage_options: dict | None = None, cache=None,
+               expect_dataset_id: str | None = None) -> Dataset:
+    """``dataset`` when it is already a :class:`Dataset` (checked against
+    ``expect_dataset_id``), else :func:`open_dataset` of the URL: what a loader takes.
+
+    >>> ds = open_dataset(tiny_dataset)
+    >>> as_dataset(ds) is ds, as_dataset(tiny_dataset).num_samples
+    (True, 100)
+    """
+    if isinstance(dataset, Dataset):
+        if expect_dataset_id is not None:
+            dataset.expect_id(expect_dataset_id)
+        return dataset
+    return open_dataset(dataset, storage_options=storage_options, cache=cache,
+                        expect_dataset_id=expect_dataset_id)
 
 
 def check_dataset_id(dataset_id: str | None) -> None:

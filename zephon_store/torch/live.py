@@ -63,7 +63,7 @@ from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
 from ..load.runlog import split_step, with_step
 from ..load.state import LoaderState, check_state
 from ..order.order import OrderOptions
-from ..read.dataset import Dataset, open_dataset
+from ..read.dataset import Dataset, as_dataset
 from .loader import to_torch
 
 __all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
@@ -199,13 +199,8 @@ class LiveZephonLoader:
         if participants is None:
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
-        if isinstance(dataset, Dataset):
-            self.dataset = dataset
-            if expect_dataset_id is not None:
-                dataset.expect_id(expect_dataset_id)
-        else:
-            self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
-                                        expect_dataset_id=expect_dataset_id)
+        self.dataset = as_dataset(dataset, storage_options=storage_options, cache=cache,
+                                  expect_dataset_id=expect_dataset_id)
         # lanes="auto" is resolved as ZephonLoader resolves it for one node (replica groups
         # come and go, so they do not count as nodes); a resume takes the checkpoint's lanes.
         self._requested_order = order
