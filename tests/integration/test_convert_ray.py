@@ -9,6 +9,7 @@ process is the Ray driver for the in-process conversions. Ray is a test dependen
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import signal
@@ -174,32 +175,55 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "zephon_store.cli.main", "convert", *args]
 
 
-def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster, big,
-                                                                         tmp_path):
+def _md5_tree(fs, base: str) -> dict[str, str]:
+    return {p[len(base) + 1:]: hashlib.md5(fs.cat_file(p)).hexdigest() for p in fs.find(base)}
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster, big, tmp_path,
+                                                                         request, where):
     src, ref, ref_tree = big
-    out = tmp_path / "ds"
-    cmd = _cli(str(src), "-o", str(out), "--engine", "ray", "--ray-address", cluster.address,
-               "--json", *SIZES)
+    if where == "local":
+        out, extra = str(tmp_path / "ds"), []
+
+        def staged():  # the ledger beside the output
+            return [p.name for p in (tmp_path / "ds").glob(".zephon-staging/*/parsed/*.json")]
+
+        def tree():
+            return tree_digest(tmp_path / "ds")
+    else:
+        import s3fs
+
+        bucket = request.getfixturevalue("s3_bucket")
+        fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True,
+                               use_listings_cache=False)
+        out, extra = f"{bucket.url}/ds", ["--storage-options",
+                                          json.dumps(bucket.storage_options)]
+
+        def staged():  # the ledger beside the output, on the object store
+            return [p for p in fs.find(f"{bucket.name}/ds/.zephon-staging")
+                    if "/parsed/" in p and p.endswith(".json")]
+
+        def tree():
+            return _md5_tree(fs, f"{bucket.name}/ds")
+    cmd = _cli(str(src), "-o", out, "--engine", "ray", "--ray-address", cluster.address,
+               "--json", *SIZES, *extra)
     env = dict(ray_env(), PYTHONPATH=ROOT)
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    staging = out / ".zephon-staging"
     deadline = time.monotonic() + 120
-    while p.poll() is None and time.monotonic() < deadline:
-        if len(list(staging.glob("*/parsed/*.json"))) >= 2:
-            break
-        time.sleep(0.01)
+    while p.poll() is None and time.monotonic() < deadline and len(staged()) < 2:
+        time.sleep(0.02)
     assert p.poll() is None, p.communicate()
     p.kill()  # SIGKILL: the driver dies with tasks in flight
     p.communicate()
-    staged = {f.name for f in staging.glob("*/parsed/*.json")}
-    assert len(staged) >= 2 and not (out / "manifest.json").exists()
+    done = staged()
+    assert len(done) >= 2 and "manifest.json" not in tree()
     again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     summary = json.loads(again.stdout)
-    assert summary["inputs_reused"] >= len(staged) and summary["engine"] == "ray"
-    assert summary["dataset_id"] == ref.dataset_id and tree_digest(out) == ref_tree
-    assert not staging.exists()
+    assert summary["inputs_reused"] >= len(done) and summary["engine"] == "ray"
+    assert summary["dataset_id"] == ref.dataset_id and tree() == ref_tree  # no ledger left
 
 
 def test_a_second_driver_on_the_same_output_is_refused(cluster, corpora, tmp_path):

@@ -48,7 +48,7 @@ from .publish import check_output, publish_manifest, stored_intact
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
 from .staged import StagedInput, arrow_batch_rows, read_staged
-from .staging import StagingArea, job_area, job_key
+from .staging import StagingArea, job_area, job_key, shared_storage
 
 
 @dataclass
@@ -266,28 +266,28 @@ def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
 
 # -- phase 1: parse ------------------------------------------------------------------------
 def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
-    tasks, metas, reused = [], [None] * len(files), 0
-    for i, f in enumerate(files):
-        meta = read_staged(area, f"parsed/{i:06d}.json")
-        if meta is not None and meta.complete(area):
-            metas[i] = meta
-            reused += 1
-        else:
-            tasks.append((i, f, area, input_options, so, parse_fn))
-    t0, rows, parsed = time.perf_counter(), 0, reused
-    with _bar(progress, sum(t[1].size for t in tasks), "parse") as bar:
-        for meta in executor.map(_parse_one, tasks, name="parse"):
+    tasks = [(i, f, area, input_options, so, parse_fn) for i, f in enumerate(files)]
+    metas: list[StagedInput | None] = [None] * len(files)
+    t0, rows, parsed, reused = time.perf_counter(), 0, 0, 0
+    with _bar(progress, sum(f.size for f in files), "parse") as bar:
+        for meta, was_reused in executor.map(_parse_one, tasks, name="parse"):
             metas[meta.index] = meta
             rows += meta.rows
+            reused += was_reused
             bar.update(meta.input_bytes)
             parsed += 1
-            bar.set_postfix(inputs=f"{parsed}/{len(files)}", samples=rows,
+            bar.set_postfix(inputs=f"{parsed}/{len(files)}", samples=rows, reused=reused,
                             samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
     return metas, reused
 
 
-def _parse_one(task) -> StagedInput:
-    return _on_disk(task[2].root, lambda: _parse_staged(task))
+def _parse_one(task) -> tuple[StagedInput, bool]:
+    # A rerun reuses an input staged complete; the check runs here, in the task, so the
+    # driver makes no request per input.
+    meta = read_staged(task[2], f"parsed/{task[0]:06d}.json")
+    if meta is not None and meta.complete(task[2]):
+        return meta, True
+    return _on_disk(task[2].root, lambda: _parse_staged(task)), False
 
 
 def _parse_staged(task) -> StagedInput:
@@ -303,12 +303,12 @@ def _parse_staged(task) -> StagedInput:
                 continue
             if writer is None:
                 schema = batch.schema
-                writer = pa.ipc.new_file(tmp, schema)
+                writer = pa.ipc.new_file(tmp, schema, options=area.ipc_options)
             elif not batch.schema.equals(schema):
                 # Chunks of one file may infer different types; unify within the file.
                 schema = unify_schemas([(f.url, schema), (f.url, batch.schema)])
                 writer.close()
-                writer = _rewrite_with_schema(tmp, schema)
+                writer = _rewrite_with_schema(tmp, schema, area.ipc_options)
                 batch = conform_batch(pa.Table.from_batches([batch]), schema).to_batches()[0]
             writer.write_batch(batch)
             sizes.append(table_row_nbytes(batch))
@@ -332,10 +332,10 @@ def _parse_staged(task) -> StagedInput:
     return meta
 
 
-def _rewrite_with_schema(path: str, schema: pa.Schema):
+def _rewrite_with_schema(path: str, schema: pa.Schema, options: pa.ipc.IpcWriteOptions | None):
     old = pa.ipc.open_file(pa.memory_map(path)).read_all()
     os.replace(path, path + ".old")
-    w = pa.ipc.new_file(path, schema)
+    w = pa.ipc.new_file(path, schema, options=options)
     for b in conform_batch(old, schema).to_batches():
         w.write_batch(b)
     os.remove(path + ".old")
@@ -379,27 +379,21 @@ def _write_all(cuts, metas, area, schema, options, out, executor, progress):
     input_rows = np.array([m.rows for m in metas], dtype=np.int64)
     input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
     infos: list[ShardInfo | None] = [None] * len(cuts)
-    tasks, reused = [], 0
+    schema_b64 = schema_to_base64(schema)
+    tasks = []
     for p in cuts:
-        receipt = area.read_json(f"done/{p.index:06d}.json")
-        if receipt is not None:
-            info = ShardInfo.from_dict(receipt)
-            if stored_intact(out, shard_path(info.name), info.bytes, info.name):
-                infos[p.index] = info
-                reused += 1
-                continue
         pieces = _pieces(p, input_starts, input_rows)
         # Only the staged inputs this shard reads travel with its task.
-        tasks.append((p, pieces, area, {i: metas[i] for i, _, _ in pieces},
-                      schema_to_base64(schema), options, out))
+        tasks.append((p, pieces, area, {i: metas[i] for i, _, _ in pieces}, schema_b64,
+                      options, out))
+    reused = written = 0
     with _bar(progress, len(cuts), "write", unit="shard") as bar:
-        bar.update(reused)
-        written = 0
-        for index, info in executor.map(_write_one, tasks, name="write"):
+        for index, info, was_reused in executor.map(_write_one, tasks, name="write"):
             infos[index] = info
+            reused += was_reused
             written += info.bytes
             bar.update(1)
-            bar.set_postfix(written=f"{written / 1e6:.1f}MB")
+            bar.set_postfix(written=f"{written / 1e6:.1f}MB", reused=reused)
     return infos, reused
 
 
@@ -409,6 +403,14 @@ def _write_one(task):
 
 def _write_staged(task):
     cut, pieces, area, staged, schema_b64, options, out = task
+    out = shared_storage(out.root_url, out.storage_options)
+    # A rerun reuses a shard its receipt names while its bytes still hash to its name; the
+    # check runs here, in the task, so the driver never reads a shard.
+    receipt = area.read_json(f"done/{cut.index:06d}.json")
+    if receipt is not None:
+        info = ShardInfo.from_dict(receipt)
+        if stored_intact(out, shard_path(info.name), info.bytes, info.name):
+            return cut.index, info, True
     schema = schema_from_base64(schema_b64)
     parts = [conform_batch(staged[i].read_rows(area, local, n), schema) for i, local, n in pieces]
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -423,7 +425,7 @@ def _write_staged(task):
     if os.path.exists(tmp):
         os.remove(tmp)
     area.write_json(f"done/{cut.index:06d}.json", info.to_dict())
-    return cut.index, info
+    return cut.index, info, False
 
 
 def _input_error(exc: ElementNullError, pieces, staged) -> InputError:

@@ -427,7 +427,7 @@ def _pack_file(task) -> StagedInput:
     per_batch = max(1, _BATCH_TOKENS // window)
     tmp = area.scratch(f"{base}.arrow")
     sizes = []
-    with pa.ipc.new_file(tmp, schema) as writer:
+    with pa.ipc.new_file(tmp, schema, options=area.ipc_options) as writer:
         for k in range(lo, hi, per_batch):
             k1 = min(hi, k + per_batch)
             a, b = k * window, k1 * window
