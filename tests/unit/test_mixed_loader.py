@@ -242,6 +242,8 @@ def test_python_structure_and_token_weights(sources) -> None:
     ds = [open_dataset(u) for u in sources.values()]
     schedule = MixtureSchedule([(0, [0.5, 0.25, 0.25])], names=list(sources))
     mix = MixedDataset(ds, schedule, names=list(sources), columns=["id", "text"])
+    with pytest.raises(MixtureError, match="one weight per source"):
+        MixedDataset(ds[:2], schedule, names=list(sources)[:2])
     order = MixedOrder(mix, OrderOptions(seed=SEED))
     got = [p for b in _loader(mix, steps=2) for p in _pairs(b)]
     src, local = order.locate(np.arange(2 * B))

@@ -178,6 +178,12 @@ class MixedDataset:
         if len(self.names) != len(self.sources) or len(set(self.names)) != len(self.names):
             raise ValueError(f"a mixture needs one distinct name per source, got {self.names} "
                              f"for {len(self.sources)} sources")
+        if schedule.num_sources != len(self.sources) or (
+                schedule.names is not None and list(schedule.names) != self.names):
+            raise MixtureError(
+                f"the schedule is for {schedule.num_sources} sources "
+                f"{list(schedule.names or [])}, but the mixture has {len(self.sources)} "
+                f"{self.names}; give one weight per source, in the same order")
         self.schedule = schedule
         # The schedule this mixture was configured with; a resume replaces ``schedule`` by
         # the checkpoint's past plus this one's later stages, and a second resume starts
