@@ -68,6 +68,9 @@ def cmd_mixture_info(args) -> int:
     for j, st in enumerate(spec.stages):
         weights = ", ".join(f"{n} {w}" for n, w in info["stages"][j]["weights"].items())
         print(f"  {st.name} from {_start_text(st, starts[j])}: {weights}")
+        sw = info["stages"][j].get("sample_weights")
+        if sw:
+            print("    as sample weights: " + ", ".join(f"{n} {w:.4g}" for n, w in sw.items()))
     if mix is None:
         print("(stage starts in steps: pass --global-batch B to see them in samples)")
     return 0
