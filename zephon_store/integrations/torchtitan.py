@@ -38,7 +38,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -144,8 +144,9 @@ class ZephonDataLoader(BaseDataLoader):
         window_blocks: int = _DEFAULT_ORDER.window_blocks
         """Row groups per shuffle window (see docs/order.md)."""
 
-        lanes: int = _DEFAULT_ORDER.lanes
-        """Order lanes P (see docs/order.md)."""
+        lanes: int | Literal["auto"] = _DEFAULT_ORDER.lanes
+        """Order lanes P, or "auto": resolved by the loader at the run's first start from the
+        dataset and the node count (see docs/order.md, "Locality at scale")."""
 
         storage_options: str = ""
         """fsspec storage options as a JSON object, e.g. '{"endpoint_url": "http://..."}'."""
