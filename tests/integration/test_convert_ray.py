@@ -276,14 +276,19 @@ def bad_src(tmp_path):
     lines[41] = '{"id": 1, "text": "unterminated'
     lines[97] = "[1, 2, 3]"
     (src / "part-001.jsonl").write_text("\n".join(lines) + "\n")
+    # A later input fails sooner (line 3): the error reported is still the first in order.
+    lines = (src / "part-002.jsonl").read_text().splitlines()
+    lines[2] = '{"id": 2, "text": }'
+    (src / "part-002.jsonl").write_text("\n".join(lines) + "\n")
     return src
 
 
 def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_src, tmp_path):
     errors = []
-    for engine in ("local", "ray"):
+    for engine, workers in (("local", 1), ("ray", 3)):
         with pytest.raises(InputError) as e:
-            convert([str(bad_src)], str(tmp_path / engine), options=SMALL, engine=engine)
+            convert([str(bad_src)], str(tmp_path / engine), options=SMALL, engine=engine,
+                    workers=workers)
         errors.append((type(e.value), str(e.value), e.value.path, e.value.line))
     assert errors[0] == errors[1]
     assert "part-001.jsonl" in errors[1][1] and errors[1][3] == 42
@@ -292,5 +297,5 @@ def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_sr
     local = convert([str(bad_src)], str(tmp_path / "ls"), options=SMALL, input_options=skip)
     ray_ = convert([str(bad_src)], str(tmp_path / "rs"), options=SMALL, input_options=skip,
                    engine="ray", workers=3)
-    assert local.skipped == ray_.skipped and sum(ray_.skipped.values()) == 2
+    assert local.skipped == ray_.skipped and sum(ray_.skipped.values()) == 3
     assert local.skip_examples == ray_.skip_examples and local.dataset_id == ray_.dataset_id

@@ -106,29 +106,40 @@ class RayExecutor(Executor):
         submitted = 0
         try:
             for want in range(len(tasks)):
-                while submitted < len(tasks) and len(pending) < self.workers:
-                    ref = remote.options(name=f"zephon {name}[{submitted}]",
-                                         max_retries=self.max_retries,
-                                         num_cpus=self.cpus_per_task).remote(tasks[submitted])
-                    pending[ref] = submitted
-                    submitted += 1
                 while want not in done:
-                    ready, _ = ray.wait(list(pending), num_returns=1)
+                    # Keep every slot busy, also while an earlier task holds up the order.
+                    while submitted < len(tasks) and len(pending) < self.workers:
+                        ref = remote.options(name=f"zephon {name}[{submitted}]",
+                                             max_retries=self.max_retries,
+                                             num_cpus=self.cpus_per_task).remote(tasks[submitted])
+                        pending[ref] = submitted
+                        submitted += 1
+                    # One wait costs O(in flight) (thousands of refs on a large cluster): wait
+                    # for a sixteenth of them (or half a second), not for each one.
+                    ready, _ = ray.wait(list(pending), num_returns=max(1, len(pending) // 16),
+                                        timeout=0.5)
                     for ref in ready:
-                        done[pending.pop(ref)] = self._get(ref)
-                yield done.pop(want)
+                        done[pending.pop(ref)] = self._outcome(ref)
+                ok, value = done.pop(want)
+                if not ok:  # raised in task order, as the local engine does
+                    raise value
+                yield value
         finally:
             for ref in pending:  # an error or a closed generator: stop what still runs
                 ray.cancel(ref, force=True)
 
-    def _get(self, ref) -> Any:
-        """The task's result; a stage's own error is raised as itself, not wrapped by Ray."""
+    def _outcome(self, ref) -> tuple[bool, Any]:
+        """``(True, result)``, or ``(False, error)``: a stage's own error as itself, not
+        wrapped by Ray (a worker lost for good stays Ray's error)."""
         from ray.exceptions import RayTaskError
 
         try:
-            return self._ray.get(ref)
+            return True, self._ray.get(ref)
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
-            if isinstance(cause, BaseException):
-                raise cause from None
-            raise
+            err = cause if isinstance(cause, Exception) else exc
+            err.__cause__ = None
+            err.__suppress_context__ = True
+            return False, err
+        except Exception as exc:
+            return False, exc
