@@ -6,7 +6,8 @@
 3. a local S3 server (SeaweedFS on 127.0.0.1): convert to it, verify it, stream the loader
    from it and check it yields exactly what the local copy yields;
 4. elastic resume: torchrun W=4 consumes steps and checkpoints (DCP), resumes with W=3 and
-   another num_workers, and proves the consumed sequence equals an uninterrupted run.
+   another num_workers, and proves it exactly-once with the audit of the run log both
+   phases appended (``zephon audit``; ``zephon trace`` equals what every rank logged).
 
 Exits non-zero if any step fails. Work files go to ``.demo/`` (or ``--workdir``).
 """
