@@ -92,7 +92,7 @@ def _last_json(stdout: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated: loader,plan,s3,convert,manifest,encoding,dictionary")
+    ap.add_argument("--only", default="", help="comma-separated: loader,plan,s3,convert,convert_ray,manifest,encoding,dictionary")
     ap.add_argument("--out", default=os.path.join(ROOT, ".bench", "results.json"))
     a = ap.parse_args()
     q = ["--quick"] if a.quick else []
@@ -103,6 +103,7 @@ def main() -> None:
         "convert": ["bench_convert.py", "--copies", "1" if a.quick else "3",
                     "--runs", "3"],
         "manifest": ["bench_manifest.py", "--shards", "100000" if a.quick else "1000000"],
+        "convert_ray": ["bench_convert_ray.py", "--copies", "1" if a.quick else "4", "--json"],
         "encoding": ["bench_encoding.py", "--mb", "60" if a.quick else "300",
                      "--runs", "3" if a.quick else "5"],
         "dictionary": ["bench_dictionary.py", "--mb", "30" if a.quick else "100",
