@@ -59,6 +59,7 @@ from ..load.live import (
     check_claims,
     claim_step,
 )
+from ..load.mixed import is_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
 from ..load.runlog import split_step, with_step
 from ..load.state import LoaderState, check_state
@@ -199,6 +200,9 @@ class LiveZephonLoader:
         if participants is None:
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
+        if is_mixture(dataset):
+            raise ValueError("LiveZephonLoader reads one dataset; a mixture is not supported "
+                             "live (ZephonLoader reads mixtures, docs/mixtures.md)")
         self.dataset = as_dataset(dataset, storage_options=storage_options, cache=cache,
                                   expect_dataset_id=expect_dataset_id)
         # lanes="auto" is resolved as ZephonLoader resolves it for one node (replica groups
