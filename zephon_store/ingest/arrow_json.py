@@ -58,16 +58,20 @@ def may_be_too_deep(data: bytes, limit: int = _ARROW_SAFE_DEPTH) -> bool:
     >>> may_be_too_deep(b'{"code": "' + b"[" * 2000 + b'"}\\n')
     False
     """
-    a = np.frombuffer(data, np.uint8)
-    opens = np.flatnonzero((a | 0x20) == 0x7B)  # "[" (0x5B) or "{" (0x7B)
-    if opens.size <= limit:
+    if data.count(b"[") + data.count(b"{") <= limit:
         return False
     # A line nests at most as deep as the brackets it opens, so only lines opening more than
     # ``limit`` take the exact pass (a few lines of a code corpus; run over every byte it was
     # a third of a text conversion's parse). A malformed line left out cannot crash pyarrow
-    # either: pyarrow rejects it and the chunk goes to the exact path.
-    newlines = np.flatnonzero(a == 0x0A)
-    per_line = np.bincount(np.searchsorted(newlines, opens), minlength=newlines.size + 1)
+    # either: pyarrow rejects it and the chunk goes to the exact path. Slices of
+    # _SCREEN_BYTES keep the temporaries small (a chunk is up to 64 MiB, one per parse thread).
+    a = np.frombuffer(data, np.uint8)
+    newlines = np.concatenate([np.flatnonzero(a[i:i + _SCREEN_BYTES] == 0x0A) + i
+                               for i in range(0, len(a), _SCREEN_BYTES)])
+    per_line = np.zeros(newlines.size + 1, np.int64)
+    for i in range(0, len(a), _SCREEN_BYTES):
+        opens = np.flatnonzero((a[i:i + _SCREEN_BYTES] | 0x20) == 0x7B) + i  # "[" or "{"
+        per_line += np.bincount(np.searchsorted(newlines, opens), minlength=per_line.size)
     heavy = np.flatnonzero(per_line > limit)
     if not heavy.size:
         return False
@@ -75,6 +79,7 @@ def may_be_too_deep(data: bytes, limit: int = _ARROW_SAFE_DEPTH) -> bool:
     return _max_line_depth(b"\n".join(data[starts[i]:ends[i]] for i in heavy)) > limit
 
 
+_SCREEN_BYTES = 4 << 20
 _SPECIAL = np.zeros(256, bool)
 _SPECIAL[[0x0A, 0x22, 0x5B, 0x5C, 0x5D, 0x7B, 0x7D]] = True   # \n " [ \\ ] { }
 
