@@ -183,6 +183,7 @@ def _md5_tree(fs, base: str) -> dict[str, str]:
 def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster, big, tmp_path,
                                                                          request, where):
     src, ref, ref_tree = big
+    sizes = SIZES
     if where == "local":
         out, extra = str(tmp_path / "ds"), []
 
@@ -199,6 +200,11 @@ def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster
                                use_listings_cache=False)
         out, extra = f"{bucket.url}/ds", ["--storage-options",
                                           json.dumps(bucket.storage_options)]
+        # Fewer, larger shards: every shard costs a few requests to the store.
+        sizes = ["--target-shard-size", "256KiB", "--row-group-size", "32KiB"]
+        ref = convert([str(src)], str(tmp_path / "ref"), options=WriteOptions(
+            target_shard_bytes=256 << 10, row_group_bytes=32 << 10))
+        ref_tree = tree_digest(tmp_path / "ref")
 
         def staged():  # the ledger beside the output, on the object store
             return [p for p in fs.find(f"{bucket.name}/ds/.zephon-staging")
@@ -207,7 +213,7 @@ def test_a_killed_driver_loses_no_finished_work_and_a_rerun_is_identical(cluster
         def tree():
             return _md5_tree(fs, f"{bucket.name}/ds")
     cmd = _cli(str(src), "-o", out, "--engine", "ray", "--ray-address", cluster.address,
-               "--json", *SIZES, *extra)
+               "--json", *sizes, *extra)
     env = dict(ray_env(), PYTHONPATH=ROOT)
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -299,3 +305,30 @@ def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_sr
                    engine="ray", workers=3)
     assert local.skipped == ray_.skipped and sum(ray_.skipped.values()) == 3
     assert local.skip_examples == ray_.skip_examples and local.dataset_id == ray_.dataset_id
+
+
+# -- last: a node dies (the cluster keeps only its head for what follows) -----------------------
+
+def test_a_killed_node_loses_no_work_its_tasks_rerun_on_the_others(cluster, big, tmp_path):
+    src, ref, ref_tree = big
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = convert([str(src)], str(tmp_path / "ds"), options=SMALL,
+                                        engine="ray", workers=3)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    killed: list[int] = []
+    while t.is_alive() and not killed:
+        if cluster.node_running(1, "zephon"):
+            killed = cluster.kill_node(1)  # its raylet, workers and agents, mid-task
+        time.sleep(0.005)
+    t.join(300)
+    assert killed, "no task was seen running on the second node"
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].dataset_id == ref.dataset_id
+    assert tree_digest(tmp_path / "ds") == ref_tree

@@ -3,8 +3,10 @@
 Each node is a ``ray start`` process tree (GCS, raylet, agents, worker processes) under one
 temp folder of its own, so :meth:`LocalRayCluster.stop` ends exactly the processes of this
 cluster (those whose command line names the folder, and their descendants), never another
-Ray instance on the host, which ``ray stop`` would. Token authentication is off (loopback
-only) and usage statistics are not sent.
+Ray instance on the host, which ``ray stop`` would. A watchdog process ends the cluster
+when the process that started it dies without stopping it (killed, or a test run cut short):
+``ray start`` daemonizes, so nothing else would. Token authentication is off (loopback only)
+and usage statistics are not sent.
 
 Usage sketch: ``with LocalRayCluster(node_cpus=[2, 1]) as cluster:`` then
 ``convert(..., engine="ray", ray_address=cluster.address)``; ``cluster.worker_pids(name)``
@@ -63,6 +65,9 @@ class LocalRayCluster:
         self.object_store_bytes = object_store_bytes
         self.address = ""
         self._port = 0
+        self._node_ports: list[int] = []  # node manager port of each non-head node
+        self._watchdog: subprocess.Popen | None = None
+        self._watch_fd = -1
         # Short: Ray puts unix sockets under it (108-character limit).
         self.temp_dir = tempfile.mkdtemp(prefix="zray-", dir="/tmp")
         self._ray = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -80,6 +85,7 @@ class LocalRayCluster:
     def start(self) -> LocalRayCluster:
         port, agent, metrics, client = pick_ports(4)
         self.address, self._port = f"127.0.0.1:{port}", port
+        self._start_watchdog()
         try:
             self._start(["--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                          f"--num-cpus={self.node_cpus[0]}", "--include-dashboard=false",
@@ -88,32 +94,36 @@ class LocalRayCluster:
                          f"--ray-client-server-port={client}", f"--temp-dir={self.temp_dir}"],
                         "head.log")
             for k, cpus in enumerate(self.node_cpus[1:], start=1):
-                agent_k, metrics_k = pick_ports(2)
+                agent_k, metrics_k, manager_k = pick_ports(3)
+                self._node_ports.append(manager_k)
                 self._start([f"--address={self.address}", "--node-ip-address=127.0.0.1",
                              f"--num-cpus={cpus}", f"--dashboard-agent-listen-port={agent_k}",
                              f"--metrics-export-port={metrics_k}",
+                             f"--node-manager-port={manager_k}",
                              f"--temp-dir={self.temp_dir}"], f"node{k}.log")
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _marks(self) -> list[str]:
+        # The Ray client proxy names only the GCS address (its port is this cluster's).
+        return [self.temp_dir] + ([f"--address={self.address} ", f":{self._port} "]
+                                  if self._port else [])
+
     def _pids(self) -> dict[int, str]:
         """Every process of this cluster: those naming its temp folder, and their children."""
-        procs = _procs()
-        # The Ray client proxy names only the GCS address (its port is this cluster's).
-        marks = [self.temp_dir] + ([f"--address={self.address} ", f":{self._port} "]
-                                   if self._port else [])
-        found = {p for p, (_, cmd) in procs.items()
-                 if any(m in cmd for m in marks) and "ray" in cmd and p != os.getpid()}
-        grew = True
-        while grew:
-            grew = False
-            for p, (ppid, _) in procs.items():
-                if ppid in found and p not in found and p != os.getpid():
-                    found.add(p)
-                    grew = True
-        return {p: procs[p][1] for p in found}
+        return _marked(self._marks())
+
+    def _start_watchdog(self) -> None:
+        """A child that waits for EOF on a pipe only this process holds open, then ends the
+        cluster: the pipe closes when this process exits, however it exits."""
+        read_end, self._watch_fd = os.pipe()
+        code = ("import sys; from zephon_store.testing.ray_cluster import _end_marked; "
+                "sys.stdin.buffer.read(); _end_marked(sys.argv[1:])")
+        self._watchdog = subprocess.Popen([sys.executable, "-c", code, *self._marks()],
+                                          stdin=read_end, start_new_session=True)
+        os.close(read_end)
 
     def worker_pids(self, task_prefix: str) -> list[int]:
         """Worker processes of this cluster now running a task named ``task_prefix...``
@@ -121,26 +131,82 @@ class LocalRayCluster:
         return sorted(p for p, cmd in self._pids().items()
                       if cmd.startswith(f"ray::{task_prefix}"))
 
+    def _node_tree(self, k: int) -> dict[int, str]:
+        """Non-head node ``k`` (1-based): its raylet and every process under it."""
+        port = self._node_ports[k - 1]
+        procs = _procs()
+        found = {p for p, (_, cmd) in procs.items()
+                 if "raylet" in cmd and f"--node_manager_port={port} " in cmd + " "}
+        grew = True
+        while grew:
+            grew = False
+            for p, (ppid, _) in procs.items():
+                if ppid in found and p not in found:
+                    found.add(p)
+                    grew = True
+        return {p: procs[p][1] for p in found}
+
+    def node_running(self, k: int, task_prefix: str) -> bool:
+        """True while a worker of non-head node ``k`` runs a task named ``task_prefix...``."""
+        return any(cmd.startswith(f"ray::{task_prefix}") for cmd in self._node_tree(k).values())
+
+    def kill_node(self, k: int) -> list[int]:
+        """SIGKILL non-head node ``k`` (1-based): its raylet and every process under it (its
+        workers and agents), as when a host dies. Returns the pids killed."""
+        found = self._node_tree(k)
+        for p in found:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return sorted(found)
+
     def stop(self, timeout: float = 2.0) -> None:
         """End every process of this cluster (SIGTERM, then SIGKILL) and remove its folder."""
-        pids = self._pids()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in pids:
-                try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 2)
-            while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and
-                                                      _alive(p) for p in pids):
-                time.sleep(0.1)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        _end_marked(self._marks(), timeout)
+        if self._watchdog is not None:
+            os.close(self._watch_fd)  # the watchdog finds nothing left and exits
+            self._watchdog.wait(30)
+            self._watchdog = None
 
     def __enter__(self) -> LocalRayCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _marked(marks: list[str]) -> dict[int, str]:
+    """{pid: command line} of the Ray processes naming one of ``marks``, and their children."""
+    procs = _procs()
+    me = os.getpid()
+    found = {p for p, (_, cmd) in procs.items()
+             if any(m in cmd for m in marks) and "ray" in cmd and p != me
+             and "_end_marked" not in cmd}  # not the watchdog
+    grew = True
+    while grew:
+        grew = False
+        for p, (ppid, _) in procs.items():
+            if ppid in found and p not in found and p != me:
+                found.add(p)
+                grew = True
+    return {p: procs[p][1] for p in found}
+
+
+def _end_marked(marks: list[str], timeout: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL, the processes :func:`_marked` finds; remove the temp folder
+    (``marks[0]``)."""
+    pids = _marked(marks)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 2)
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+    shutil.rmtree(marks[0], ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
