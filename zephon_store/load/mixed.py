@@ -333,12 +333,16 @@ class MixedDataset:
 
     def working_set_row_groups(self, order: MixedOrder, local_batch: int) -> int:
         """Row groups a rank reads from at once: each source's working set (every lane of
-        it, since the mixture's positions are sliced plainly), at its share of the batch."""
+        it, since the mixture's positions are sliced plainly), at its largest share of the
+        batch over the stages. A source with weight 0 throughout reads nothing."""
         total = 0
-        for s, o in zip(self.sources, order.source_orders):
+        shares = np.max([[float(w) for w in ws] for _, ws in self.schedule.stages], axis=0)
+        for s, o, share in zip(self.sources, order.source_orders, shares):
+            if share == 0:
+                continue
             m = s.manifest
             mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
-            step = int(np.ceil(local_batch / mean_rows)) + 1
+            step = int(np.ceil(local_batch * share / mean_rows)) + 1
             if o.options.shuffle:
                 need = o.effective_lanes * (o.options.window_blocks + 2) + step
             else:
