@@ -69,7 +69,11 @@ def run(manifest, label: str, log) -> list[dict]:
             lanes = {"default": OrderOptions().lanes, "5040": 5040, "plain": 1, "=W": w,
                      "=nodes": spec.num_nodes}[variant]
             t0 = time.perf_counter()
-            sim = simulate(manifest, OrderOptions(seed=0, lanes=lanes), spec)
+            # "auto" (the default) resolved as the loader does at a run's first start
+            options = OrderOptions(seed=0, lanes=lanes).resolved(
+                manifest.num_row_groups, manifest.num_samples, nodes=spec.num_nodes,
+                node_batch=spec.local_batch * spec.ranks_per_node)
+            sim = simulate(manifest, options, spec)
             secs = time.perf_counter() - t0
             row = {"manifest": label, "lanes_variant": variant, "world_size": w,
                    "nodes": spec.num_nodes,
