@@ -144,31 +144,39 @@ def big(tmp_path_factory):
     return src, res, tree_digest(ref)
 
 
-def test_a_killed_worker_process_is_retried_and_the_bytes_are_the_same(cluster, big, tmp_path):
+def _convert_under_fault(big, out, fault) -> list[int]:
+    """Convert ``big`` on Ray (3 workers) while ``fault()`` is polled until it kills something
+    (it returns the pids it killed); check the bytes are the local engine's. Returns the pids."""
     src, ref, ref_tree = big
-    killed: list[int] = []
     outcome: dict = {}
 
     def run():
         try:
-            outcome["result"] = convert([str(src)], str(tmp_path / "ds"), options=SMALL,
-                                        engine="ray", workers=3)
+            outcome["result"] = convert([str(src)], str(out), options=SMALL, engine="ray",
+                                        workers=3)
         except BaseException as exc:  # reported below
             outcome["error"] = exc
 
     t = threading.Thread(target=run)
     t.start()
+    killed: list[int] = []
     while t.is_alive() and not killed:
+        killed = fault()
+        time.sleep(0.005)
+    t.join(300)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].dataset_id == ref.dataset_id and tree_digest(out) == ref_tree
+    return killed
+
+
+def test_a_killed_worker_process_is_retried_and_the_bytes_are_the_same(cluster, big, tmp_path):
+    def kill_a_worker() -> list[int]:
         pids = cluster.worker_pids("zephon parse") or cluster.worker_pids("zephon write")
         if pids:
             os.kill(pids[0], signal.SIGKILL)  # the worker process dies mid-task
-            killed.append(pids[0])
-        time.sleep(0.005)
-    t.join(300)
-    assert killed, "no running task was seen to kill"
-    assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"].dataset_id == ref.dataset_id
-    assert tree_digest(tmp_path / "ds") == ref_tree
+        return pids[:1]
+
+    assert _convert_under_fault(big, tmp_path / "ds", kill_a_worker), "no running task seen"
 
 
 def _cli(*args: str) -> list[str]:
@@ -310,25 +318,7 @@ def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_sr
 # -- last: a node dies (the cluster keeps only its head for what follows) -----------------------
 
 def test_a_killed_node_loses_no_work_its_tasks_rerun_on_the_others(cluster, big, tmp_path):
-    src, ref, ref_tree = big
-    outcome: dict = {}
+    def kill_node() -> list[int]:  # its raylet, workers and agents, mid-task
+        return cluster.kill_node(1) if cluster.node_running(1, "zephon") else []
 
-    def run():
-        try:
-            outcome["result"] = convert([str(src)], str(tmp_path / "ds"), options=SMALL,
-                                        engine="ray", workers=3)
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    killed: list[int] = []
-    while t.is_alive() and not killed:
-        if cluster.node_running(1, "zephon"):
-            killed = cluster.kill_node(1)  # its raylet, workers and agents, mid-task
-        time.sleep(0.005)
-    t.join(300)
-    assert killed, "no task was seen running on the second node"
-    assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"].dataset_id == ref.dataset_id
-    assert tree_digest(tmp_path / "ds") == ref_tree
+    assert _convert_under_fault(big, tmp_path / "ds", kill_node), "no task seen on node 1"

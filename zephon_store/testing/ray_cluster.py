@@ -66,6 +66,7 @@ class LocalRayCluster:
         self.address = ""
         self._port = 0
         self._node_ports: list[int] = []  # node manager port of each non-head node
+        self._raylets: dict[int, int] = {}  # node -> its raylet's pid, once found
         self._watchdog: subprocess.Popen | None = None
         self._watch_fd = -1
         # Short: Ray puts unix sockets under it (108-character limit).
@@ -132,19 +133,26 @@ class LocalRayCluster:
                       if cmd.startswith(f"ray::{task_prefix}"))
 
     def _node_tree(self, k: int) -> dict[int, str]:
-        """Non-head node ``k`` (1-based): its raylet and every process under it."""
-        port = self._node_ports[k - 1]
-        procs = _procs()
-        found = {p for p, (_, cmd) in procs.items()
-                 if "raylet" in cmd and f"--node_manager_port={port} " in cmd + " "}
-        grew = True
-        while grew:
-            grew = False
-            for p, (ppid, _) in procs.items():
-                if ppid in found and p not in found:
-                    found.add(p)
-                    grew = True
-        return {p: procs[p][1] for p in found}
+        """Non-head node ``k`` (1-based): its raylet and every process under it. The raylet
+        is found once; then only its descendants are read (cheap enough to poll)."""
+        raylet = self._raylets.get(k)
+        if raylet is None or not _alive(raylet):
+            port = self._node_ports[k - 1]
+            found = [p for p, (_, cmd) in _procs().items()
+                     if "raylet" in cmd and f"--node_manager_port={port} " in cmd + " "]
+            if not found:
+                return {}
+            raylet = self._raylets[k] = found[0]
+        tree, todo = {}, [raylet]
+        while todo:
+            p = todo.pop()
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as fh:
+                    tree[p] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            todo.extend(_children(p))
+        return tree
 
     def node_running(self, k: int, task_prefix: str) -> bool:
         """True while a worker of non-head node ``k`` runs a task named ``task_prefix...``."""
@@ -174,6 +182,22 @@ class LocalRayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue
+    return out
 
 
 def _marked(marks: list[str]) -> dict[int, str]:
