@@ -39,3 +39,20 @@ def test_is_hex_hash_is_a_whole_string_match():
     h = "0" * 32
     assert is_hex_hash(h)
     assert not is_hex_hash(h + "\n") and not is_hex_hash(h + "0") and not is_hex_hash(None)
+
+
+def test_xxh3_ranges_matches_slices_across_read_blocks(tmp_path, monkeypatch):
+    """The file's hash and each range's equal one-shot hashes of the slices, for ranges that
+    start, end and lie inside a read block, span several blocks, touch each other, leave gaps,
+    and are empty."""
+    from zephon_store._util import hashing
+
+    monkeypatch.setattr(hashing, "_CHUNK", 1000)   # many blocks on a small file
+    data = os.urandom(5500)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    ranges = [(0, 4), (4, 999), (999, 1001), (1200, 3700), (3700, 3700), (4000, 5000),
+              (5000, 5500)]
+    whole, parts = hashing.xxh3_ranges(str(p), ranges)
+    assert whole == xxh3_hex(data)
+    assert parts == [xxh3_hex(data[a:b]) for a, b in ranges]
