@@ -128,7 +128,7 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
     keys = [k for k in meta.state_dict_metadata if k.startswith("dataloader.")]
     assert "dataloader.cursor" in keys
     assert all(k in ("dataloader.version", "dataloader.dataset_id", "dataloader.seed",
-                     "dataloader.cursor") or k.startswith("dataloader.order.") for k in keys), keys
+                     "dataloader.cursor", "dataloader.step") or k.startswith("dataloader.order.") for k in keys), keys
 
     # Resume the step-6 checkpoint (cursor 24) at DP=3 (global batch 6) and DP=1 (batch 2).
     for world in (3, 1):

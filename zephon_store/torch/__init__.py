@@ -7,7 +7,7 @@
 >>> [batch["id"].shape for batch in loader]
 [torch.Size([8]), torch.Size([8])]
 >>> sorted(loader.state_dict())
-['cursor', 'dataset_id', 'order', 'seed', 'version']
+['cursor', 'dataset_id', 'order', 'seed', 'step', 'version']
 >>> torch.save(loader.state_dict(), os.path.join(tmp, "ckpt.pt"))
 
 Needs the ``torch`` extra; the rest of zephon_store works without it.
