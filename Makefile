@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests zephon_store docs/design.md --doctest-modules --doctest-glob=design.md
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests zephon_store docs/design.md --doctest-modules --doctest-glob=design.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zephon_store tests benchmarks scripts conftest.py
