@@ -25,7 +25,7 @@ from zephon_store.errors import (
     UnsafePathError,
 )
 from zephon_store.io.retry import RetryPolicy
-from zephon_store.io.storage import AccessDeniedError, Storage
+from zephon_store.io.storage import AccessDeniedError, Storage, StorageStats
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def warmed(st: Storage, proxy) -> Storage:
     the first request and leave nothing to retry.
     """
     st.size("shards/obj.bin")
-    st.stats.__init__()
+    st.stats = StorageStats()
     proxy.reset_counters()
     return st
 
