@@ -16,6 +16,11 @@ decode-ahead budget, and decodes each row group once per pass
 
 The first step is queued and decoded alone, and nothing else is decoded until it has been
 handed out: a start or a resume waits only for its own row groups.
+
+Small per-rank batches are planned, decoded and cut in groups of consecutive steps (about
+``GROUP_IDS`` sample ids, see :func:`group_steps`): the group's rows are gathered once and
+each step's batch is a slice of them, so the per-step cost of queueing, waiting and
+gathering is paid once per group. The batches are the same as step by step.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ MAX_AUTO_AHEAD_BYTES = 1 << 30
 MAX_AHEAD_STEPS = 1024
 # Sample ids whose steps are planned together (plan_steps), after the first step.
 PLAN_AHEAD_IDS = 2048
+# Sample ids of the steps gathered together as one group (see group_steps), and the most
+# decoded bytes such a group may hold.
+GROUP_IDS = 256
+GROUP_BYTES = 4 << 20
 
 
 @dataclass
@@ -73,8 +82,10 @@ class _Decoded:
 
 @dataclass
 class _Step:
-    index: int              # local batch index (from the start cursor)
-    serial: int             # running number of queued steps
+    # (local batch index from the start cursor, samples) of each step of this group, in
+    # order; the group's rows are theirs one after the other.
+    parts: list[tuple[int, int]]
+    serial: int             # running number of queued groups
     ids: np.ndarray
     row_groups: list[int]   # in order of first use
     # Either runs: rows [start, start + n) of each row group in turn (ids that follow each
@@ -167,11 +178,14 @@ def _cut(tables: list[pa.Table], step: _Step) -> pa.Table:
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
-def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
-    """The step's rows of numpy ``views`` (one per row group): a view for one run, else a copy."""
+def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray | _Runs:
+    """The step's rows of numpy ``views`` (one per row group): a view for one run, else a copy
+    (the pieces, for a group of several steps: split_group cuts each step from them)."""
     if step.runs is not None:
         parts = [v[b:b + n] for v, (b, n) in zip(views, step.runs)]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        return _Runs(parts) if len(step.parts) > 1 else np.concatenate(parts)
     if len(views) == 1:
         return views[0][step.rows]
     out = np.empty((step.rows.size,) + views[0].shape[1:], dtype=views[0].dtype)
@@ -187,6 +201,82 @@ def _cut_arrays(views: list[np.ndarray], step: _Step) -> np.ndarray:
         at = order[bounds[k]:bounds[k + 1]]
         out[at] = view[step.rows[at]]
     return out
+
+
+class _Runs:
+    """Rows of a column held as consecutive pieces (numpy views of row groups), not copied
+    into one array: a group of sequential steps cuts each step's rows from the pieces, a
+    view when they lie in one piece, as a step alone would."""
+
+    __slots__ = ("pieces", "ends")
+
+    def __init__(self, pieces: list[np.ndarray]) -> None:
+        self.pieces = pieces
+        self.ends = np.cumsum([len(p) for p in pieces]).tolist()
+
+    def __getitem__(self, cut: slice) -> np.ndarray:
+        a, b = cut.start, cut.stop
+        k = bisect.bisect_right(self.ends, a)
+        if k == len(self.pieces):   # an empty cut at the end
+            return self.pieces[-1][:0]
+        base = self.ends[k] - len(self.pieces[k])
+        if b <= self.ends[k]:
+            return self.pieces[k][a - base:b - base]
+        parts = []
+        while a < b:
+            base = self.ends[k] - len(self.pieces[k])
+            stop = min(b, self.ends[k])
+            parts.append(self.pieces[k][a - base:stop - base])
+            a, k = stop, k + 1
+        return np.concatenate(parts)
+
+
+class _PerStep:
+    """A group's column of numbers with nulls somewhere: each step's rows are decoded on
+    their own, so that a step without nulls gets numpy as it would alone (decode_column)."""
+
+    __slots__ = ("col",)
+
+    def __init__(self, col: pa.ChunkedArray) -> None:
+        self.col = col
+
+    def __getitem__(self, cut: slice):
+        return decode_column(self.col.slice(cut.start, cut.stop - cut.start))
+
+
+def split_group(batch: dict, parts: list[tuple[int, int]]) -> Iterator[tuple[int, dict]]:
+    """The steps of a group's ``batch``: ``(index, batch)`` for each ``(index, samples)``
+    of ``parts``, each column cut to the step's rows (lists and arrays are sliced; numpy
+    slices are views).
+
+    >>> steps = split_group({"id": np.arange(5), "text": list("abcde")}, [(3, 2), (4, 3)])
+    >>> [(i, b["id"].tolist(), b["text"]) for i, b in steps]
+    [(3, [0, 1], ['a', 'b']), (4, [2, 3, 4], ['c', 'd', 'e'])]
+    """
+    if len(parts) == 1:
+        yield parts[0][0], batch
+        return
+    a = 0
+    for index, n in parts:
+        cut = slice(a, a + n)
+        yield index, {k: v[cut] for k, v in batch.items()}
+        a += n
+
+
+def group_steps(local_batch: int, sample_bytes: float, *, max_bytes: int = GROUP_BYTES) -> int:
+    """Steps gathered as one group at a per-rank batch of ``local_batch`` samples of about
+    ``sample_bytes`` decoded bytes each: about ``GROUP_IDS`` ids, at most ``GROUP_BYTES``
+    (and at most ``max_bytes``, the pipeline's decode-ahead budget).
+
+    >>> group_steps(8, 13_000), group_steps(32, 8196), group_steps(256, 1000)
+    (32, 8, 1)
+    >>> group_steps(8, 1 << 20)   # 1 MiB samples: no grouping
+    1
+    """
+    b = max(1, int(local_batch))
+    by_ids = GROUP_IDS // b
+    by_bytes = int(min(GROUP_BYTES, max_bytes) // max(1.0, b * float(sample_bytes)))
+    return max(1, min(by_ids, by_bytes))
 
 
 def _gather_text(step: _Step, decoded: list[_Decoded], name: str,
@@ -257,7 +347,9 @@ class BatchPipeline:
     """Batches ``indices`` of a :class:`~zephon_store.load.stream.RankStream`, in that order.
 
     ``indices`` are local batch numbers counted from ``start_cursor`` (one worker's share
-    is ``range(worker, n, workers)``; ``itertools.count()`` is endless).
+    is ``range(worker, n, workers)``; ``itertools.count()`` is endless). ``group`` steps
+    are gathered together (default: :func:`group_steps` of the per-rank batch; 1 gathers
+    step by step); the batches do not depend on it.
 
     >>> from zephon_store import OrderOptions, Topology, open_dataset
     >>> from zephon_store.load.stream import RankStream
@@ -269,7 +361,8 @@ class BatchPipeline:
     def __init__(self, stream, start_cursor: int, indices: Iterable[int], *,
                  transform: Callable[[dict], dict] | None = None,
                  ahead_bytes: int | None = None, decode_threads: int | None = None,
-                 stop: threading.Event | None = None, deny_list=None) -> None:
+                 stop: threading.Event | None = None, deny_list=None,
+                 group: int | None = None) -> None:
         self.stream = stream
         self.dataset = stream.dataset
         self.start_cursor = int(start_cursor)
@@ -281,6 +374,11 @@ class BatchPipeline:
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
+        # Steps gathered together (module docstring); 1 gathers step by step.
+        m = self.dataset.manifest
+        rows_per_rg = max(1.0, m.num_samples / max(1, m.num_row_groups))
+        self.group = group or group_steps(stream.topology.local_batch, self._per_rg / rows_per_rg,
+                                          max_bytes=self.ahead_bytes)
         self.stop = stop or threading.Event()
         # Decodes not finished yet, for cancel(). Finished ones leave at once: a future holds
         # its result, so keeping them kept every decoded row group of the pass alive.
@@ -329,13 +427,17 @@ class BatchPipeline:
             elif is_flat_binary(decoded[0].table.schema.field(name).type) and (
                     step.runs is None or (whole and all(whole))):
                 out[name] = _gather_text(step, decoded, name, whole)
-            elif step.runs is not None:   # a run of other objects: slices of the column
-                parts = [d.table.column(name).slice(b, n) for d, (b, n) in zip(decoded, step.runs)]
-                out[name] = decode_column(parts[0] if len(parts) == 1 else pa.chunked_array(
-                    [c for part in parts for c in part.chunks], type=parts[0].type))
-            else:   # text and other objects, or numbers with nulls: as decode_table does
-                out[name] = decode_column(_cut([d.table.select([name]) for d in decoded],
-                                               step).column(0))
+            else:
+                if step.runs is not None:   # a run of other objects: slices of the column
+                    parts = [d.table.column(name).slice(b, n)
+                             for d, (b, n) in zip(decoded, step.runs)]
+                    col = parts[0] if len(parts) == 1 else pa.chunked_array(
+                        [c for part in parts for c in part.chunks], type=parts[0].type)
+                else:   # text and other objects, or numbers with nulls: as decode_table does
+                    col = _cut([d.table.select([name]) for d in decoded], step).column(0)
+                # Numbers with nulls in a group: each step's rows decide numpy or list.
+                grouped = len(step.parts) > 1 and array_type(col.type)
+                out[name] = _PerStep(col) if grouped else decode_column(col)
         if self.stream.with_seq:
             out.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
@@ -348,28 +450,37 @@ class BatchPipeline:
         queued: deque[_Step] = deque()
         it = iter(self.indices)
         serial = 0
+        queued_steps = 0   # steps of the queued groups
 
-        planned: deque[tuple] = deque()   # (index, ids, step_rows) of the coming steps
+        planned: deque[tuple] = deque()   # (parts, ids, step_rows) of the coming groups
 
         def plan_ahead() -> None:
             # The first step alone (a start or resume waits only for its own ids), then
-            # the steps of PLAN_AHEAD_IDS ids at a time: one numpy pass plans them all.
+            # the steps of PLAN_AHEAD_IDS ids at a time, in groups of `group` steps: one
+            # numpy pass plans them all.
             t = self.stream.topology
             count = 1 if serial == 0 else max(1, PLAN_AHEAD_IDS // max(1, t.local_batch))
-            steps = []
-            for i in itertools.islice(it, count):
-                cursor = step_cursor(self.start_cursor, i, t.global_batch)
-                steps.append((i, self.stream.ids(cursor, ahead=serial > 0)))
-            plans = plan_steps(self.dataset.manifest, [ids for _, ids in steps])
-            planned.extend((i, ids, p) for (i, ids), p in zip(steps, plans))
+            group = 1 if serial == 0 else self.group
+            groups = []
+            indices = list(itertools.islice(it, count))
+            for g in range(0, len(indices), group):
+                parts, blocks = [], []
+                for i in indices[g:g + group]:
+                    cursor = step_cursor(self.start_cursor, i, t.global_batch)
+                    ids = self.stream.ids(cursor, ahead=serial > 0)
+                    parts.append((i, ids.size))
+                    blocks.append(ids)
+                groups.append((parts, blocks[0] if len(blocks) == 1 else np.concatenate(blocks)))
+            plans = plan_steps(self.dataset.manifest, [ids for _, ids in groups])
+            planned.extend((parts, ids, p) for (parts, ids), p in zip(groups, plans))
 
         def queue_one() -> bool:
-            nonlocal serial
+            nonlocal serial, queued_steps
             if not planned:
                 plan_ahead()
                 if not planned:
                     return False
-            i, ids, (rgs, runs, inverse, rows) = planned.popleft()
+            parts, ids, (rgs, runs, inverse, rows) = planned.popleft()
             counts = ([n for _, n in runs] if runs is not None
                       else np.bincount(inverse, minlength=len(rgs)).tolist())
             for rg, count in zip(rgs, counts):
@@ -385,7 +496,8 @@ class BatchPipeline:
                 else:
                     slot.last = serial
                 slots[rg].rows += count
-            queued.append(_Step(i, serial, ids, rgs, runs, inverse, rows))
+            queued.append(_Step(parts, serial, ids, rgs, runs, inverse, rows))
+            queued_steps += len(parts)
             serial += 1
             return True
 
@@ -393,7 +505,7 @@ class BatchPipeline:
             nonlocal more
             while more and not self.stop.is_set() and (
                     not queued or (len(slots) * self._per_rg < self.ahead_bytes
-                                    and len(queued) < MAX_AHEAD_STEPS)):
+                                    and queued_steps < MAX_AHEAD_STEPS)):
                 more = queue_one()
 
         rg_rows = self.dataset.manifest.rg_rows
@@ -402,6 +514,7 @@ class BatchPipeline:
             first = True
             while queued and not self.stop.is_set():
                 step = queued.popleft()
+                queued_steps -= len(step.parts)
                 decoded = [slots[rg].future.result() for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
@@ -416,8 +529,6 @@ class BatchPipeline:
                     if self.deny_list is not None:
                         batch[MASK_KEY] = self.deny_list.masked(step.ids)
                 del decoded
-                if self.transform is not None:
-                    batch = self.transform(batch)
                 # Queue (and start decoding) ahead before a batch is handed out, so decodes
                 # run while the caller works on it (the loader's thread path calls next()
                 # only when the training loop wants the next batch); after it for the
@@ -427,7 +538,13 @@ class BatchPipeline:
                 # decoded twice.
                 if not first:
                     queue_ahead()
-                yield step.index, batch
+                for index, sub in split_group(batch, step.parts):
+                    if self.transform is not None:
+                        sub = self.transform(sub)
+                    yield index, sub
+                    if self.stop.is_set():
+                        break
+                batch = sub = None
                 if first:
                     queue_ahead()
                     first = False
