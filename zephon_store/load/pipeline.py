@@ -217,18 +217,15 @@ class _Runs:
     def __getitem__(self, cut: slice) -> np.ndarray:
         a, b = cut.start, cut.stop
         k = bisect.bisect_right(self.ends, a)
-        if k == len(self.pieces):   # an empty cut at the end
-            return self.pieces[-1][:0]
-        base = self.ends[k] - len(self.pieces[k])
-        if b <= self.ends[k]:
-            return self.pieces[k][a - base:b - base]
         parts = []
         while a < b:
             base = self.ends[k] - len(self.pieces[k])
             stop = min(b, self.ends[k])
             parts.append(self.pieces[k][a - base:stop - base])
             a, k = stop, k + 1
-        return np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else self.pieces[0][:0]
 
 
 class _PerStep:
