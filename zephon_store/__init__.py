@@ -41,6 +41,7 @@ from .errors import (  # noqa: E402
 # the layer folders (docs/design.md) and may move; these names do not.
 _LAZY = {
     "ChunkCache": ("io.cache", "ChunkCache"),
+    "DecodedDiskCache": ("read.decoded_disk", "DecodedDiskCache"),
     "CoalesceOptions": ("io.coalesce", "CoalesceOptions"),
     "Dataset": ("read.dataset", "Dataset"),
     "InputOptions": ("ingest.options", "InputOptions"),
@@ -71,6 +72,7 @@ __all__ = [
     "ChunkCache",
     "CoalesceOptions",
     "Dataset",
+    "DecodedDiskCache",
     "DiskFullError",
     "InputError",
     "InputNotFoundError",

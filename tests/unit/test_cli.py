@@ -79,9 +79,18 @@ def test_cache_info_and_clear(tmp_path, capsys):
     cache.put(xxh3_hex(b"abc"), b"abc")
     assert main(["cache", "info", "--dir", str(tmp_path / "c"), "--json"]) == 0
     info = _json(capsys)
-    assert info["entries"] == 1 and info["bytes"] == 3
+    assert info["entries"] == 1 and info["bytes"] == 3 and info["decoded_entries"] == 0
+    import pyarrow as pa
+
+    from zephon_store.read.decoded_disk import DecodedDiskCache
+
+    DecodedDiskCache(str(tmp_path / "c" / "decoded")).put("ab" * 16, pa.table({"a": [1]}))
+    assert main(["cache", "info", "--dir", str(tmp_path / "c"), "--json"]) == 0
+    info = _json(capsys)
+    assert info["decoded_entries"] == 1 and info["decoded_dir"] == str(tmp_path / "c" / "decoded")
     assert main(["cache", "clear", "--dir", str(tmp_path / "c"), "--json"]) == 0
-    assert _json(capsys)["cleared_bytes"] == 3
+    out = _json(capsys)
+    assert out["cleared_bytes"] == 3 and out["cleared_decoded_bytes"] == info["decoded_bytes"] > 0
 
 
 @pytest.mark.parametrize("argv", [

@@ -177,6 +177,8 @@ class ChunkCache:
         self._plan_finalizer: weakref.finalize | None = None
         self._mutex = threading.Lock()
         self._warned = False
+        # Named in the warning of _bypass; the decoded cache (read/decoded_disk.py) sets its own.
+        self.label, self.env_dir, self.off_switch = "disk cache", ENV_DIR, "cache=False"
 
     def __repr__(self) -> str:
         return f"ChunkCache({self.directory!r}, budget_bytes={self.budget_bytes})"
@@ -200,7 +202,8 @@ class ChunkCache:
 
     def _ensure_dirs(self) -> None:
         for d in (self._objects, self._locks, self._plans):
-            os.makedirs(d, exist_ok=True)
+            if not os.path.isdir(d):   # one stat; makedirs(exist_ok) costs a failing mkdir too
+                os.makedirs(d, exist_ok=True)
 
     def _entry_path(self, key: str) -> str:
         if not isinstance(key, str) or not is_hex_hash(key):
@@ -221,12 +224,28 @@ class ChunkCache:
 
     @contextlib.contextmanager
     def _key_lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-key lock; the lock file is removed by its holder.
+        """Exclusive per-key lock; the lock file is removed by its holder."""
+        release = self.hold_key(key)
+        try:
+            yield
+        finally:
+            release()
+
+    def hold_key(self, key: str) -> Callable[[], None]:
+        """Take ``key``'s node-wide lock (the one :meth:`get_or_fetch` fetches under),
+        waiting while another process or thread holds it; returns the function that lets it
+        go (once, from any thread: a caller may hand the lock to a thread that publishes the
+        entry). Raises OSError when the disk has no locks (the caller goes on without one).
 
         A waiter may wake up holding the lock of a file already unlinked (and a newcomer may
         have created a fresh one), so after locking it checks that the path still names the
         file it holds, and starts over otherwise.
+
+        >>> cache = ChunkCache(tmp)
+        >>> release = cache.hold_key("ab" * 16)
+        >>> release()
         """
+        self._entry_path(key)  # validates
         self._ensure_dirs()
         path = os.path.join(self._locks, key + ".lock")
         while True:
@@ -238,11 +257,13 @@ class ChunkCache:
             if same:
                 break
             os.close(fd)
-        try:
-            yield
-        finally:
-            _unlink_quiet(path)
-            os.close(fd)
+        once = threading.Lock()
+
+        def release() -> None:
+            if once.acquire(blocking=False):
+                _unlink_quiet(path)
+                os.close(fd)
+        return release
 
     def _count(self, **deltas: int) -> None:
         with self._mutex:
@@ -257,10 +278,10 @@ class ChunkCache:
             first, self._warned = not self._warned, True
         if first:
             _log.warning(
-                "disk cache %s is not usable (%s: %s: %s); reading through without caching "
+                "%s %s is not usable (%s: %s: %s); reading through without caching "
                 "(the data is unaffected, only not kept). Free space or fix the folder, point "
-                "%s at a writable node-local folder, or pass cache=False", self.directory, op,
-                type(exc).__name__, exc, ENV_DIR)
+                "%s at a writable node-local folder, or pass %s", self.label, self.directory,
+                op, type(exc).__name__, exc, self.env_dir, self.off_switch)
 
     # -- usage bookkeeping (call with the cache lock held) ----------------------------------
 
@@ -275,10 +296,11 @@ class ChunkCache:
             return None
 
     def _write_usage(self, usage: int) -> None:
+        # Padded to a fixed width, so one pwrite replaces the old value without a truncate
+        # (an ftruncate was a quarter of a small put's time on the benchmark VM).
         fd = os.open(self._usage_path(), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(max(usage, 0)).encode(), 0)
+            os.pwrite(fd, f"{max(usage, 0):<24d}".encode(), 0)
         finally:
             os.close(fd)
 
@@ -416,23 +438,43 @@ class ChunkCache:
             self._bypass("read", exc)
             return None
         if self.verify and xxh3_hex(data) != key:
-            self._count(corrupt=1)
-            try:
-                with self._cache_lock():
-                    # Only drop the damaged file we read, not a good one published meanwhile.
-                    with contextlib.suppress(FileNotFoundError):
-                        if os.stat(path).st_ino == ino:
-                            os.unlink(path)
-                            usage = self._read_usage()
-                            if usage is not None:
-                                self._write_usage(usage - len(data))
-            except OSError as exc:
-                self._bypass("drop a damaged entry", exc)
+            self.drop_damaged(key, ino, len(data))
             return None
         # Recency for LRU among unplanned keys; only a hint, so a read-only cache skips it.
         with contextlib.suppress(OSError):
             os.utime(path)
         return data
+
+    def entry_path(self, key: str) -> str:
+        """Where the entry for ``key`` lives (it may not exist): for a caller that maps the
+        file instead of reading it, verifies it itself and reports a damaged one to
+        :meth:`drop_damaged` (the decoded cache, :mod:`zephon_store.read.decoded_disk`).
+
+        >>> ChunkCache(tmp).entry_path("ab" * 16).endswith("/ab/" + "ab" * 16)
+        True
+        """
+        return self._entry_path(key)
+
+    def touch(self, key: str) -> None:
+        """Mark ``key`` as just used (recency for the LRU among unplanned keys); a hint only."""
+        with contextlib.suppress(OSError):
+            os.utime(self._entry_path(key))
+
+    def drop_damaged(self, key: str, ino: int, size: int) -> None:
+        """Count and remove the entry for ``key`` found damaged, if it is still the file
+        ``ino`` (of ``size`` bytes) that was read, not a good one published meanwhile."""
+        self._count(corrupt=1)
+        path = self._entry_path(key)
+        try:
+            with self._cache_lock():
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_ino == ino:
+                        os.unlink(path)
+                        usage = self._read_usage()
+                        if usage is not None:
+                            self._write_usage(usage - size)
+        except OSError as exc:
+            self._bypass("drop a damaged entry", exc)
 
     def get(self, key: str) -> bytes | None:
         """The cached bytes for ``key``, or None.
@@ -498,11 +540,10 @@ class ChunkCache:
                     continue
                 seen.add(paths[i])
                 subdir = os.path.dirname(paths[i])
-                os.makedirs(subdir, exist_ok=True)
+                if not os.path.isdir(subdir):
+                    os.makedirs(subdir, exist_ok=True)
                 # No fsync: after a crash a torn entry fails verification and is dropped.
-                fd, temps[i] = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(items[i][1])
+                temps[i] = self._write_temp(subdir, items[i][1])
             published = 0
             with self._cache_lock():
                 added = 0
@@ -526,6 +567,17 @@ class ChunkCache:
                 _unlink_quiet(tmp)
             raise
         self._count(puts=published)
+
+    def _write_temp(self, subdir: str, data: bytes | bytearray | memoryview) -> str:
+        """``data`` in a new temp file in ``subdir``; returns its path (removed on failure)."""
+        fd, tmp = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        return tmp
 
     @contextlib.contextmanager
     def claim_keys(self, keys: Iterable[str]) -> Iterator[set[str]]:

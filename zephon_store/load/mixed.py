@@ -549,18 +549,21 @@ def is_mixture(obj) -> bool:
 
 
 def open_mixture(mixture, *, columns: Sequence[str] | None = None,
-                 global_batch: int | None = None, cache=None) -> MixedDataset:
+                 global_batch: int | None = None, cache=None,
+                 decoded_cache=None) -> MixedDataset:
     """Open a mixture: a :class:`MixedDataset` (``columns`` selected), or a mixture file path,
     its dict or a :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source
-    opened with its own storage options; remote ones through ``cache``)."""
+    opened with its own storage options; remote ones through ``cache``; every one through
+    ``decoded_cache``, as for :func:`~zephon_store.open_dataset`)."""
     if isinstance(mixture, MixedDataset):
         return mixture.select(columns)
     spec = mixture_spec(mixture)
-    return build_mixture(spec, open_sources(spec, cache=cache), columns=columns,
+    return build_mixture(spec, open_sources(spec, cache=cache, decoded_cache=decoded_cache),
+                         columns=columns,
                          global_batch=global_batch)
 
 
-def open_sources(spec, *, cache=None) -> list:
+def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
     """Open every source of ``spec`` with its own storage options (remote ones through
     ``cache``); a source that cannot be opened is a :class:`MixtureError` naming it."""
     from ..read.dataset import open_dataset
@@ -570,7 +573,7 @@ def open_sources(spec, *, cache=None) -> list:
         try:
             sources.append(open_dataset(src.url, storage_options=(
                 None if src.storage_options is None else dict(src.storage_options)),
-                cache=cache))
+                cache=cache, decoded_cache=decoded_cache))
         except (OSError, ValueError) as exc:
             raise MixtureError(f"{spec.origin}: mixture source {src.name!r} at {src.url} "
                                f"cannot be opened: {exc}") from exc

@@ -23,6 +23,7 @@ from ..format.index import Located, as_seqs, locate
 from ..format.manifest import Manifest, load_manifest
 from ..io.cache import ChunkCache
 from ..io.storage import Storage
+from .decoded_disk import DecodedDiskCache, as_decoded_cache
 from .rowgroups import DEFAULT_DECODE_CACHE_BYTES, RowGroups
 
 __all__ = ["DEFAULT_DECODE_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
@@ -42,11 +43,14 @@ class Dataset:
     def __init__(self, url: str, *, storage_options: dict | None = None,
                  cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
-                 io_threads: int = 8, expect_dataset_id: str | None = None) -> None:
+                 io_threads: int = 8, expect_dataset_id: str | None = None,
+                 decoded_cache: DecodedDiskCache | str | os.PathLike | Literal[False] | None = None,
+                 ) -> None:
         check_dataset_id(expect_dataset_id)   # a malformed pin fails before any I/O
         self.url = url
         self.storage_options = storage_options
         self._cache_arg = as_cache(cache)
+        self._decoded_disk = as_decoded_cache(decoded_cache)
         self._retry = retry
         self._decode_cache_bytes = decode_cache_bytes
         self._io_threads = io_threads
@@ -65,7 +69,8 @@ class Dataset:
             cache = None
         self.row_groups = RowGroups(self.manifest, self.storage, cache=cache,
                                     decode_cache_bytes=self._decode_cache_bytes,
-                                    io_threads=self._io_threads, dataset_url=self.url)
+                                    io_threads=self._io_threads, dataset_url=self.url,
+                                    decoded_disk=self._decoded_disk)
 
     def expect_id(self, dataset_id: str) -> None:
         """Raise :class:`~zephon_store.errors.ManifestError` unless this is dataset
@@ -92,7 +97,9 @@ class Dataset:
                 "_cache_arg": cache.clone() if isinstance(cache, ChunkCache) else cache,
                 "_retry": self._retry,
                 "_decode_cache_bytes": self._decode_cache_bytes,
-                "_io_threads": self._io_threads, "manifest": self.manifest}
+                "_io_threads": self._io_threads, "manifest": self.manifest,
+                "_decoded_disk": (self._decoded_disk.clone() if self._decoded_disk is not None
+                                  else None)}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -123,6 +130,11 @@ class Dataset:
     def cache(self) -> ChunkCache | None:
         """The disk cache remote row groups go through (None: none, e.g. a local dataset)."""
         return self.row_groups.cache
+
+    @property
+    def decoded_cache(self) -> DecodedDiskCache | None:
+        """The node-local cache of decoded row groups (None: none, the default)."""
+        return self.row_groups.decoded_disk
 
     def locate(self, seqs) -> Located:
         """Vectorised lookup of (shard, row group, row) for global sequence numbers."""
@@ -271,7 +283,9 @@ def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
 def open_dataset(url: str, *, storage_options: dict | None = None,
                  cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
-                 expect_dataset_id: str | None = None) -> Dataset:
+                 expect_dataset_id: str | None = None,
+                 decoded_cache: DecodedDiskCache | str | os.PathLike | Literal[False] | None = None,
+                 ) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
     ``cache``: the :class:`~zephon_store.io.cache.ChunkCache` remote row groups go through;
@@ -282,7 +296,12 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
     (``"xxh3:<32 hex>"``) pins the exact dataset: anything else at ``url`` raises
     :class:`~zephon_store.errors.ManifestError`. The manifest and its side tables are
     validated on open; each shard's footer is checked against them before its first
-    decode. Use it as a context manager (or call :meth:`Dataset.close`) to stop its threads.
+    decode. ``decoded_cache``: a node-local
+    :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` (or its folder) that keeps
+    decoded row groups uncompressed for later epochs and the node's other processes;
+    ``None`` (default) uses one at ``$ZEPHON_DECODED_CACHE_DIR`` when that is set, else none;
+    ``False`` none. Use it as a context manager (or call :meth:`Dataset.close`) to stop its
+    threads.
 
     >>> with open_dataset(tiny_dataset) as ds:
     ...     ds.take([0]).to_pylist()
@@ -292,11 +311,11 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
     """
     return Dataset(url, storage_options=storage_options, cache=cache,
                    decode_cache_bytes=decode_cache_bytes, retry=retry,
-                   expect_dataset_id=expect_dataset_id)
+                   expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
 
 
 def as_dataset(dataset: str | Dataset, *, storage_options: dict | None = None, cache=None,
-               expect_dataset_id: str | None = None) -> Dataset:
+               expect_dataset_id: str | None = None, decoded_cache=None) -> Dataset:
     """``dataset`` when it is already a :class:`Dataset` (checked against
     ``expect_dataset_id``), else :func:`open_dataset` of the URL: what a loader takes.
 
@@ -309,7 +328,7 @@ def as_dataset(dataset: str | Dataset, *, storage_options: dict | None = None, c
             dataset.expect_id(expect_dataset_id)
         return dataset
     return open_dataset(dataset, storage_options=storage_options, cache=cache,
-                        expect_dataset_id=expect_dataset_id)
+                        expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
 
 
 def check_dataset_id(dataset_id: str | None) -> None:

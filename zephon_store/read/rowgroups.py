@@ -12,6 +12,10 @@ fetches in flight), the maps' (inserts only), the decoded LRU's, the decodes in 
 (:class:`~zephon_store.read.once.OncePerKey`), and one guarding the creation of the range
 fetcher, the thread pool and the prefetchers.
 
+With a node-local :class:`~zephon_store.read.decoded_disk.DecodedDiskCache`, a row group
+decoded once on the node (by any process, in any epoch) is mapped from that cache instead of
+decoded again; its first decode writes it there.
+
 Threads: :meth:`RowGroups.read_many` decodes on this object's pool (``zephon-io``), made on
 first use and shut down by :meth:`RowGroups.close`. A :class:`~zephon_store.io.prefetch.Prefetcher`
 made by :meth:`RowGroups.prefetcher` owns its pool (``zephon-prefetch``) and is closed by whoever
@@ -39,6 +43,7 @@ from ..io.coalesce import CoalesceOptions, RangeFetcher
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
 from ..io.storage import Storage
 from .decode import decode_row_group
+from .decoded_disk import DecodedDiskCache, decoded_key, schema_fingerprint
 from .footers import Footers
 from .mapped import MappedShards
 from .once import OncePerKey
@@ -93,10 +98,13 @@ class RowGroups:
 
     def __init__(self, manifest: Manifest, storage: Storage, *, cache: ChunkCache | None,
                  decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, io_threads: int = 8,
-                 dataset_url: str = "") -> None:
+                 dataset_url: str = "", decoded_disk: DecodedDiskCache | None = None) -> None:
         self.manifest = manifest
         self.storage = storage
         self.cache = cache
+        self.decoded_disk = decoded_disk
+        self._fingerprint = (schema_fingerprint(manifest.schema, manifest.storage)
+                             if decoded_disk is not None else b"")
         self.io_threads = io_threads
         self._dataset_url = dataset_url or storage.root_url
         self.footers = Footers(manifest, self._fetch, self.forged)
@@ -204,6 +212,15 @@ class RowGroups:
         return t
 
     def _decode(self, rg: int) -> pa.Table:
+        disk = self.decoded_disk
+        if disk is None:
+            return self._decode_shard(rg)
+        m = self.manifest
+        key = decoded_key(m.shard_name(int(m.rg_shard[rg])), m.rg_local_index(rg),
+                          self._fingerprint)
+        return disk.get_or_decode(key, m.schema, lambda: self._decode_shard(rg))
+
+    def _decode_shard(self, rg: int) -> pa.Table:
         m = self.manifest
         shard = int(m.rg_shard[rg])
         footer = self.footers.get(shard)

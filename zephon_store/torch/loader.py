@@ -126,7 +126,10 @@ class ZephonLoader:
     ``run_log`` (a local path) makes rank 0 append one JSON line per segment of the run (at
     its first batch after a start or resume) for ``zephon trace``/``where``/``audit``;
     ``deny_list`` (a file or a :class:`~zephon_store.load.denylist.DenyList`) keeps those
-    samples' positions and flags them in ``_masked`` (docs/audit.md).
+    samples' positions and flags them in ``_masked`` (docs/audit.md); ``decoded_cache`` (a
+    :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` or its folder, for a dataset
+    given by URL or a mixture) keeps decoded row groups on the node for later epochs and the node's other
+    ranks (docs/loader.md, "Decoded cache").
     """
 
     def __init__(self, dataset: str | Dataset | MixedDataset, *, global_batch: int, seed: int | None = None,
@@ -143,7 +146,7 @@ class ZephonLoader:
                  coalesce: CoalesceOptions | None = None, drop_last: bool = True,
                  expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
                  run_log: str | None = None,
-                 deny_list=None) -> None:
+                 deny_list=None, decoded_cache=None) -> None:
         seed_given = seed is not None or order is not None
         if order is None:
             order = OrderOptions(seed=seed or 0)
@@ -172,7 +175,7 @@ class ZephonLoader:
                 raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
                                  "sources by their dataset_ids (checked on resume)")
             self.dataset = open_mixture(dataset, columns=columns, global_batch=global_batch,
-                                        cache=cache)
+                                        cache=cache, decoded_cache=decoded_cache)
             file_seed = self.dataset.seed
             if file_seed is not None and file_seed != order.seed:
                 if seed_given:
@@ -180,12 +183,17 @@ class ZephonLoader:
                                      f"was given seed {order.seed}; pass one")
                 order = order.replace(seed=file_seed)
         elif isinstance(dataset, Dataset):
+            if decoded_cache is not None:
+                raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
+                                 "is open already: open it with open_dataset(url, "
+                                 "decoded_cache=...)")
             self.dataset = dataset
             if expect_dataset_id is not None:
                 dataset.expect_id(expect_dataset_id)
         else:
             self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
-                                        expect_dataset_id=expect_dataset_id)
+                                        expect_dataset_id=expect_dataset_id,
+                                        decoded_cache=decoded_cache)
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,
         # from the dataset and the nodes this run starts on, and a resume takes the
         # checkpoint's lanes instead (load_state_dict).

@@ -1,0 +1,313 @@
+"""A node-local disk cache of *decoded* row groups: Arrow IPC files, memory-mapped.
+
+The shards stay compressed (zstd by default), and every pass over them pays the decode
+again: on a 2-core machine that is most of a pass's CPU (docs/benchmarks.md section 13).
+With a :class:`DecodedDiskCache`, the first decode of a row group on a node also writes the
+table, uncompressed, as an Arrow IPC file; every later read of it, by any rank, worker or
+epoch of the node, maps that file and hands out zero-copy views of it (no decompression,
+no Parquet decoding, no copy).
+
+The key is derived, not a content hash: ``xxh3("zephon-decoded-v1", shard name, row group
+index in the shard, schema fingerprint)``. Shards are named by the hash of their bytes, so
+the key names exactly one decoded table, whatever dataset or URL the shard is read through,
+and a re-converted dataset can never be served an old table.
+
+The decoded bytes are not the bytes the manifest vouches for, so each entry carries its own
+check: a 32-byte trailer (magic, the xxh3-128 of the IPC bytes, their length) written
+with it, and every read hashes the mapped bytes against it before using them (~60 ms of
+CPU per GB on the benchmark VM, mapping included); a damaged or truncated entry is dropped and counted, and the row group is
+decoded from the verified shard instead. What it cannot detect is a *forged* entry (someone
+with write access to the folder writing a well-formed file with other rows): keep the folder
+node-local and private to the job's user, as for any cache of derived data.
+
+Entries, the budget, eviction (least recently used first) and concurrent publishing by
+several processes are the :class:`~zephon_store.io.cache.ChunkCache`'s, on a folder of its
+own (``<directory>/v1``), with verification of contents by key switched off in favour of
+the trailer.
+
+>>> import pyarrow as pa
+>>> dc = DecodedDiskCache(tmp, budget_bytes=1 << 20)
+>>> table = pa.table({"text": ["a", "bc"]})
+>>> dc.put("ab" * 16, table)
+True
+>>> dc.get("ab" * 16, table.schema).equals(table)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import xxhash
+
+from .._util.hashing import xxh3_hex
+from .._util.sizes import parse_size
+from ..io.cache import ChunkCache, default_cache_dir
+
+ENV_DIR = "ZEPHON_DECODED_CACHE_DIR"
+ENV_BUDGET = "ZEPHON_DECODED_CACHE_BUDGET"
+DEFAULT_BUDGET_BYTES = 20 << 30
+KEY_VERSION = b"zephon-decoded-v1"
+_MAGIC = b"ZPHDEC01"
+_TRAILER = struct.Struct("<8s16sQ")   # magic, xxh3-128 of the IPC bytes, their length
+
+
+def default_decoded_dir() -> str:
+    """``$ZEPHON_DECODED_CACHE_DIR``, else ``decoded`` in :func:`default_cache_dir`."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    return os.path.join(default_cache_dir(), "decoded")
+
+
+def schema_fingerprint(schema: pa.Schema, storage: dict) -> bytes:
+    """What a decoded table's layout depends on besides the shard's bytes: the logical
+    schema (with its metadata) and the storage encodings undone on decode."""
+    return (schema.serialize().to_pybytes()
+            + json.dumps(storage, sort_keys=True, separators=(",", ":")).encode())
+
+
+def decoded_key(shard_name: str, local_rg: int, fingerprint: bytes) -> str:
+    """The cache key of row group ``local_rg`` of the shard named ``shard_name``.
+
+    >>> decoded_key("00" * 16, 0, b"s") == decoded_key("00" * 16, 1, b"s")
+    False
+    """
+    return xxh3_hex(b"\0".join((KEY_VERSION, shard_name.encode(), str(int(local_rg)).encode(),
+                                fingerprint)))
+
+
+@dataclass
+class DecodedStats:
+    """What this process's :class:`DecodedDiskCache` did."""
+
+    hits: int = 0
+    misses: int = 0     # decoded here (and then written: ``store_stats.puts``)
+    corrupt: int = 0    # entries that failed their check, dropped
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class DecodedDiskCache:
+    """Decoded row groups of any dataset, shared by the processes of one node.
+
+    ``directory`` defaults to :func:`default_decoded_dir`; ``budget_bytes`` (an int or a
+    size such as ``"50GiB"``) to ``$ZEPHON_DECODED_CACHE_BUDGET``, else 20 GiB. Decoded text
+    is about 4x its zstd shard bytes, token windows about 2x: size the budget to the
+    decoded dataset (or the part of it a node reads) for every epoch after the first to
+    hit. Pass it to :func:`~zephon_store.open_dataset` (``decoded_cache=``) or
+    :class:`~zephon_store.torch.ZephonLoader`; setting ``$ZEPHON_DECODED_CACHE_DIR`` turns
+    it on for every dataset opened without an explicit choice.
+
+    >>> dc = DecodedDiskCache(tmp, budget_bytes="1GiB")
+    >>> dc.budget_bytes
+    1073741824
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
+                 budget_bytes: int | str | None = None, low_water: float = 0.9) -> None:
+        self.directory = (os.path.abspath(os.fspath(directory)) if directory is not None
+                          else default_decoded_dir())
+        if budget_bytes is None:
+            env = os.environ.get(ENV_BUDGET)
+            budget_bytes = parse_size(env) if env else DEFAULT_BUDGET_BYTES
+        self._store = ChunkCache(self.directory, budget_bytes=budget_bytes,
+                                 low_water=low_water, verify=False)
+        self._store.label, self._store.env_dir = "decoded cache", ENV_DIR
+        self._store.off_switch = "decoded_cache=False"
+        self.stats = DecodedStats()
+        self._mutex = threading.Lock()
+
+    def _count(self, **deltas: int) -> None:
+        with self._mutex:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._store.budget_bytes
+
+    @property
+    def store_stats(self):
+        """The entries' store's :class:`~zephon_store.io.cache.CacheStats` (``puts``,
+        ``evictions``, ``bypassed``: disk operations that failed and were skipped)."""
+        return self._store.stats
+
+    def __repr__(self) -> str:
+        return f"DecodedDiskCache({self.directory!r}, budget_bytes={self.budget_bytes})"
+
+    def clone(self) -> DecodedDiskCache:
+        """Another handle on the same folder and budget, with its own stats."""
+        return DecodedDiskCache(self.directory, budget_bytes=self.budget_bytes,
+                                low_water=self._store.low_water)
+
+    def __reduce__(self):
+        return (_unpickle, (self.directory, self.budget_bytes, self._store.low_water))
+
+    # -- entries -----------------------------------------------------------------------------
+
+    def get(self, key: str, schema: pa.Schema) -> pa.Table | None:
+        """The table cached under ``key`` as zero-copy views of the mapped entry, or None.
+
+        The entry's bytes are hashed against its trailer and its schema compared with
+        ``schema`` first; an entry that fails either is dropped and counted in
+        ``stats.corrupt`` (the caller decodes the row group from its shard instead).
+        """
+        table = self._get_quiet(key, schema)
+        self._count(**({"hits": 1} if table is not None else {"misses": 1}))
+        return table
+
+    def _get_quiet(self, key: str, schema: pa.Schema) -> pa.Table | None:
+        """:meth:`get` without counting hits and misses (damaged entries are counted)."""
+        path = self._store.entry_path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:   # not cached (or the folder is unreadable: decode as without it)
+            return None
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        table = _check(mapped, size, schema)
+        if table is None:
+            self._count(corrupt=1)
+            self._store.drop_damaged(key, st.st_ino, size)
+            return None
+        self._store.touch(key)
+        return table
+
+    def get_or_decode(self, key: str, schema: pa.Schema,
+                      decode: Callable[[], pa.Table]) -> pa.Table:
+        """The table cached under ``key``, else ``decode()`` published under ``key``.
+
+        Processes of the node asking for the same missing key wait on its file lock, held
+        until the entry is published, so a row group read by several ranks of a node at
+        once is decoded by one of them and mapped by the others (a first epoch decodes once
+        per node, not once per rank). The entry is written in the calling thread: a
+        background writer that skipped entries when behind was tried and measured slower on
+        both one and two ranks (docs/benchmarks.md, section 14).
+
+        >>> import pyarrow as pa
+        >>> dc, t = DecodedDiskCache(tmp), pa.table({"a": [1]})
+        >>> dc.get_or_decode("12" * 16, t.schema, lambda: t).equals(t)
+        True
+        >>> dc.get_or_decode("12" * 16, t.schema, lambda: 1 / 0).equals(t)   # mapped
+        True
+        """
+        table = self._get_quiet(key, schema)
+        if table is not None:
+            self._count(hits=1)
+            return table
+        try:
+            release = self._store.hold_key(key)
+        except OSError:
+            release = None    # no locks on this disk: decode here (a neighbour may too)
+        try:
+            if release is not None:
+                table = self._get_quiet(key, schema)   # published while this one waited
+                if table is not None:
+                    self._count(hits=1)
+                    return table
+            self._count(misses=1)
+            table = decode()
+            self.put(key, table)
+            return table
+        finally:
+            if release is not None:
+                release()
+
+    def put(self, key: str, table: pa.Table) -> bool:
+        """Publish ``table`` under ``key``: True if cached (now or before by anyone), False
+        if it is bigger than the whole budget or the disk refused it (the read goes on)."""
+        if os.path.exists(self._store.entry_path(key)):
+            return True
+        counter = pa.MockOutputStream()
+        with pa.ipc.new_file(counter, table.schema) as w:
+            w.write_table(table)
+        n = counter.size()
+        size = n + _TRAILER.size
+        if size > self.budget_bytes:
+            return False
+        view = _scratch(size)
+        with pa.ipc.new_file(pa.FixedSizeBufferWriter(pa.py_buffer(view)), table.schema) as w:
+            w.write_table(table)
+        view[n:] = _TRAILER.pack(_MAGIC, xxhash.xxh3_128(view[:n]).digest(), n)
+        return self._store.put(key, view)
+
+    def info(self) -> dict[str, object]:
+        """``{"dir", "entries", "bytes", "budget", "plans"}`` measured on disk."""
+        return self._store.info()
+
+    def clear(self) -> int:
+        """Remove every entry; returns the bytes freed."""
+        return self._store.clear()
+
+
+_local = threading.local()
+
+
+def _scratch(size: int) -> memoryview:
+    """A writable view of ``size`` bytes of this thread's reused scratch memory.
+
+    Fresh memory costs a page fault per 4 KiB on first touch (on the benchmark VM up to
+    ~10 ms per MiB, more than encoding the table); a thread re-uses one buffer for every
+    entry it writes.
+    """
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _local.buf = mmap.mmap(-1, max(size, 2 * len(buf) if buf is not None else 0))
+    return memoryview(buf)[:size]
+
+
+def _check(mapped: mmap.mmap | None, size: int, schema: pa.Schema) -> pa.Table | None:
+    """The table in a mapped entry if its trailer, hash and schema hold, else None."""
+    if mapped is None or size < _TRAILER.size:
+        return None
+    magic, digest, n = _TRAILER.unpack_from(mapped, size - _TRAILER.size)
+    if magic != _MAGIC or n != size - _TRAILER.size:
+        return None
+    body = memoryview(mapped)[:n]
+    if xxhash.xxh3_128(body).digest() != digest:
+        return None
+    try:
+        # pa.py_buffer keeps the map alive for as long as any array views it.
+        table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(body))).read_all()
+    except (pa.ArrowException, ValueError, OSError):
+        return None
+    return table if table.schema.equals(schema, check_metadata=False) else None
+
+
+def as_decoded_cache(value) -> DecodedDiskCache | None:
+    """What ``open_dataset(decoded_cache=...)`` means: a cache, a folder, ``False`` (none),
+    or ``None`` (a cache at ``$ZEPHON_DECODED_CACHE_DIR`` when it is set, else none).
+
+    >>> as_decoded_cache(False) is None, as_decoded_cache(tmp).directory == tmp
+    (True, True)
+    """
+    if value is False:
+        return None
+    if value is None:
+        return DecodedDiskCache() if os.environ.get(ENV_DIR) else None
+    if isinstance(value, DecodedDiskCache):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return DecodedDiskCache(value)
+    raise TypeError(f"decoded_cache must be a DecodedDiskCache, a folder path, None or False; "
+                    f"got {type(value).__name__}")
+
+
+def _unpickle(directory: str, budget_bytes: int, low_water: float) -> DecodedDiskCache:
+    return DecodedDiskCache(directory, budget_bytes=budget_bytes, low_water=low_water)
+
