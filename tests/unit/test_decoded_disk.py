@@ -206,3 +206,17 @@ def test_processes_of_a_node_decode_each_row_group_once(mixed, tmp_path):
     assert sum(s["misses"] for s in stats) == sum(s["puts"] for s in stats) == n
     assert sum(s["hits"] for s in stats) == 2 * n
 
+
+
+def test_mapped_tables_hold_no_file_descriptors_and_an_empty_entry_is_dropped(mixed, tmp_path):
+    cache = DecodedDiskCache(tmp_path / "dc")
+    _all_row_groups(open_dataset(mixed, decoded_cache=cache))
+    fds = len(os.listdir("/proc/self/fd"))
+    held = _all_row_groups(open_dataset(mixed, decoded_cache=cache))
+    assert cache.stats.hits >= len(held) > 5
+    assert len(os.listdir("/proc/self/fd")) - fds < 5     # not one per live table
+    path = _entries(cache)[0]
+    open(path, "wb").close()
+    again = DecodedDiskCache(tmp_path / "dc")
+    _all_row_groups(open_dataset(mixed, decoded_cache=again))
+    assert again.stats.corrupt == 1 and os.path.getsize(path) > 0   # dropped, written again

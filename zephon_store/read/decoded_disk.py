@@ -36,9 +36,11 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -169,17 +171,26 @@ class DecodedDiskCache:
         """:meth:`get` without counting hits and misses (damaged entries are counted)."""
         path = self._store.entry_path(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:   # not cached (or the folder is unreadable: decode as without it)
+            # Arrow's map, closed at once: the mapping lives as long as a buffer views it,
+            # the file descriptor does not (a Python mmap would hold one per live table).
+            f = pa.memory_map(path, "r")
+        except FileNotFoundError:
+            return None
+        except OSError:   # unreadable folder, or an entry that cannot be mapped (empty)
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if stat.S_ISREG(st.st_mode):
+                    self._count(corrupt=1)
+                    self._store.drop_damaged(key, st.st_ino, st.st_size)
             return None
         try:
-            st = os.fstat(fd)
+            st = os.fstat(f.fileno())
             size = st.st_size
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
-        except (OSError, ValueError):
+            mapped = f.read_buffer()
+        except OSError:
             return None
         finally:
-            os.close(fd)
+            f.close()
         table = _check(mapped, size, schema)
         if table is None:
             self._count(corrupt=1)
@@ -271,19 +282,18 @@ def _scratch(size: int) -> memoryview:
     return memoryview(buf)[:size]
 
 
-def _check(mapped: mmap.mmap | None, size: int, schema: pa.Schema) -> pa.Table | None:
+def _check(mapped: pa.Buffer, size: int, schema: pa.Schema) -> pa.Table | None:
     """The table in a mapped entry if its trailer, hash and schema hold, else None."""
-    if mapped is None or size < _TRAILER.size:
+    if size < _TRAILER.size or mapped.size != size:
         return None
     magic, digest, n = _TRAILER.unpack_from(mapped, size - _TRAILER.size)
     if magic != _MAGIC or n != size - _TRAILER.size:
         return None
-    body = memoryview(mapped)[:n]
+    body = mapped.slice(0, n)
     if xxhash.xxh3_128(body).digest() != digest:
         return None
     try:
-        # pa.py_buffer keeps the map alive for as long as any array views it.
-        table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(body))).read_all()
+        table = pa.ipc.open_file(pa.BufferReader(body)).read_all()   # views of the map
     except (pa.ArrowException, ValueError, OSError):
         return None
     return table if table.schema.equals(schema, check_metadata=False) else None

@@ -15,7 +15,7 @@ import pyarrow as pa
 from .._util.hashing import xxh3_hex
 from ..format.manifest import Manifest
 
-MAX_MAPPED_SHARDS = 256  # open memory maps kept per dataset (one file descriptor each)
+MAX_MAPPED_SHARDS = 256  # memory maps kept per dataset (their files are closed once mapped)
 
 
 class MappedShards:
@@ -60,7 +60,11 @@ class MappedShards:
             # Opening a FIFO blocks and a device maps endless bytes: regular files only.
             if not stat.S_ISREG(os.stat(path).st_mode):
                 return None
-            buf = pa.memory_map(path, "r").read_buffer()
+            f = pa.memory_map(path, "r")
+            try:
+                buf = f.read_buffer()
+            finally:
+                f.close()   # the mapping lives while a buffer views it; the descriptor need not
         except OSError:
             return None
         if buf.size != int(self._manifest.shard_bytes[shard]):
