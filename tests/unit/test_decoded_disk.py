@@ -220,3 +220,23 @@ def test_mapped_tables_hold_no_file_descriptors_and_an_empty_entry_is_dropped(mi
     again = DecodedDiskCache(tmp_path / "dc")
     _all_row_groups(open_dataset(mixed, decoded_cache=again))
     assert again.stats.corrupt == 1 and os.path.getsize(path) > 0   # dropped, written again
+
+
+def _count_in_child(ds, out) -> None:
+    _all_row_groups(ds)
+    out.put(ds.decoded_cache.stats.hits + ds.decoded_cache.stats.misses)
+
+
+def test_a_child_forked_while_a_thread_counts_does_not_deadlock(mixed, tmp_path):
+    import multiprocessing as mp
+
+    cache = DecodedDiskCache(tmp_path / "dc")
+    ds = open_dataset(mixed, decoded_cache=cache)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    with cache._mutex:                      # as a decode thread counting at the fork
+        p = ctx.Process(target=_count_in_child, args=(ds, out))
+        p.start()
+    assert out.get(timeout=60) == ds.manifest.num_row_groups
+    p.join(timeout=30)
+    assert p.exitcode == 0

@@ -128,6 +128,10 @@ class DecodedDiskCache:
         self.stats = DecodedStats()
         self._mutex = threading.Lock()
 
+    def after_fork(self) -> None:
+        """In a forked child: a lock no parent thread can be holding."""
+        self._mutex = threading.Lock()
+
     def _count(self, **deltas: int) -> None:
         with self._mutex:
             for name, delta in deltas.items():

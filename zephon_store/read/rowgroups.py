@@ -296,6 +296,8 @@ class RowGroups:
         self._decoded.after_fork()
         if self._mapped is not None:
             self._mapped.after_fork()
+        if self.decoded_disk is not None:
+            self.decoded_disk.after_fork()
 
 
 _LIVE: weakref.WeakSet[RowGroups] = weakref.WeakSet()
