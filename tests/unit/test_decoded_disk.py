@@ -240,3 +240,45 @@ def test_a_child_forked_while_a_thread_counts_does_not_deadlock(mixed, tmp_path)
     assert out.get(timeout=60) == ds.manifest.num_row_groups
     p.join(timeout=30)
     assert p.exitcode == 0
+
+
+def test_a_table_that_cannot_be_written_is_read_uncached(mixed, tmp_path, monkeypatch, caplog):
+    def refuse(self, key, table):
+        raise pa.ArrowNotImplementedError("no IPC for this type")
+
+    monkeypatch.setattr(DecodedDiskCache, "put", refuse)
+    want = _all_row_groups(open_dataset(mixed, decoded_cache=False))
+    cache = DecodedDiskCache(tmp_path / "dc")
+    got = _all_row_groups(open_dataset(mixed, decoded_cache=cache))
+    assert all(g.equals(w) for g, w in zip(got, want))
+    assert cache.stats.unwritable == len(want) and not _entries(cache)
+    assert sum("could not be written" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_column_type_hits_on_the_next_read(tmp_path):
+    """An entry is only served when its schema is the manifest's: a type whose decode
+    differed from it would be decoded and rewritten on every read. None does."""
+    import datetime
+    import decimal
+
+    n = 50
+    pq.write_table(pa.table({
+        "ts": pa.array([datetime.datetime(2020, 1, 1)] * n, pa.timestamp("s", tz="UTC")),
+        "ns": pa.array(np.arange(n, dtype="int64"), pa.timestamp("ns")),
+        "day": pa.array([datetime.date(2020, 1, 2)] * n, pa.date32()),
+        "dec": pa.array([decimal.Decimal(i) / 100 for i in range(n)], pa.decimal128(10, 2)),
+        "half": pa.array(np.arange(n, dtype="float16")),
+        "flag": [i % 2 == 0 for i in range(n)],
+        "rec": [{"a": i, "b": str(i)} for i in range(n)],
+        "map": pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+        "ll": pa.array([[i] * 3 for i in range(n)], pa.large_list(pa.int32())),
+        "cat": pa.array(["p", "q"] * (n // 2)).dictionary_encode(),
+        "u8": pa.array(np.arange(n) % 256, pa.uint8()),
+    }), tmp_path / "in.parquet")
+    convert([str(tmp_path / "in.parquet")], str(tmp_path / "ds"),
+            options=WriteOptions(row_group_rows=20))
+    want = _all_row_groups(open_dataset(str(tmp_path / "ds"), decoded_cache=tmp_path / "dc"))
+    cache = DecodedDiskCache(tmp_path / "dc")
+    got = _all_row_groups(open_dataset(str(tmp_path / "ds"), decoded_cache=cache))
+    assert cache.stats.hits == len(want) == 3 and cache.stats.corrupt == 0
+    assert all(g.equals(w) for g, w in zip(got, want))

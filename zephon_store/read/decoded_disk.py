@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import mmap
 import os
 import stat
@@ -52,6 +53,8 @@ import xxhash
 from .._util.hashing import xxh3_hex
 from .._util.sizes import parse_size
 from ..io.cache import ChunkCache, default_cache_dir
+
+_log = logging.getLogger(__name__)
 
 ENV_DIR = "ZEPHON_DECODED_CACHE_DIR"
 ENV_BUDGET = "ZEPHON_DECODED_CACHE_BUDGET"
@@ -93,6 +96,7 @@ class DecodedStats:
     hits: int = 0
     misses: int = 0     # decoded here (and then written: ``store_stats.puts``)
     corrupt: int = 0    # entries that failed their check, dropped
+    unwritable: int = 0   # decoded tables Arrow could not serialize (not cached; logged once)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -237,7 +241,14 @@ class DecodedDiskCache:
                     return table
             self._count(misses=1)
             table = decode()
-            self.put(key, table)
+            try:
+                self.put(key, table)
+            except (pa.ArrowException, MemoryError) as exc:   # the read goes on, uncached
+                self._count(unwritable=1)
+                if self.stats.unwritable == 1:
+                    _log.warning("decoded cache %s: a row group could not be written (%s: "
+                                 "%s); reading on without caching it", self.directory,
+                                 type(exc).__name__, exc)
             return table
         finally:
             if release is not None:
