@@ -139,3 +139,42 @@ def test_convert_into_another_dataset_needs_overwrite(tmp_path, capsys):
     assert open_dataset(out).num_samples == 40
     assert main(["gc", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == []  # nothing of 'a' was left
+
+
+def test_cache_fill_decodes_a_dataset_ahead_of_a_job(ds_path, tmp_path, capsys):
+    from zephon_store.read.decoded_disk import DecodedDiskCache
+
+    cache_dir = str(tmp_path / "c")
+    assert main(["cache", "fill", ds_path, "--dir", cache_dir, "--json"]) == 0
+    out = _json(capsys)
+    n = open_dataset(ds_path).manifest.num_row_groups
+    assert out["complete"] and out["filled"] == out["decoded"] == n and out["present"] == 0
+    assert main(["cache", "fill", ds_path, "--dir", cache_dir, "--json"]) == 0
+    assert _json(capsys)["present"] == n                      # a second fill decodes nothing
+    reader = DecodedDiskCache(tmp_path / "c" / "decoded")
+    ds = open_dataset(ds_path, decoded_cache=reader)
+    for rg in range(n):
+        ds.row_groups.read(rg)
+    assert reader.stats.hits == n and reader.stats.misses == 0
+
+    # A budget of about four entries: the fill stops, and says how many are there.
+    per_entry = reader.info()["bytes"] // n
+    small = str(tmp_path / "small")
+    argv = ["cache", "fill", ds_path, "--dir", small, "--budget", str(4 * per_entry), "--json"]
+    assert main(argv) == 0
+    out = _json(capsys)
+    held = DecodedDiskCache(tmp_path / "small" / "decoded").info()["entries"]
+    assert not out["complete"] and 0 < out["filled"] == held <= 4
+    tiny = str(tmp_path / "tiny")
+    assert main(["cache", "fill", ds_path, "--dir", tiny, "--budget", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"0 of {n} row groups") and "pass a larger --budget" in text
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["cache", "fill"], "needs the dataset URL"),
+    (["cache", "info", "somewhere"], "takes no dataset URL"),
+])
+def test_cache_fill_needs_a_url_and_info_takes_none(argv, says, capsys):
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err

@@ -1,33 +1,84 @@
-"""``zephon cache info|clear``: the node-local disk cache of remote row groups, the decoded
-cache (``<cache dir>/decoded``, or ``$ZEPHON_DECODED_CACHE_DIR``) and the staging folders of
-conversions into remote outputs (``<cache dir>/staging``)."""
+"""``zephon cache info|clear|fill``: the node-local disk cache of remote row groups, the
+decoded cache (``<cache dir>/decoded``, or ``$ZEPHON_DECODED_CACHE_DIR``) and the staging
+folders of conversions into remote outputs (``<cache dir>/staging``). ``fill URL`` decodes a
+dataset into the decoded cache ahead of a job (on each node, while the job starts)."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
-from .common import emit
+from .common import UsageError, add_storage_options, emit, size_arg
 
 
-def _decoded(directory: str | None):
+def _decoded(directory: str | None, budget: int | None = None):
     from ..read.decoded_disk import DecodedDiskCache, default_decoded_dir
 
     return DecodedDiskCache(os.path.join(directory, "decoded") if directory
-                            else default_decoded_dir())
+                            else default_decoded_dir(), budget_bytes=budget)
 
 
 def add_cache_parser(sub) -> None:
-    p = sub.add_parser("cache", help="inspect or clear the local cache of remote bytes, of decoded "
-                       "row groups, and conversion staging")
-    p.add_argument("action", choices=["info", "clear"])
+    p = sub.add_parser("cache", help="inspect, clear or fill the local cache of remote bytes, of "
+                       "decoded row groups, and conversion staging")
+    p.add_argument("action", choices=["info", "clear", "fill"])
+    p.add_argument("url", nargs="?", help="fill: the dataset to decode into the decoded cache")
     p.add_argument("--dir", default=None, help="cache directory (default: $ZEPHON_CACHE_DIR or "
-                   "the user cache directory)")
+                   "the user cache directory; the decoded cache is DIR/decoded, or "
+                   "$ZEPHON_DECODED_CACHE_DIR without --dir)")
+    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE",
+                   help="fill: the decoded cache's budget (default: "
+                   "$ZEPHON_DECODED_CACHE_BUDGET or 20GiB); fill stops before evicting")
+    add_storage_options(p)
     p.add_argument("--json", action="store_true")
+
+
+def cmd_fill(args) -> int:
+    """Decode the row groups of ``args.url`` into the decoded cache, in order, until all are
+    there or 90% of the budget is filled (beyond it, eviction would undo the fill)."""
+    from ..read.dataset import open_dataset
+
+    cache = _decoded(args.dir, args.budget)
+    limit = int(cache.budget_bytes * 0.9)
+    done = size = 0
+    # One decode per core: 8 threads on 2 cores took 3.6 s of wall and 4.4 s of system time
+    # for 300 MB of text here, 2 threads 0.8 s and 0.5 s (the allocator and page faults).
+    threads = min(4, os.cpu_count() or 1)
+    # cache=False: a remote dataset's compressed bytes are not kept beside the decoded ones.
+    with open_dataset(args.url, storage_options=args.storage_options, cache=False,
+                      decoded_cache=cache) as ds, ThreadPoolExecutor(threads) as pool:
+        rgs = ds.row_groups
+        n = ds.manifest.num_row_groups
+        while done < n and size <= limit:
+            batch = range(done, min(n, done + threads))
+            size += sum(t.nbytes for t in pool.map(lambda rg: rgs.read(rg, keep=False), batch))
+            done += len(batch)
+        cached = sum(cache.contains(rgs.decoded_key(rg)) for rg in range(n))
+    out = {"url": args.url, "decoded_dir": cache.directory, "row_groups": n,
+           "filled": cached, "decoded": cache.stats.misses, "present": cache.stats.hits,
+           "bytes": size, "budget": cache.budget_bytes, "complete": cached == n}
+    if args.json:
+        emit(out)
+    else:
+        print(f"{cached} of {n} row groups of {args.url} in {cache.directory} "
+              f"({cache.stats.misses} decoded now, {cache.stats.hits} already there, "
+              f"{size / 1e6:.1f} MB decoded)")
+        if cached < n:
+            print(f"stopped at 90% of the budget ({cache.budget_bytes} bytes): the rest "
+                  "would evict what was filled; pass a larger --budget")
+    return 0
 
 
 def cmd_cache(args) -> int:
     from ..io.cache import cache_clear, cache_info
     from ..write.staging import staging_clear, staging_info
+
+    if args.action == "fill":
+        if not args.url:
+            raise UsageError("zephon cache fill needs the dataset URL: zephon cache fill URL")
+        return cmd_fill(args)
+    if args.url:
+        raise UsageError(f"zephon cache {args.action} takes no dataset URL (got {args.url!r})")
 
     if args.action == "info":
         decoded = _decoded(args.dir).info()

@@ -254,6 +254,10 @@ class DecodedDiskCache:
             if release is not None:
                 release()
 
+    def contains(self, key: str) -> bool:
+        """True if an entry for ``key`` is on disk (not verified)."""
+        return self._store.contains(key)
+
     def put(self, key: str, table: pa.Table) -> bool:
         """Publish ``table`` under ``key``: True if cached (now or before by anyone), False
         if it is bigger than the whole budget or the disk refused it (the read goes on)."""

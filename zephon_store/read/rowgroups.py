@@ -215,10 +215,14 @@ class RowGroups:
         disk = self.decoded_disk
         if disk is None:
             return self._decode_shard(rg)
+        return disk.get_or_decode(self.decoded_key(rg), self.manifest.schema,
+                                  lambda: self._decode_shard(rg))
+
+    def decoded_key(self, rg: int) -> str:
+        """Global row group ``rg``'s key in the decoded cache (which must be set)."""
         m = self.manifest
-        key = decoded_key(m.shard_name(int(m.rg_shard[rg])), m.rg_local_index(rg),
-                          self._fingerprint)
-        return disk.get_or_decode(key, m.schema, lambda: self._decode_shard(rg))
+        return decoded_key(m.shard_name(int(m.rg_shard[rg])), m.rg_local_index(rg),
+                           self._fingerprint)
 
     def _decode_shard(self, rg: int) -> pa.Table:
         m = self.manifest
