@@ -325,4 +325,9 @@ def test_a_killed_node_loses_no_work_its_tasks_rerun_on_the_others(cluster, big,
     def kill_node() -> list[int]:  # its raylet, workers and agents, mid-task
         return cluster.kill_node(1) if cluster.node_running(1, "zephon") else []
 
-    assert _convert_under_fault(big, tmp_path / "ds", kill_node), "no task seen on node 1"
+    # Ray places tasks as it likes: a run that never put one on node 1 while it was polled
+    # tested nothing (its bytes were still checked), so try again, up to three times.
+    for attempt in range(3):
+        if _convert_under_fault(big, tmp_path / f"ds{attempt}", kill_node):
+            return
+    pytest.fail("no task seen on node 1 in three conversions")
