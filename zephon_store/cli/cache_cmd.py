@@ -41,8 +41,8 @@ def cmd_fill(args) -> int:
     cache = _decoded(args.dir, args.budget)
     limit = int(cache.budget_bytes * 0.9)
     done = size = 0
-    # One decode per core: 8 threads on 2 cores took 3.6 s of wall and 4.4 s of system time
-    # for 300 MB of text here, 2 threads 0.8 s and 0.5 s (the allocator and page faults).
+    # One decode per core: more threads than cores cost far more system time than they
+    # overlap (docs/benchmarks.md, section 14).
     threads = min(4, os.cpu_count() or 1)
     # cache=False: a remote dataset's compressed bytes are not kept beside the decoded ones.
     with open_dataset(args.url, storage_options=args.storage_options, cache=False,

@@ -223,29 +223,19 @@ class ChunkCache:
             os.close(fd)
 
     @contextlib.contextmanager
-    def _key_lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-key lock; the lock file is removed by its holder."""
-        release = self.hold_key(key)
-        try:
-            yield
-        finally:
-            release()
-
-    def hold_key(self, key: str) -> Callable[[], None]:
-        """Take ``key``'s node-wide lock (the one :meth:`get_or_fetch` fetches under),
-        waiting while another process or thread holds it; returns the function that lets it
-        go (once, from any thread: a caller may hand the lock to a thread that publishes the
-        entry). Raises OSError when the disk has no locks (the caller goes on without one).
+    def key_lock(self, key: str) -> Iterator[None]:
+        """Hold ``key``'s node-wide lock (the one :meth:`get_or_fetch` fetches under), waiting
+        while another process or thread holds it: for a caller that makes an entry itself,
+        once per node. Raises OSError when the disk has no locks (the caller goes on without
+        one). The lock file is removed by its holder.
 
         A waiter may wake up holding the lock of a file already unlinked (and a newcomer may
         have created a fresh one), so after locking it checks that the path still names the
         file it holds, and starts over otherwise.
 
-        >>> cache = ChunkCache(tmp)
-        >>> release = cache.hold_key("ab" * 16)
-        >>> release()
+        >>> with ChunkCache(tmp).key_lock("ab" * 16):
+        ...     pass
         """
-        self._entry_path(key)  # validates
         self._ensure_dirs()
         path = os.path.join(self._locks, key + ".lock")
         while True:
@@ -257,13 +247,11 @@ class ChunkCache:
             if same:
                 break
             os.close(fd)
-        once = threading.Lock()
-
-        def release() -> None:
-            if once.acquire(blocking=False):
-                _unlink_quiet(path)
-                os.close(fd)
-        return release
+        try:
+            yield
+        finally:
+            _unlink_quiet(path)
+            os.close(fd)
 
     def _count(self, **deltas: int) -> None:
         with self._mutex:
@@ -296,8 +284,8 @@ class ChunkCache:
             return None
 
     def _write_usage(self, usage: int) -> None:
-        # Padded to a fixed width, so one pwrite replaces the old value without a truncate
-        # (an ftruncate was a quarter of a small put's time on the benchmark VM).
+        # Padded to a fixed width, so one pwrite replaces the old value without an ftruncate
+        # (docs/benchmarks.md, section 14).
         fd = os.open(self._usage_path(), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, f"{max(usage, 0):<24d}".encode(), 0)
@@ -543,7 +531,9 @@ class ChunkCache:
                 if not os.path.isdir(subdir):
                     os.makedirs(subdir, exist_ok=True)
                 # No fsync: after a crash a torn entry fails verification and is dropped.
-                temps[i] = self._write_temp(subdir, items[i][1])
+                fd, temps[i] = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(items[i][1])
             published = 0
             with self._cache_lock():
                 added = 0
@@ -567,17 +557,6 @@ class ChunkCache:
                 _unlink_quiet(tmp)
             raise
         self._count(puts=published)
-
-    def _write_temp(self, subdir: str, data: bytes | bytearray | memoryview) -> str:
-        """``data`` in a new temp file in ``subdir``; returns its path (removed on failure)."""
-        fd, tmp = tempfile.mkstemp(dir=subdir, prefix=_TEMP_PREFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        except BaseException:
-            _unlink_quiet(tmp)
-            raise
-        return tmp
 
     @contextlib.contextmanager
     def claim_keys(self, keys: Iterable[str]) -> Iterator[set[str]]:
@@ -635,7 +614,7 @@ class ChunkCache:
             return data
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(self._key_lock(key))
+                stack.enter_context(self.key_lock(key))
             except OSError as exc:
                 self._bypass("lock", exc)   # fetch without the lock: maybe twice per node
             else:

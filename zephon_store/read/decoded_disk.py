@@ -14,8 +14,8 @@ and a re-converted dataset can never be served an old table.
 
 The decoded bytes are not the bytes the manifest vouches for, so each entry carries its own
 check: a 32-byte trailer (magic, the xxh3-128 of the IPC bytes, their length) written
-with it, and every read hashes the mapped bytes against it before using them (~60 ms of
-CPU per GB on the benchmark VM, mapping included); a damaged or truncated entry is dropped and counted, and the row group is
+with it, and every read hashes the mapped bytes against it before using them (its cost:
+docs/benchmarks.md, section 14); a damaged or truncated entry is dropped and counted, and the row group is
 decoded from the verified shard instead. What it cannot detect is a *forged* entry (someone
 with write access to the folder writing a well-formed file with other rows): keep the folder
 node-local and private to the job's user, as for any cache of derived data.
@@ -229,12 +229,12 @@ class DecodedDiskCache:
         if table is not None:
             self._count(hits=1)
             return table
-        try:
-            release = self._store.hold_key(key)
-        except OSError:
-            release = None    # no locks on this disk: decode here (a neighbour may too)
-        try:
-            if release is not None:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._store.key_lock(key))
+            except OSError:
+                pass    # no locks on this disk: decode here (a neighbour may too)
+            else:
                 table = self._get_quiet(key, schema)   # published while this one waited
                 if table is not None:
                     self._count(hits=1)
@@ -250,9 +250,6 @@ class DecodedDiskCache:
                                  "%s); reading on without caching it", self.directory,
                                  type(exc).__name__, exc)
             return table
-        finally:
-            if release is not None:
-                release()
 
     def contains(self, key: str) -> bool:
         """True if an entry for ``key`` is on disk (not verified)."""
@@ -291,9 +288,8 @@ _local = threading.local()
 def _scratch(size: int) -> memoryview:
     """A writable view of ``size`` bytes of this thread's reused scratch memory.
 
-    Fresh memory costs a page fault per 4 KiB on first touch (on the benchmark VM up to
-    ~10 ms per MiB, more than encoding the table); a thread re-uses one buffer for every
-    entry it writes.
+    Fresh memory costs a page fault per 4 KiB on first touch, which on the benchmark VM could
+    cost more than encoding the table; a thread re-uses one buffer for every entry it writes.
     """
     buf = getattr(_local, "buf", None)
     if buf is None or len(buf) < size:
