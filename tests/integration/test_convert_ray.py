@@ -330,4 +330,8 @@ def test_a_killed_node_loses_no_work_its_tasks_rerun_on_the_others(cluster, big,
     for attempt in range(3):
         if _convert_under_fault(big, tmp_path / f"ds{attempt}", kill_node):
             return
-    pytest.fail("no task seen on node 1 in three conversions")
+    import ray
+
+    alive = [(n["NodeManagerPort"], n["Resources"].get("CPU")) for n in ray.nodes() if n["Alive"]]
+    pytest.fail(f"no task seen on node 1 in three conversions; alive nodes (port, CPUs): "
+                f"{alive}; node 1's processes: {sorted(cluster._node_tree(1).values())}")
