@@ -98,6 +98,14 @@ def _cases(res: dict, metric: str) -> list[str]:
     return [c for c in ORDER if c in res.get(metric, {})]
 
 
+def _other_cursors(block: dict) -> str:
+    c = block.get("resume_cursors") or {}
+    if "resume_0" not in c and "resume_99" not in c:
+        return ""
+    return (f"; also at sample {c.get('resume_0', 0):,} (0%) and "
+            f"{c.get('resume_99', 0):,} (99%)")
+
+
 def throughput_table(kind: str, block: dict) -> list[str]:
     res = block["results"]
     disk = block.get("bytes_on_disk", {})
@@ -125,9 +133,10 @@ def throughput_table(kind: str, block: dict) -> list[str]:
 def latency_table(kind: str, block: dict) -> list[str]:
     res = block["results"]
     rows = ["| system | random access p50 µs | p99 µs | resume, first batch ms "
-            "(default order) | same, first resume in the process | resume, sequential order, "
+            "(default order) | same, first resume in the process | resume at the first / "
+            "last batch (0% / 99%), default order, ms | resume, sequential order, "
             "ms | peak RSS MB: convert / seq / shuffled / w=0 |",
-            "|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|"]
     for c in [c for c in ORDER if c != "zephon_w2"]:
         g = lambda m, c=c: res.get(m, {}).get(c)  # noqa: E731
         if c == "zephon_take":
@@ -140,8 +149,17 @@ def latency_table(kind: str, block: dict) -> list[str]:
                     f"{_cell(g('random'), 'p99_us', spread=False)} | "
                     f"{_cell(g('resume'), 'warm_first_ms')} | "
                     f"{_cell(g('resume'), 'cold_first_ms', spread=False)} | "
+                    f"{_ends(g('resume_0'), g('resume_99'))} | "
                     f"{_cell(g('resume_seq'), 'warm_first_ms')} | {rss} |")
     return rows
+
+
+def _ends(first: dict | None, last: dict | None) -> str:
+    """Medians of the resumes at 0% and 99% ("a / b"), or "–" where neither ran."""
+    if not first and not last:
+        return "–"
+    return (f"{_cell(first, 'warm_first_ms', spread=False)} / "
+            f"{_cell(last, 'warm_first_ms', spread=False)}")
 
 
 def failures(results: dict) -> list[str]:
@@ -225,10 +243,14 @@ def targets(results: dict) -> list[str]:
 
     row("conversion >= 0.8x raw pyarrow (1 worker; raw pyarrow writes zstd)", conv)
     for metric, label in (("read_seq", "sequential read"), ("read_shuffled", "shuffled read"),
+                          ("read_seq_b8", "sequential read, per-rank batch 8"),
+                          ("read_shuffled_b8", "shuffled read, per-rank batch 8"),
                           ("loader_w0", "DataLoader, num_workers=0"),
                           ("loader_w2", "DataLoader, num_workers=2")):
         row(f"{label} faster than LitData", faster(metric))
-    row("resume to first batch < 15 ms, default (shuffled) order", resume("resume"))
+    row("resume to first batch < 15 ms, default (shuffled) order (50%)", resume("resume"))
+    row("same, at the first batch (0%)", resume("resume_0"))
+    row("same, at the last batch (99%)", resume("resume_99"))
     row("resume to first batch < 15 ms, sequential order", resume("resume_seq"))
     row("random access p50 < 100 µs warm (`ds[i]`)", rand)
     return rows
@@ -365,7 +387,8 @@ def write(results: dict, doc: str = DOC) -> None:
                   "Throughput (samples/s; MB/s of payload where shown):", "",
                   *throughput_table(kind, results[kind]), "",
                   "Latency and memory (resume at sample "
-                  f"{results[kind].get('resume_cursor') or 0:,}, 50%):", "",
+                  f"{results[kind].get('resume_cursor') or 0:,}, 50%{_other_cursors(results[kind])}):",
+                  "",
                   *latency_table(kind, results[kind]), ""]
     fails = failures(results)
     if fails:

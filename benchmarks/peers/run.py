@@ -38,11 +38,17 @@ from common import BATCH, BENCH, HERE, ROOT, SMALL_BATCH, SYSTEMS, ZEPHONS  # no
 
 QUICK_MB, FULL_MB = 40, 300
 METRICS = ("convert", "read_seq", "read_shuffled", "read_seq_b8", "read_shuffled_b8", "random",
-           "resume", "resume_seq", "loader_w0", "loader_w2", "s3_seq")
+           "resume", "resume_seq", "resume_0", "resume_99", "loader_w0", "loader_w2", "s3_seq")
+# Resumes and where their checkpoints sit, as a fraction of the samples (rounded down to a
+# batch): "resume" and "resume_seq" at 50%, the default order also at the first and the last
+# batch ("resume_0", "resume_99"); "resume_seq" alone in sequential order.
+RESUMES = {"resume": 0.5, "resume_seq": 0.5, "resume_0": 0.0, "resume_99": 0.99}
 RESULTS = os.path.join(BENCH, "results.json")
 # Which systems a metric runs for, when not every one. Raw pyarrow and HF have no shuffled
 # resume, so their "resume" is sequential and resume_seq would repeat it.
-ONLY = {"resume_seq": ("zephon", "zephonraw", "mosaic", "litdata")}
+ONLY = {"resume_seq": ("zephon", "zephonraw", "mosaic", "litdata"),
+        "resume_0": ("zephon", "zephonraw", "litdata"),
+        "resume_99": ("zephon", "zephonraw", "litdata")}
 
 
 def log(msg: str) -> None:
@@ -231,11 +237,16 @@ def warm(*paths: str) -> None:
                         pass
 
 
-def make_states(kind, meta, fmt, work, systems, timeout) -> dict:
-    """One checkpoint per system at 50% of the data (rounded down to a batch), untimed."""
-    cursor = meta["num_samples"] // 2 // BATCH[kind] * BATCH[kind]
-    states = {}
-    for metric in ("resume", "resume_seq"):
+def make_states(kind, meta, fmt, work, systems, timeout, metrics) -> dict:
+    """One checkpoint per system and resume metric (at its place in ``RESUMES``), untimed."""
+    def cursor_of(metric: str) -> int:
+        # Never past the start of the last whole batch: a first batch must be a whole one.
+        n, b = meta["num_samples"], BATCH[kind]
+        return min(int(n * RESUMES[metric]) // b * b, max(0, n // b - 1) * b)
+
+    states, cursors = {}, {}
+    for metric in [m for m in RESUMES if m in metrics]:
+        cursors[metric] = cursor = cursor_of(metric)
         for system in cases_for(metric, systems):
             path = os.path.join(work, "states", f"{system}-{metric}.pkl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -246,7 +257,7 @@ def make_states(kind, meta, fmt, work, systems, timeout) -> dict:
                 log(f"  {kind}: {system} {metric} state failed: {res['error']}")
                 continue
             states[(system, metric)] = path
-    return {"cursor": cursor, "paths": states}
+    return {"cursor": cursor_of("resume"), "cursors": cursors, "paths": states}
 
 
 def run_metric(metric, kind, meta, fmt, runs, systems, timeout, states=None, s3=None,
@@ -256,7 +267,7 @@ def run_metric(metric, kind, meta, fmt, runs, systems, timeout, states=None, s3=
         for case in raw:
             system = case.split("_")[0]
             extra = {}
-            if metric in ("resume", "resume_seq"):
+            if metric in RESUMES:
                 path = states["paths"].get((system, metric))
                 if path is None:
                     raw[case].append({"error": "no checkpoint could be made"})
@@ -265,7 +276,7 @@ def run_metric(metric, kind, meta, fmt, runs, systems, timeout, states=None, s3=
             if metric != "s3_seq":
                 warm(fmt[system])
             res = (_spawn_s3(case, kind, meta, s3, work, r, timeout) if metric == "s3_seq"
-                   else _spawn_case(case, metric if metric != "resume_seq" else "resume",
+                   else _spawn_case(case, "resume" if metric in RESUMES else metric,
                                     kind, meta, fmt, timeout, extra))
             raw[case].append(res)
             short = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
@@ -332,9 +343,10 @@ def bench_corpus(kind, mb, runs, systems, metrics, timeout, server) -> dict:
         if "error" in res:
             log(f"  {kind}: mosaic prepare failed: {res['error']}")
     states = None
-    if {"resume", "resume_seq"} & set(metrics):
-        states = make_states(kind, meta, fmt, work, systems, timeout)
+    if set(RESUMES) & set(metrics):
+        states = make_states(kind, meta, fmt, work, systems, timeout, metrics)
         out["resume_cursor"] = states["cursor"]
+        out["resume_cursors"] = states["cursors"]
     for metric in metrics:
         if metric in ("convert", "s3_seq"):
             continue
@@ -357,13 +369,14 @@ def summarize_all(raw: dict) -> dict:
         meta = block["meta"]
         res = {}
         for metric, per_case in block["raw"].items():
-            if not isinstance(per_case, dict) or metric == "bytes_on_disk":
+            if not isinstance(per_case, dict) or metric in ("bytes_on_disk", "resume_cursors"):
                 continue
             res[metric] = {case: summarize(metric, runs, meta) for case, runs in per_case.items()}
             ratios(res[metric])
         out[kind] = {"meta": meta, "results": res,
                      "bytes_on_disk": block["raw"].get("bytes_on_disk", {}),
-                     "resume_cursor": block["raw"].get("resume_cursor")}
+                     "resume_cursor": block["raw"].get("resume_cursor"),
+                     "resume_cursors": block["raw"].get("resume_cursors", {})}
     return out
 
 

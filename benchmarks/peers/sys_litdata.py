@@ -65,13 +65,15 @@ def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0):
 
 
 def resume_state(kind: str, path: str, cursor: int, *, shuffle: bool = True) -> dict:
-    """LitData's state only exists after iterating: consume ``cursor`` samples, save."""
+    """LitData's state of a loader that consumed ``cursor`` samples (at 0: one that has not
+    started, whose ``state_dict()`` says 0 samples yielded)."""
     dl = _loader(path, kind, shuffle=shuffle)
     n = 0
-    for b in dl:
-        n += len(b[kind])
-        if n >= cursor:
-            break
+    if cursor > 0:
+        for b in dl:
+            n += len(b[kind])
+            if n >= cursor:
+                break
     return dl.state_dict()
 
 
