@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from zephon_store import DecodedDiskCache, convert, open_dataset
+from zephon_store._util.hashing import xxh3_hex
 from zephon_store.order import OrderOptions
-from zephon_store.read.decoded_disk import ENV_DIR, as_decoded_cache, decoded_key
+from zephon_store.read.decoded_disk import _TRAILER, ENV_DIR, as_decoded_cache, decoded_key
 from zephon_store.write.shardwriter import WriteOptions
 
 
@@ -95,7 +96,7 @@ def test_a_damaged_entry_is_dropped_counted_and_decoded_again(mixed, tmp_path):
     with open(paths[1], "r+b") as f:
         f.truncate(os.path.getsize(paths[1]) - 7)
     with open(paths[2], "r+b") as f:
-        f.seek(-32, os.SEEK_END)
+        f.seek(-_TRAILER.size, os.SEEK_END)
         f.write(b"NOTOURS!")
     fresh = DecodedDiskCache(tmp_path / "dc")
     got = _all_row_groups(open_dataset(mixed, decoded_cache=fresh))
@@ -282,3 +283,80 @@ def test_every_column_type_hits_on_the_next_read(tmp_path):
     got = _all_row_groups(open_dataset(str(tmp_path / "ds"), decoded_cache=cache))
     assert cache.stats.hits == len(want) == 3 and cache.stats.corrupt == 0
     assert all(g.equals(w) for g, w in zip(got, want))
+
+
+def test_an_entry_copied_onto_another_key_is_never_served(mixed, tmp_path):
+    """Issue 29, item 14: an entry file copied to another key's name (an rsync or restore
+    slip, two caches merged) holds good bytes with a good hash, of the wrong row group."""
+    want = _all_row_groups(open_dataset(mixed, decoded_cache=False))
+    cache = DecodedDiskCache(tmp_path / "dc")
+    ds = open_dataset(mixed, decoded_cache=cache)
+    _all_row_groups(ds)
+    rgs = ds.row_groups
+    # Every row group of the same row count and schema gets the entry of the next one.
+    pairs = [(a, b) for a, b in zip(range(len(want)), range(1, len(want)))
+             if want[a].num_rows == want[b].num_rows]
+    assert len(pairs) >= 5
+    for a, b in pairs:
+        shutil.copyfile(cache._store.entry_path(rgs.decoded_key(b)),
+                        cache._store.entry_path(rgs.decoded_key(a)))
+    fresh = DecodedDiskCache(tmp_path / "dc")
+    got = _all_row_groups(open_dataset(mixed, decoded_cache=fresh))
+    assert [g.equals(w) for g, w in zip(got, want)] == [True] * len(want)
+    assert fresh.stats.corrupt == len(pairs) and fresh.store_stats.puts == len(pairs)
+    last = DecodedDiskCache(tmp_path / "dc")          # rewritten under their own keys
+    _all_row_groups(open_dataset(mixed, decoded_cache=last))
+    assert last.stats.hits == len(want) and last.stats.corrupt == 0
+
+
+def test_an_entry_whose_row_count_is_not_the_manifests_is_never_served(mixed, tmp_path):
+    """An entry under the right key whose rows are not the row group's (same schema): it is
+    checked against the manifest's row count, dropped, counted and decoded again."""
+    want = _all_row_groups(open_dataset(mixed, decoded_cache=False))
+    cache = DecodedDiskCache(tmp_path / "dc")
+    rgs = open_dataset(mixed, decoded_cache=cache).row_groups
+    assert cache.put(rgs.decoded_key(0), want[0].slice(0, want[0].num_rows - 1))
+    assert cache.put(rgs.decoded_key(1), pa.concat_tables([want[1], want[1].slice(0, 1)]))
+    assert cache.put(rgs.decoded_key(2), want[2].slice(0, 0))
+    fresh = DecodedDiskCache(tmp_path / "dc")
+    got = _all_row_groups(open_dataset(mixed, decoded_cache=fresh))
+    assert [g.equals(w) for g, w in zip(got, want)] == [True] * len(want)
+    assert fresh.stats.corrupt == 3 and fresh.stats.hits == 0
+    assert DecodedDiskCache(tmp_path / "dc").get(rgs.decoded_key(0), want[0].schema,
+                                                 rows=want[0].num_rows).equals(want[0])
+
+
+def _first_format_entry(table: pa.Table) -> bytes:
+    """An entry as the first format wrote it: IPC bytes, then magic, their xxh3, length."""
+    import struct
+
+    import xxhash
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    return body + struct.pack("<8s16sQ", b"ZPHDEC01", xxhash.xxh3_128(body).digest(), len(body))
+
+
+def test_entries_of_the_first_format_are_misses_never_misread(mixed, tmp_path):
+    """Entries written before the key was bound (format tag 1): under their old names they
+    are never looked up; placed under a new name they fail the check. Either way the row
+    group is decoded again and rewritten."""
+    want = _all_row_groups(open_dataset(mixed, decoded_cache=False))
+    cache = DecodedDiskCache(tmp_path / "dc")
+    rgs = open_dataset(mixed, decoded_cache=cache).row_groups
+    m = rgs.manifest
+    old_key = xxh3_hex(b"\0".join((b"zephon-decoded-v1", m.shard_name(int(m.rg_shard[0])).encode(),
+                                   str(m.rg_local_index(0)).encode(), rgs._fingerprint)))
+    wrong = _first_format_entry(want[1].slice(0, want[0].num_rows))  # another row group's rows
+    for key in (old_key, rgs.decoded_key(0)):
+        path = cache._store.entry_path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(wrong)
+    got = _all_row_groups(open_dataset(mixed, decoded_cache=cache))
+    assert [g.equals(w) for g, w in zip(got, want)] == [True] * len(want)
+    assert cache.stats.misses == len(want) and cache.stats.corrupt == 1
+    again = DecodedDiskCache(tmp_path / "dc")
+    assert again.get(rgs.decoded_key(0), want[0].schema, rows=want[0].num_rows).equals(want[0])

@@ -7,18 +7,28 @@ table, uncompressed, as an Arrow IPC file; every later read of it, by any rank, 
 epoch of the node, maps that file and hands out zero-copy views of it (no decompression,
 no Parquet decoding, no copy).
 
-The key is derived, not a content hash: ``xxh3("zephon-decoded-v1", shard name, row group
+The key is derived, not a content hash: ``xxh3("zephon-decoded-v2", shard name, row group
 index in the shard, schema fingerprint)``. Shards are named by the hash of their bytes, so
 the key names exactly one decoded table, whatever dataset or URL the shard is read through,
 and a re-converted dataset can never be served an old table.
 
 The decoded bytes are not the bytes the manifest vouches for, so each entry carries its own
-check: a 32-byte trailer (magic, the xxh3-128 of the IPC bytes, their length) written
-with it, and every read hashes the mapped bytes against it before using them (its cost:
-docs/benchmarks.md, section 14); a damaged or truncated entry is dropped and counted, and the row group is
-decoded from the verified shard instead. What it cannot detect is a *forged* entry (someone
-with write access to the folder writing a well-formed file with other rows): keep the folder
+check: a 56-byte trailer (magic, the xxh3-128 of the IPC bytes, the key and the row count,
+then the IPC length, the key and the row count) written with it, and every read hashes the
+mapped bytes against it before using them (its cost: docs/benchmarks.md, section 14). The
+key in the trailer binds the entry to its name: an entry file copied onto another key's
+name (an rsync or restore slip, two caches merged) hashes correctly but names another key,
+and is refused. Every read also checks the table's schema and its row count against the
+manifest's row group. An entry failing any check is dropped and counted
+(``stats.corrupt``), and the row group is decoded from the verified shard instead. What it
+cannot detect is a *forged* entry (someone with write access to the folder writing a
+well-formed file with other rows under the right key and row count): keep the folder
 node-local and private to the job's user, as for any cache of derived data.
+
+The format tag is in both the key (``zephon-decoded-v2``) and the trailer's magic
+(``ZPHDEC02``): entries of the first format (whose trailer named no key) sit under other
+names, so they are misses, rewritten in the new format and aged out by the budget's LRU;
+one found under a new name anyway fails the magic check and is dropped, never read.
 
 Entries, the budget, eviction (least recently used first) and concurrent publishing by
 several processes are the :class:`~zephon_store.io.cache.ChunkCache`'s, on a folder of its
@@ -30,7 +40,9 @@ the trailer.
 >>> table = pa.table({"text": ["a", "bc"]})
 >>> dc.put("ab" * 16, table)
 True
->>> dc.get("ab" * 16, table.schema).equals(table)
+>>> dc.get("ab" * 16, table.schema, rows=2).equals(table)
+True
+>>> dc.get("ab" * 16, table.schema, rows=3) is None     # not the row group's row count
 True
 """
 
@@ -59,9 +71,14 @@ _log = logging.getLogger(__name__)
 ENV_DIR = "ZEPHON_DECODED_CACHE_DIR"
 ENV_BUDGET = "ZEPHON_DECODED_CACHE_BUDGET"
 DEFAULT_BUDGET_BYTES = 20 << 30
-KEY_VERSION = b"zephon-decoded-v1"
-_MAGIC = b"ZPHDEC01"
-_TRAILER = struct.Struct("<8s16sQ")   # magic, xxh3-128 of the IPC bytes, their length
+# Both bumped together when an entry's layout or meaning changes: an entry of another
+# format is then a miss (other names) and, under a name of this one, fails the magic.
+KEY_VERSION = b"zephon-decoded-v2"
+_MAGIC = b"ZPHDEC02"
+# magic, xxh3-128 of (IPC bytes + the bound part), then the bound part: the IPC bytes'
+# length, the key (16 bytes) and the table's row count.
+_TRAILER = struct.Struct("<8s16sQ16sQ")
+_BOUND = struct.Struct("<Q16sQ")
 
 
 def default_decoded_dir() -> str:
@@ -70,6 +87,22 @@ def default_decoded_dir() -> str:
     if env:
         return os.path.abspath(os.path.expanduser(env))
     return os.path.join(default_cache_dir(), "decoded")
+
+
+def _env_budget() -> int:
+    """``$ZEPHON_DECODED_CACHE_BUDGET`` as bytes, else the default; a bad value names the
+    variable (the cache's own check would only say ``budget_bytes``)."""
+    env = os.environ.get(ENV_BUDGET)
+    if not env:
+        return DEFAULT_BUDGET_BYTES
+    try:
+        budget = parse_size(env)
+    except ValueError as exc:
+        raise ValueError(f"${ENV_BUDGET}={env!r}: {exc}") from None
+    if budget <= 0:
+        raise ValueError(f"${ENV_BUDGET}={env!r}: the decoded cache's budget must be > 0 "
+                         "bytes; set a size such as 50GiB, or unset it for the default 20GiB")
+    return budget
 
 
 def schema_fingerprint(schema: pa.Schema, storage: dict) -> bytes:
@@ -123,8 +156,7 @@ class DecodedDiskCache:
         self.directory = (os.path.abspath(os.fspath(directory)) if directory is not None
                           else default_decoded_dir())
         if budget_bytes is None:
-            env = os.environ.get(ENV_BUDGET)
-            budget_bytes = parse_size(env) if env else DEFAULT_BUDGET_BYTES
+            budget_bytes = _env_budget()
         self._store = ChunkCache(self.directory, budget_bytes=budget_bytes,
                                  low_water=low_water, verify=False)
         self._store.label, self._store.env_dir = "decoded cache", ENV_DIR
@@ -164,18 +196,20 @@ class DecodedDiskCache:
 
     # -- entries -----------------------------------------------------------------------------
 
-    def get(self, key: str, schema: pa.Schema) -> pa.Table | None:
+    def get(self, key: str, schema: pa.Schema, *, rows: int | None = None) -> pa.Table | None:
         """The table cached under ``key`` as zero-copy views of the mapped entry, or None.
 
-        The entry's bytes are hashed against its trailer and its schema compared with
-        ``schema`` first; an entry that fails either is dropped and counted in
-        ``stats.corrupt`` (the caller decodes the row group from its shard instead).
+        The entry's bytes are hashed against its trailer, the key its trailer names compared
+        with ``key``, its schema with ``schema`` and, given ``rows`` (the manifest's row
+        count of the row group), its row count with ``rows``; an entry that fails any of
+        them is dropped and counted in ``stats.corrupt`` (the caller decodes the row group
+        from its shard instead).
         """
-        table = self._get_quiet(key, schema)
+        table = self._get_quiet(key, schema, rows)
         self._count(**({"hits": 1} if table is not None else {"misses": 1}))
         return table
 
-    def _get_quiet(self, key: str, schema: pa.Schema) -> pa.Table | None:
+    def _get_quiet(self, key: str, schema: pa.Schema, rows: int | None) -> pa.Table | None:
         """:meth:`get` without counting hits and misses (damaged entries are counted)."""
         path = self._store.entry_path(key)
         try:
@@ -199,7 +233,7 @@ class DecodedDiskCache:
             return None
         finally:
             f.close()
-        table = _check(mapped, size, schema)
+        table = _check(mapped, size, key, schema, rows)
         if table is None:
             self._count(corrupt=1)
             self._store.drop_damaged(key, st.st_ino, size)
@@ -207,9 +241,10 @@ class DecodedDiskCache:
         self._store.touch(key)
         return table
 
-    def get_or_decode(self, key: str, schema: pa.Schema,
-                      decode: Callable[[], pa.Table]) -> pa.Table:
-        """The table cached under ``key``, else ``decode()`` published under ``key``.
+    def get_or_decode(self, key: str, schema: pa.Schema, decode: Callable[[], pa.Table], *,
+                      rows: int | None = None) -> pa.Table:
+        """The table cached under ``key`` (checked as by :meth:`get`), else ``decode()``
+        published under ``key``.
 
         Processes of the node asking for the same missing key wait on its file lock, held
         until the entry is published, so a row group read by several ranks of a node at
@@ -225,7 +260,7 @@ class DecodedDiskCache:
         >>> dc.get_or_decode("12" * 16, t.schema, lambda: 1 / 0).equals(t)   # mapped
         True
         """
-        table = self._get_quiet(key, schema)
+        table = self._get_quiet(key, schema, rows)
         if table is not None:
             self._count(hits=1)
             return table
@@ -235,7 +270,7 @@ class DecodedDiskCache:
             except OSError:
                 pass    # no locks on this disk: decode here (a neighbour may too)
             else:
-                table = self._get_quiet(key, schema)   # published while this one waited
+                table = self._get_quiet(key, schema, rows)   # published while this one waited
                 if table is not None:
                     self._count(hits=1)
                     return table
@@ -270,7 +305,8 @@ class DecodedDiskCache:
         view = _scratch(size)
         with pa.ipc.new_file(pa.FixedSizeBufferWriter(pa.py_buffer(view)), table.schema) as w:
             w.write_table(table)
-        view[n:] = _TRAILER.pack(_MAGIC, xxhash.xxh3_128(view[:n]).digest(), n)
+        bound = _BOUND.pack(n, bytes.fromhex(key), table.num_rows)
+        view[n:] = _TRAILER.pack(_MAGIC, _digest(view[:n], bound), *_BOUND.unpack(bound))
         return self._store.put(key, view)
 
     def info(self) -> dict[str, object]:
@@ -297,21 +333,35 @@ def _scratch(size: int) -> memoryview:
     return memoryview(buf)[:size]
 
 
-def _check(mapped: pa.Buffer, size: int, schema: pa.Schema) -> pa.Table | None:
-    """The table in a mapped entry if its trailer, hash and schema hold, else None."""
+def _digest(body, bound: bytes) -> bytes:
+    """The xxh3-128 of an entry's IPC bytes followed by its bound part (length, key, rows):
+    rewriting the key or row count in a trailer breaks the hash as a flipped byte does."""
+    h = xxhash.xxh3_128(body)
+    h.update(bound)
+    return h.digest()
+
+
+def _check(mapped: pa.Buffer, size: int, key: str, schema: pa.Schema,
+           rows: int | None) -> pa.Table | None:
+    """The table in the mapped entry of ``key`` if its trailer, hash, key, schema and row
+    count hold, else None."""
     if size < _TRAILER.size or mapped.size != size:
         return None
-    magic, digest, n = _TRAILER.unpack_from(mapped, size - _TRAILER.size)
-    if magic != _MAGIC or n != size - _TRAILER.size:
+    magic, digest, n, bound_key, n_rows = _TRAILER.unpack_from(mapped, size - _TRAILER.size)
+    # The cheap checks first: a misplaced entry is refused without hashing it.
+    if (magic != _MAGIC or n != size - _TRAILER.size or bound_key != bytes.fromhex(key)
+            or (rows is not None and n_rows != rows)):
         return None
     body = mapped.slice(0, n)
-    if xxhash.xxh3_128(body).digest() != digest:
+    if _digest(body, _BOUND.pack(n, bound_key, n_rows)) != digest:
         return None
     try:
         table = pa.ipc.open_file(pa.BufferReader(body)).read_all()   # views of the map
     except (pa.ArrowException, ValueError, OSError):
         return None
-    return table if table.schema.equals(schema, check_metadata=False) else None
+    if table.num_rows != n_rows or not table.schema.equals(schema, check_metadata=False):
+        return None
+    return table
 
 
 def as_decoded_cache(value) -> DecodedDiskCache | None:

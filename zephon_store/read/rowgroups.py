@@ -215,8 +215,11 @@ class RowGroups:
         disk = self.decoded_disk
         if disk is None:
             return self._decode_shard(rg)
+        # The manifest's row count, checked on every read: an entry of other rows is not
+        # this row group's, whatever its own hash says.
         return disk.get_or_decode(self.decoded_key(rg), self.manifest.schema,
-                                  lambda: self._decode_shard(rg))
+                                  lambda: self._decode_shard(rg),
+                                  rows=int(self.manifest.rg_rows[rg]))
 
     def decoded_key(self, rg: int) -> str:
         """Global row group ``rg``'s key in the decoded cache (which must be set)."""
