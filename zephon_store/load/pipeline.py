@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from .._util.arrow import gather_pylist, is_flat_binary
 from .._util.decode import array_type, array_view, decode_column, decode_table
+from .._util.exit_close import close_at_exit
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY
@@ -442,6 +443,11 @@ class BatchPipeline:
         return out
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
+        # Closed at interpreter exit if still open: its pool's shutdown, run by the garbage
+        # collector during module teardown, failed inside concurrent.futures (_util/exit_close.py).
+        return close_at_exit(self._steps())
+
+    def _steps(self) -> Iterator[tuple[int, dict]]:
         pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="zephon-decode")
         slots: dict[int, _Slot] = {}
         queued: deque[_Step] = deque()

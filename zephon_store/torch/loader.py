@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from .._util.exit_close import close_at_exit
 from ..errors import StateMismatchError
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
@@ -176,12 +177,12 @@ class ZephonLoader:
                                  "sources by their dataset_ids (checked on resume)")
             self.dataset = open_mixture(dataset, columns=columns, global_batch=global_batch,
                                         cache=cache, decoded_cache=decoded_cache)
-            file_seed = self.dataset.seed
-            if file_seed is not None and file_seed != order.seed:
-                if seed_given:
-                    raise ValueError(f"the mixture file sets seed {file_seed} but the loader "
-                                     f"was given seed {order.seed}; pass one")
-                order = order.replace(seed=file_seed)
+            # The one seed rule of tools and loader alike (load/order_inputs.py).
+            from ..load.order_inputs import mixture_seed
+
+            order = order.replace(seed=mixture_seed(
+                self.dataset.seed, order.seed if seed_given else None,
+                origin=getattr(self.dataset.spec, "origin", None) or "the mixture file"))
         elif isinstance(dataset, Dataset):
             if decoded_cache is not None:
                 raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
@@ -354,7 +355,10 @@ class ZephonLoader:
                 pass
 
     def __iter__(self) -> Iterator:
-        it = self._batches(self.cursor, self._loads)
+        # Closed at interpreter exit if still open (the docs' `batches = iter(loader)`):
+        # left to module teardown, its cleanup ran over cleared module globals and printed a
+        # traceback.
+        it = close_at_exit(self._batches(self.cursor, self._loads))
         self._live = weakref.ref(it)
         return it
 
