@@ -135,7 +135,7 @@ class ZephonDataLoader(BaseDataLoader):
         """A mixture file (.toml/.json, docs/mixtures.md) to read instead of one dataset:
         packed sources of one seq_len, each with its own URL and storage options; stage
         starts in steps count global batches of this run. Its ``seed``, if set, applies
-        when ``seed`` is left at 0."""
+        when ``seed`` is left at 0 (0 means not given); another ``seed`` is refused."""
 
         seed: int = 0
         """Shuffle seed; part of the checkpoint (resuming with another seed is refused)."""
@@ -267,8 +267,12 @@ class ZephonDataLoader(BaseDataLoader):
         if spec is not None:
             self.dataset = build_mixture(spec, self._datasets, columns=columns,
                                          global_batch=rows * dp_world_size)
-            if spec.seed is not None and config.seed == 0:
-                order = order.replace(seed=spec.seed)
+            # Config.seed's default 0 means "not given": the file's seed then applies, by
+            # the loader's own rule (load/order_inputs.py); another seed is refused.
+            from ..load.order_inputs import mixture_seed
+
+            order = order.replace(seed=mixture_seed(spec.seed, config.seed or None,
+                                                    origin=url))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
             self.dataset, global_batch=rows * dp_world_size, order=order,
