@@ -71,3 +71,91 @@ def test_fill_with_a_bad_budget_is_a_one_line_usage_error(ds_path, tmp_path, cap
 def test_budget_belongs_to_fill_only(tmp_path, capsys):
     assert main(["cache", "info", "--dir", str(tmp_path / "c"), "--budget", "1GiB"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+_SCRATCH_CHILD = """
+import sys
+from zephon_store.write.staging import StagingArea
+area = StagingArea("s3://bucket/out/.zephon-staging/job")   # remote: scratch is local
+path = area.scratch("parsed/000000.arrow")
+with open(path, "wb") as f:
+    f.write(b"x" * int(sys.argv[1]))
+print(path, flush=True)
+sys.stdin.readline()            # live until told to finish (or killed)
+with open(path, "ab") as f:     # its scratch is still there to write into
+    f.write(b"y")
+"""
+
+
+def _scratch_child(env, size: int):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", _SCRATCH_CHILD, str(size)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = []
+
+    def read():
+        line.append(p.stdout.readline().strip())
+
+    import threading
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(120)       # a child that never prints fails the test, not hangs it
+    if not line or not line[0]:
+        p.kill()
+        pytest.fail("the scratch-writing child printed no path")
+    return p, line[0]
+
+
+def test_cache_info_and_clear_know_the_scratch_files_of_killed_conversions(
+        tmp_path, capsys, monkeypatch):
+    """Issue 29, item 10: a convert into a remote output killed mid-stage leaves its local
+    scratch files in the system temp folder; `cache info` counts them, `cache clear` removes
+    them and never those of a live convert, and the next convert on the host reclaims them."""
+    import signal
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    env = dict(os.environ, TMPDIR=str(tmp))
+    cache = ["--dir", str(tmp_path / "c"), "--json"]
+    live, live_file = _scratch_child(env, 1000)
+    killed, killed_file = _scratch_child(env, 500)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(60)
+    scratch = tmp / "zephon-scratch"
+    # A file of the first layout (no folder of its own) by a process that is gone.
+    first = scratch / f"parsed-000001.arrow.{killed.pid}.0123abcd.tmp"
+    first.write_bytes(b"z" * 30)
+    try:
+        assert main(["cache", "info", *cache]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["scratch_dir"] == str(scratch)
+        assert (info["scratch_files"], info["scratch_bytes"], info["scratch_in_use"]) == (
+            3, 1530, 1)
+        assert main(["cache", "clear", *cache]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["cleared_scratch_files"], out["cleared_scratch_bytes"],
+                out["scratch_in_use"]) == (2, 530, 1)
+        assert os.path.exists(live_file) and not os.path.exists(killed_file)
+        assert not first.exists()
+        assert main(["cache", "clear"]) == 0       # the text form says what it kept
+        assert "1 in use by a running convert, kept" in capsys.readouterr().out
+        live.stdin.write("go\n")
+        live.stdin.flush()
+        assert live.wait(60) == 0
+    finally:
+        live.kill()
+    # A finished process leaves nothing; a killed one is reclaimed by the next one to write.
+    assert not os.path.exists(os.path.dirname(live_file))
+    again, again_file = _scratch_child(env, 10)
+    again.kill()
+    again.wait(60)
+    assert os.path.exists(again_file)
+    later, _ = _scratch_child(env, 10)
+    later.kill()
+    later.wait(60)
+    assert not os.path.exists(again_file)

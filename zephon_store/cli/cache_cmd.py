@@ -1,6 +1,7 @@
 """``zephon cache info|clear|fill``: the node-local disk cache of remote row groups, the
-decoded cache (``<cache dir>/decoded``, or ``$ZEPHON_DECODED_CACHE_DIR``) and the staging
-folders of conversions into remote outputs (``<cache dir>/staging``). ``fill URL`` decodes a
+decoded cache (``<cache dir>/decoded``, or ``$ZEPHON_DECODED_CACHE_DIR``), the staging
+folders of conversions into remote outputs (``<cache dir>/staging``) and their local scratch
+files (``<system temp>/zephon-scratch``, :mod:`zephon_store.write.scratch`). ``fill URL`` decodes a
 dataset into the decoded cache ahead of a job (on each node, while the job starts)."""
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def cmd_fill(args) -> int:
 
 def cmd_cache(args) -> int:
     from ..io.cache import cache_clear, cache_info
+    from ..write.scratch import scratch_clear, scratch_info
     from ..write.staging import staging_clear, staging_info
 
     if args.action == "fill":
@@ -140,7 +142,7 @@ def cmd_cache(args) -> int:
         decoded = _decoded(args.dir).info()
         info = {**cache_info(args.dir), "decoded_dir": decoded["dir"],
                 "decoded_entries": decoded["entries"], "decoded_bytes": decoded["bytes"],
-                **staging_info(args.dir)}
+                **staging_info(args.dir), **scratch_info()}
         if args.json:
             emit(info)
         else:
@@ -150,8 +152,9 @@ def cmd_cache(args) -> int:
     freed = cache_clear(args.dir)
     decoded = _decoded(args.dir).clear()
     staged = staging_clear(args.dir)
+    scratch = scratch_clear()
     if args.json:
-        emit({"cleared_bytes": freed, "cleared_decoded_bytes": decoded, **staged})
+        emit({"cleared_bytes": freed, "cleared_decoded_bytes": decoded, **staged, **scratch})
     else:
         print(f"cleared {freed} bytes of cached row groups")
         print(f"cleared {decoded} bytes of decoded row groups")
@@ -159,4 +162,8 @@ def cmd_cache(args) -> int:
               f"{staged['cleared_staging_bytes']} bytes"
               + (f" ({staged['staging_in_use']} in use by a running convert, kept)"
                  if staged["staging_in_use"] else ""))
+        print(f"cleared {scratch['cleared_scratch_files']} scratch file(s) of stopped "
+              f"conversions, {scratch['cleared_scratch_bytes']} bytes"
+              + (f" ({scratch['scratch_in_use']} in use by a running convert, kept)"
+                 if scratch["scratch_in_use"] else ""))
     return 0

@@ -21,7 +21,6 @@ import io
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import asdict, is_dataclass
 
@@ -184,9 +183,11 @@ class StagingArea:
         if self.local:
             os.makedirs(os.path.dirname(self.path(rel)), exist_ok=True)
             return temp_name(self.path(rel))
-        folder = os.path.join(tempfile.gettempdir(), "zephon-scratch")
-        os.makedirs(folder, exist_ok=True)
-        return temp_name(os.path.join(folder, rel.replace("/", "-")))
+        from .scratch import scratch_dir
+
+        # This process's own locked folder in the system temp folder: what a killed run
+        # leaves there, `zephon cache clear` removes, never a live process's (write/scratch.py).
+        return temp_name(os.path.join(scratch_dir(), rel.replace("/", "-")))
 
     def put(self, rel: str, local_path: str) -> None:
         """Publish the scratch file ``local_path`` at ``rel`` (it is moved, not copied)."""
