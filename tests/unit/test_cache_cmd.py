@@ -159,3 +159,24 @@ def test_cache_info_and_clear_know_the_scratch_files_of_killed_conversions(
     later.kill()
     later.wait(60)
     assert not os.path.exists(again_file)
+
+
+def test_fill_replaces_a_misplaced_entry_and_says_so(ds_path, tmp_path, capsys):
+    """Issue 29, item 14: a fill over a cache where one entry was copied onto another key's
+    name used to call the cache complete and leave it to be served; it is replaced."""
+    import shutil
+
+    from zephon_store import DecodedDiskCache
+
+    argv = ["cache", "fill", ds_path, "--dir", str(tmp_path / "c"), "--json"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    cache = DecodedDiskCache(tmp_path / "c" / "decoded")
+    ds = open_dataset(ds_path, decoded_cache=cache)
+    shutil.copyfile(cache._store.entry_path(ds.row_groups.decoded_key(1)),
+                    cache._store.entry_path(ds.row_groups.decoded_key(0)))
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dropped"] == 1 and out["decoded"] == 1 and out["complete"]
+    want = open_dataset(ds_path, decoded_cache=False).row_groups.read(0)
+    assert ds.row_groups.read(0).equals(want)
