@@ -360,3 +360,15 @@ def test_entries_of_the_first_format_are_misses_never_misread(mixed, tmp_path):
     assert cache.stats.misses == len(want) and cache.stats.corrupt == 1
     again = DecodedDiskCache(tmp_path / "dc")
     assert again.get(rgs.decoded_key(0), want[0].schema, rows=want[0].num_rows).equals(want[0])
+
+
+@pytest.mark.parametrize("value", ["0", "-1GiB", "lots"])
+def test_a_bad_budget_in_the_environment_names_the_variable(mixed, tmp_path, monkeypatch, value):
+    from zephon_store.read.decoded_disk import ENV_BUDGET
+
+    monkeypatch.setenv(ENV_BUDGET, value)
+    with pytest.raises(ValueError, match=r"\$ZEPHON_DECODED_CACHE_BUDGET="):
+        DecodedDiskCache(tmp_path / "dc")
+    monkeypatch.setenv(ENV_DIR, str(tmp_path / "env"))
+    with pytest.raises(ValueError, match=r"\$ZEPHON_DECODED_CACHE_BUDGET="):
+        open_dataset(mixed)
