@@ -122,6 +122,12 @@ class OutputExistsError(ZephonError, FileExistsError):
     """The output already holds a different dataset; pass ``overwrite=True`` to replace it."""
 
 
+class DenyListError(ZephonError, ValueError):
+    """A deny list, its copy beside a run log, or a run log's ``deny_list`` entry is
+    unreadable or malformed (load/denylist.py); the message names the file, and the key or
+    line. The CLI exits 2."""
+
+
 class DiskFullError(StorageError):
     """A local disk filled up (ENOSPC) while staging or writing; the message names the path.
 

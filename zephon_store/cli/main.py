@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import SeqOutOfRangeError, StorageOptionsError, ZephonError
+from ..errors import DenyListError, SeqOutOfRangeError, StorageOptionsError, ZephonError
 from .common import (
     UsageError,
     add_storage_options,
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"zephon {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (SeqOutOfRangeError, StorageOptionsError) as exc:
+    except (SeqOutOfRangeError, StorageOptionsError, DenyListError) as exc:
         print(f"zephon {args.command}: {exc}", file=sys.stderr)
         return 2
     except (ZephonError, OSError, ValueError) as exc:

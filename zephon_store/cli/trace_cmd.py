@@ -42,7 +42,10 @@ def add_trace_parsers(sub) -> None:
                    help="without --log: the cursor before step 0 (default 0)")
     t.add_argument("--provenance", action="store_true",
                    help="add each sample's input file and record index (from conversion)")
-    t.add_argument("--show", action="store_true", help="print the records themselves")
+    t.add_argument("--show", action="store_true", help="print the records themselves "
+                   "(a sample the segment's deny list masked is not read: 'denied')")
+    t.add_argument("--show-denied", action="store_true",
+                   help="with --show, print denied records too (e.g. to review a takedown)")
     _common_args(t, order=True)
 
     w = sub.add_parser("where", help="when each sample id is read: its position per epoch, "
@@ -168,7 +171,11 @@ class _Context:
         raise UsageError(f"mixture source {name!r} is not one of {names}")
 
     def deny_for(self, seg):
-        from ..load.denylist import load_deny_list
+        """The deny list segment ``seg`` honoured: the run log's copy of it (named by its
+        identity, load/denylist.py), never the list file as it is now, which a takedown
+        edits in place. A log written before copies were kept names only the file: it is
+        read and must still hash to the logged identity."""
+        from ..load.denylist import load_deny_list, load_logged_copy
         from ..load.runlog import RunLogError
 
         entry = seg.deny_list
@@ -176,19 +183,25 @@ class _Context:
             return None
         got = self._deny.get(entry["id"])
         if got is None:
+            at = f"{self.args.log} line {seg.line}"
             path = entry.get("path") or ""
             if self.manifest is None:
-                raise RunLogError(f"{self.args.log} line {seg.line}: deny lists of mixtures "
-                                  "are not supported")
-            try:
-                got = load_deny_list(path, self.manifest)
-            except OSError as exc:
-                raise RunLogError(f"{self.args.log} line {seg.line}: cannot read its deny list "
-                                  f"{path!r} ({exc}); restore that file") from exc
-            if got.identity != entry["id"]:
-                raise RunLogError(f"{self.args.log} line {seg.line}: deny list {path} now has "
-                                  f"identity {got.identity}, the run used {entry['id']}; "
-                                  "restore the file the run read")
+                raise RunLogError(f"{at}: deny lists of mixtures are not supported")
+            got = load_logged_copy(self.args.log, entry, self.manifest.num_samples)
+            if got is None:
+                try:
+                    got = load_deny_list(path, self.manifest)
+                except OSError as exc:
+                    raise RunLogError(f"{at}: its deny list has no copy beside the log and "
+                                      f"cannot be read at {path!r} ({exc.strerror or exc}); "
+                                      "restore that file") from None
+                if got.identity != entry["id"]:
+                    raise RunLogError(f"{at}: its deny list has no copy beside the log, and "
+                                      f"{path} now has identity {got.identity}, the run used "
+                                      f"{entry['id']}; restore the file the run read")
+            if int(got.ids.size) != entry["count"]:
+                raise RunLogError(f"{at}: the deny list {entry['id']} holds {got.ids.size} ids, "
+                                  f"the line says {entry['count']}; the line is damaged")
             self._deny[entry["id"]] = got
         return got
 
@@ -224,14 +237,18 @@ class _Context:
             out.append({"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])})
         return out
 
-    def records(self, ids: list[int], sources: list[str] | None = None) -> list[dict]:
-        """The records themselves (reads their row groups)."""
+    def records(self, ids: list[int], sources: list[str] | None = None, *,
+                hide: list[bool] | None = None) -> list[dict | None]:
+        """The records themselves (reads their row groups); None, unread, where ``hide``
+        (a deny list's mask) is true."""
         if sources is None:
             from ..read.dataset import open_dataset
 
+            keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
             with open_dataset(self.args.dataset,
                               storage_options=self.args.storage_options) as ds:
-                return ds.take(ids).to_pylist() if ids else []
+                got = iter(ds.take(keep).to_pylist() if keep else [])
+            return [None if hide and hide[j] else next(got) for j in range(len(ids))]
         return [self.mix.sources[self.source_index(src)].take([i]).to_pylist()[0]
                 for i, src in zip(ids, sources)]
 
@@ -270,7 +287,10 @@ def cmd_trace(args) -> int:
             if args.provenance:
                 entry["provenance"] = ctx.origin(entry["ids"], entry.get("sources"))
             if args.show:
-                entry["records"] = ctx.records(entry["ids"], entry.get("sources"))
+                # A takedown's bytes stay unread unless asked for (--show-denied).
+                entry["records"] = ctx.records(
+                    entry["ids"], entry.get("sources"),
+                    hide=None if args.show_denied else entry.get("masked"))
         out.append(d)
     if args.json:
         emit({"dataset_id": ctx.dataset_id, "steps": out})
@@ -287,7 +307,9 @@ def cmd_trace(args) -> int:
             for i, prov in enumerate(entry.get("provenance", [])):
                 print(f"    [{entry['ids'][i]}] {prov['input']} record {prov['record']}")
             for i, rec in enumerate(entry.get("records", [])):
-                print(f"    [{entry['ids'][i]}] {dumps(rec)}")
+                print(f"    [{entry['ids'][i]}] " + (
+                    dumps(rec) if rec is not None else
+                    "denied (its deny list masked it; --show-denied prints it)"))
     return 0
 
 
@@ -349,6 +371,30 @@ def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:
     return list(groups.items())
 
 
+def _deny_lists(ctx, end_step: int) -> list[dict]:
+    """Per segment, the deny list it honoured: identity, count and path as logged, and the
+    copy beside the log that trace and audit read (None: a log from before copies)."""
+    import os
+
+    from ..load.denylist import logged_copy_path
+    from ..load.runlog import segment_steps
+
+    out = []
+    for seg, a, b in segment_steps(ctx.segments, end_step):
+        entry = seg.deny_list or {}
+        copy = entry and logged_copy_path(ctx.args.log, entry["id"])
+        out.append({"line": seg.line, "first_step": a, "end_step": b,
+                    "id": entry.get("id"), "count": int(entry.get("count", 0)),
+                    "path": entry.get("path"),
+                    "copy": copy if copy and os.path.isfile(copy) else None})
+    return out
+
+
+def _step_span(d: dict) -> str:
+    a, b = d["first_step"], d["end_step"]
+    return f"steps {a}-{b - 1}" if b > a else f"from step {a}, not audited"
+
+
 def cmd_audit(args) -> int:
     from ..load.audit import audit_run
 
@@ -359,6 +405,7 @@ def cmd_audit(args) -> int:
                        deny_for=ctx.deny_for)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
+    out["deny_lists"] = _deny_lists(ctx, report.end_step)
     out["seconds"] = elapsed
     out["positions_per_second"] = report.positions / elapsed if elapsed > 0 else None
     if args.json:
@@ -374,6 +421,11 @@ def cmd_audit(args) -> int:
                   f"repeated {e.repeated}, skipped {e.skipped}, unexpected {e.unexpected}"
                   + (f", masked {e.masked}" if e.masked else "")
                   + ("" if e.ok else "  <- NOT exactly once"))
+        if any(d["id"] for d in out["deny_lists"]):
+            for d in out["deny_lists"]:
+                print(f"  line {d['line']} ({_step_span(d)}): " + (
+                    f"deny list {d['id']} ({d['count']} ids, {d['path'] or 'no path'})"
+                    if d["id"] else "no deny list"))
         for ev in report.events:
             mark = "DISCREPANCY" if ev.failure else "note"
             print(f"  {mark} at step {ev.step} (log line {ev.line}): {ev.kind}: {ev.detail}")

@@ -1,15 +1,20 @@
-"""Takedowns without re-conversion: a deny list of samples, masked in the batches.
+"""Takedowns without re-conversion: a deny list of samples, blanked and masked in the batches.
 
 A deny list names samples by global id, or by provenance key (an input file the
 conversion recorded; every sample converted from it is denied). The loader keeps the
 cursor a plain count of positions and the order untouched: a denied sample still takes its
-position, and the batch carries ``_masked`` (bool, one per sample) so the loss can ignore
-it, as OLMo does for filtered instances. Nothing shifts, so ``trace`` and ``audit`` stay
-exact; the list's identity (a hash of its sorted ids and the dataset id) and the mode go
-into the run log, and a resume may change the list (the run log records the change).
+position, but its bytes never leave the reader: every payload column of its row is blanked
+(:func:`blank_denied`) before any transform or collate sees the batch, and the batch carries
+``_masked`` (bool, one per sample) so the loss can ignore the row, as OLMo does for
+filtered instances. Nothing shifts, so ``trace`` and ``audit`` stay exact; the list's
+identity (a hash of its sorted ids and the dataset id) and the mode go into the run log,
+with a content-addressed copy of the ids beside it (:func:`save_logged_copy`), so a resume
+may change the list, even by editing the file in place, and every past segment stays
+auditable.
 
 File format (JSON): ``{"ids": [17, 42], "inputs": ["part-00.jsonl"]}`` (either key may be
-missing); or plain text, one id per line (``#`` starts a comment).
+missing); or plain text, one id per line (``#`` starts a comment). Only a regular file is
+read (a FIFO would block the reader forever).
 
 >>> import os, json
 >>> from zephon_store import open_dataset
@@ -27,16 +32,30 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from .._util.hashing import xxh3_hex
+from ..errors import DenyListError
 
-__all__ = ["DenyList", "MASK_KEY", "load_deny_list", "provenance_ids"]
+__all__ = ["DenyList", "DenyListError", "MASK_KEY", "blank_denied", "blank_value",
+           "load_deny_list", "load_logged_copy", "logged_copy_path", "provenance_ids",
+           "save_logged_copy"]
 
 MASK_KEY = "_masked"
 DENY_MODE = "mask"
+# The logged copy of a list (save_logged_copy): its own kind, so a stray JSON is not taken
+# for one.
+COPY_KIND = "zephon-denylist"
+COPY_VERSION = 1
+# An identity as the run log holds it; anything else could name a path outside the copies'
+# folder.
+IDENTITY_RE = re.compile(r"xxh3:[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -86,33 +105,73 @@ def provenance_ids(manifest, inputs: list[str]) -> np.ndarray:
     unknown = [i for i in inputs if i not in known]
     if unknown:
         sample = sorted(known)[:5]
-        raise ValueError(f"deny list names input(s) {unknown} that the dataset's provenance "
-                         f"does not record; it records e.g. {sample}")
+        raise DenyListError(f"deny list names input(s) {unknown} that the dataset's provenance "
+                            f"does not record; it records e.g. {sample}")
     want = set(inputs)
     parts = [np.arange(s, s + n, dtype=np.int64)
              for name, s, n in zip(names, start.tolist(), rows.tolist()) if name in want]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def _read_regular(path: str, what: str) -> str:
+    """The text of the regular file ``path``; anything else (a FIFO, a device, a folder) is
+    refused before a byte is read. ``O_NONBLOCK`` makes opening a FIFO return at once
+    instead of waiting for a writer; it changes nothing for a regular file."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DenyListError(f"{what} {path}: not a regular file; pass a JSON or text file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DenyListError(f"{what} {path}: not UTF-8 text ({exc})") from None
+
+
+def _json(text: str, what: str, path: str):
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise DenyListError(f"{what} {path}: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise DenyListError(f"{what} {path}: not valid JSON ({exc})") from None
+
+
+def _checked_ids(ids: list, n: int, what: str) -> np.ndarray:
+    """``ids`` as int64, each an int in ``[0, n)`` (checked as Python ints: an id beyond
+    int64 is out of range, not an OverflowError)."""
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise DenyListError(f"{what}: ids must be integers, got {i!r}")
+        if not 0 <= i < n:
+            raise DenyListError(f"{what}: id {i} is outside the dataset's [0, {n})")
+    return np.asarray(ids, dtype=np.int64)
+
+
 def load_deny_list(path: str, manifest) -> DenyList:
     """Read a deny list file (module docstring) for the dataset of ``manifest`` (ids
-    checked against its size, input names against its provenance)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    ids: list[int] = []
+    checked against its size, input names against its provenance); a malformed file raises
+    :class:`DenyListError` naming it, and the key or line."""
+    text = _read_regular(path, "deny list")
+    ids: list = []
     inputs: list[str] = []
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"deny list {path}: not valid JSON ({exc})") from exc
+    where = f"deny list {path}"
+    if text.lstrip().startswith("{"):
+        doc = _json(text, "deny list", path)
         unknown = sorted(set(doc) - {"ids", "inputs"})
         if unknown:
-            raise ValueError(f"deny list {path}: unknown key(s) {unknown}; use \"ids\" and "
-                             "\"inputs\"")
-        ids = list(doc.get("ids", []))
-        inputs = [str(i) for i in doc.get("inputs", [])]
+            raise DenyListError(f"{where}: unknown key(s) {unknown}; use \"ids\" and "
+                                "\"inputs\"")
+        ids = doc.get("ids", [])
+        if not isinstance(ids, list):
+            raise DenyListError(f"{where}: 'ids' must be a list of sample ids, got {ids!r:.80}")
+        inputs = doc.get("inputs", [])
+        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+            raise DenyListError(f"{where}: 'inputs' must be a list of input file names, got "
+                                f"{inputs!r:.80}")
     else:
         for n, line in enumerate(text.splitlines(), start=1):
             line = line.split("#", 1)[0].strip()
@@ -121,15 +180,139 @@ def load_deny_list(path: str, manifest) -> DenyList:
             try:
                 ids.append(int(line))
             except ValueError:
-                raise ValueError(f"deny list {path} line {n}: {line!r} is not a sample id"
-                                 ) from None
-    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
-        raise ValueError(f"deny list {path}: ids must be integers")
-    arr = np.asarray(ids, dtype=np.int64)
-    n = manifest.num_samples
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= n):
-        bad = int(arr[(arr < 0) | (arr >= n)][0])
-        raise ValueError(f"deny list {path}: id {bad} is outside the dataset's [0, {n})")
+                raise DenyListError(f"{where} line {n}: {line[:40]!r} is not a sample id"
+                                    ) from None
+    arr = _checked_ids(ids, manifest.num_samples, where)
     if inputs:
-        arr = np.concatenate([arr, provenance_ids(manifest, inputs)])
+        try:
+            arr = np.concatenate([arr, provenance_ids(manifest, inputs)])
+        except DenyListError as exc:
+            raise DenyListError(f"{where}: {exc}") from None
     return DenyList(arr, manifest.dataset_id, path)
+
+
+# -- what a denied row looks like ------------------------------------------------------------
+
+
+def blank_value(t: pa.DataType):
+    """What a denied row holds in a column of Arrow type ``t`` when the batch gives that
+    column as a Python list: ``""`` for text, ``b""`` for binary (zero bytes of the width for
+    fixed-size binary), ``[]`` for variable lists, a list of blanks for fixed-size lists, 0
+    for numbers, False for booleans, None (null) for anything else (structs, maps, dates).
+
+    >>> [blank_value(t) for t in (pa.string(), pa.binary(3), pa.list_(pa.int32()),
+    ...                           pa.list_(pa.int8(), 2), pa.float32(), pa.timestamp("s"))]
+    ['', b'\\x00\\x00\\x00', [], [0, 0], 0, None]
+    """
+    if pa.types.is_dictionary(t):
+        return blank_value(t.value_type)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return ""
+    if pa.types.is_fixed_size_binary(t):
+        return bytes(t.byte_width)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return b""
+    if pa.types.is_fixed_size_list(t):
+        return [blank_value(t.value_type) for _ in range(t.list_size)]
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return []
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return 0
+    if pa.types.is_boolean(t):
+        return False
+    return None
+
+
+def blank_denied(batch: dict, masked: np.ndarray, types: Mapping[str, pa.DataType]) -> dict:
+    """``batch`` with every payload column of the ``masked`` rows blanked, before anything
+    else sees it: numpy columns (numbers, token windows) get zeros of the same shape, list
+    columns :func:`blank_value` of the column's Arrow type (``types``: the dataset's
+    selected columns; other keys, ``_seq``, ``_source``, ``_masked``, are the loader's and
+    kept). The row keeps its place, so the batch size and every position stay. Arrays are
+    copied before writing (they may be read-only views of decoded row groups); a batch
+    without a denied row is returned as it is.
+
+    >>> b = {"text": ["a", "secret"], "tokens": np.array([[1, 2], [3, 4]]), "_seq": np.array([0, 7])}
+    >>> out = blank_denied(b, np.array([False, True]),
+    ...                    {"text": pa.string(), "tokens": pa.list_(pa.int64(), 2)})
+    >>> out["text"], out["tokens"].tolist(), out["_seq"].tolist()
+    (['a', ''], [[1, 2], [0, 0]], [0, 7])
+    """
+    rows = np.flatnonzero(masked)
+    if rows.size == 0:
+        return batch
+    out = dict(batch)
+    for name, t in types.items():
+        if name not in out:
+            continue
+        value = out[name]
+        if isinstance(value, np.ndarray):
+            value = value.copy()
+            value[rows] = 0
+        else:
+            value = list(value)
+            for r in rows.tolist():
+                value[r] = blank_value(t)
+        out[name] = value
+    return out
+
+
+# -- the run log's copy of each list ---------------------------------------------------------
+
+
+def logged_copy_path(run_log: str, identity: str) -> str:
+    """Where the run log ``run_log`` keeps the list ``identity``: the folder
+    ``<run log>.denylists`` beside it, one file per identity (content-addressed, so two
+    segments that honoured one list share it, and editing the list file changes nothing).
+
+    >>> logged_copy_path("/ckpt/run.jsonl", "xxh3:" + "0" * 32)
+    '/ckpt/run.jsonl.denylists/xxh3-00000000000000000000000000000000.json'
+    """
+    if not isinstance(identity, str) or not IDENTITY_RE.fullmatch(identity):
+        raise DenyListError(f"deny list identity {identity!r:.80} is not xxh3:<32 hex digits>")
+    return os.path.join(os.path.abspath(run_log) + ".denylists",
+                        identity.replace(":", "-") + ".json")
+
+
+def save_logged_copy(deny: DenyList, run_log: str) -> str:
+    """Write ``deny``'s ids beside ``run_log`` (:func:`logged_copy_path`), atomically, unless
+    that copy is there already; return its path. Rank 0 calls this before the log line that
+    names the list, so a line never names a copy that is not complete on disk."""
+    from .._util.atomic import atomic_write
+
+    path = logged_copy_path(run_log, deny.identity)
+    if not os.path.isfile(path):
+        doc = {"kind": COPY_KIND, "version": COPY_VERSION, "id": deny.identity,
+               "dataset_id": deny.dataset_id, "count": int(deny.ids.size),
+               "path": os.path.abspath(deny.path) if deny.path else "",
+               "ids": deny.ids.tolist()}
+        atomic_write(path, (json.dumps(doc) + "\n").encode())
+    return path
+
+
+def load_logged_copy(run_log: str, entry: dict, num_samples: int) -> DenyList | None:
+    """The list a run log's ``deny_list`` ``entry`` names, from its copy beside the log; None
+    when there is no copy (a log written before copies were kept). The copy's content must
+    hash to the entry's identity, so an edited or swapped copy raises
+    :class:`DenyListError` naming it."""
+    path = logged_copy_path(run_log, entry["id"])
+    if not os.path.lexists(path):
+        return None
+    what = "logged deny list copy"
+    doc = _json(_read_regular(path, what), what, path)
+    where = f"{what} {path}"
+    if not isinstance(doc, dict) or doc.get("kind") != COPY_KIND:
+        raise DenyListError(f"{where}: not a zephon deny list copy (no \"kind\": "
+                            f"\"{COPY_KIND}\")")
+    if doc.get("version") != COPY_VERSION:
+        raise DenyListError(f"{where}: version {doc.get('version')!r:.20} is not supported "
+                            f"(this zephon_store reads version {COPY_VERSION})")
+    ids, dataset_id = doc.get("ids"), doc.get("dataset_id")
+    if not isinstance(ids, list) or not isinstance(dataset_id, str):
+        raise DenyListError(f"{where}: 'ids' must be a list and 'dataset_id' a string")
+    deny = DenyList(_checked_ids(ids, num_samples, where), dataset_id,
+                    str(doc.get("path") or entry.get("path") or ""))
+    if deny.identity != entry["id"]:
+        raise DenyListError(f"{where}: its ids hash to {deny.identity}, the run log names "
+                            f"{entry['id']}; the copy was changed: restore it from a backup")
+    return deny

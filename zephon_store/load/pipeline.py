@@ -42,7 +42,7 @@ from .._util.decode import array_type, array_view, decode_column, decode_table
 from .._util.exit_close import close_at_exit
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
-from .denylist import MASK_KEY
+from .denylist import MASK_KEY, DenyListError, blank_denied
 
 # Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
@@ -366,9 +366,12 @@ class BatchPipeline:
         self.start_cursor = int(start_cursor)
         self.indices = indices
         self.transform = transform
-        # A takedown list (load/denylist.py): its samples keep their positions and are
-        # flagged in the batch's _masked, so the cursor stays a plain count.
+        # A takedown list (load/denylist.py): its samples keep their positions, so the
+        # cursor stays a plain count, and their rows are blanked and flagged in _masked
+        # before the transform (or anything after it) sees the batch.
         self.deny_list = deny_list
+        self._payload = None if deny_list is None else {
+            f.name: f.type for f in stream.select(self.dataset.schema.empty_table()).schema}
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
@@ -440,6 +443,27 @@ class BatchPipeline:
             out.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
             out[MASK_KEY] = self.deny_list.masked(step.ids)
+        return out
+
+    def _transformed(self, batch: dict):
+        """The transform's output; with a deny list, a dict that carries ``_masked``.
+
+        A transform that builds a new dict drops ``_masked``; it is put back (the rows are
+        the ones the transform was given, blanked already). A transform that changes the
+        rows must set its own ``_masked``. An output that is not a dict cannot carry it and
+        is refused: the training code could not tell a denied row from another.
+        """
+        out = self.transform(batch)
+        if self.deny_list is None:
+            return out
+        if not isinstance(out, dict):
+            raise DenyListError(
+                f"with a deny list the transform must return a dict, so that {MASK_KEY!r} "
+                f"reaches the training loop; the transform returned {type(out).__name__}: "
+                f"return a dict (the loader adds {MASK_KEY!r} if it is missing) and convert "
+                "in collate=")
+        if MASK_KEY not in out:
+            out[MASK_KEY] = batch[MASK_KEY]
         return out
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
@@ -542,8 +566,10 @@ class BatchPipeline:
                 if not first:
                     queue_ahead()
                 for index, sub in split_group(batch, step.parts):
+                    if self.deny_list is not None:
+                        sub = blank_denied(sub, sub[MASK_KEY], self._payload)
                     if self.transform is not None:
-                        sub = self.transform(sub)
+                        sub = self._transformed(sub)
                     yield index, sub
                     if self.stop.is_set():
                         break

@@ -48,6 +48,7 @@ from typing import Any
 
 from ..errors import ZephonError
 from ..order.order import OrderOptions
+from .denylist import DENY_MODE, IDENTITY_RE, DenyListError
 
 __all__ = ["RunLogError", "RunSegment", "append_segment", "read_run_log", "segment_steps",
            "split_step", "with_step", "KEY_STEP", "RUNLOG_KIND", "RUNLOG_VERSION",
@@ -133,6 +134,7 @@ class RunSegment:
                              f"{self.global_batch}")
         if not isinstance(self.order, OrderOptions):
             raise ValueError(f"order must be OrderOptions, got {type(self.order).__name__}")
+        _check_deny_entry(self.deny_list)
 
     def replace(self, **changes: Any) -> RunSegment:
         """A copy with some fields changed (validated again)."""
@@ -181,6 +183,10 @@ class RunSegment:
         if missing:
             raise RunLogError(f"{at}: missing {missing}; the line is damaged")
         try:
+            _check_deny_entry(d.get("deny_list"))
+        except ValueError as exc:
+            raise DenyListEntryError(f"{at}: {exc}; the line is damaged") from None
+        try:
             order = OrderOptions.from_dict(d["order"])
             return cls(first_step=d["first_step"], cursor=d["cursor"],
                        global_batch=d["global_batch"], world_size=d["world_size"],
@@ -191,6 +197,33 @@ class RunSegment:
                        time=str(d.get("time", "")), line=line)
         except ValueError as exc:
             raise RunLogError(f"{at}: {exc}") from exc
+
+
+class DenyListEntryError(RunLogError, DenyListError):
+    """A run log line's ``deny_list`` entry is malformed (a damaged or hand-edited line)."""
+
+
+def _check_deny_entry(entry: object) -> None:
+    """A ``deny_list`` entry is null or ``{"id": "xxh3:<32 hex>", "mode": "mask", "count":
+    n, "path": "..."}``: trace and audit find the logged copy by ``id``, so it must not
+    name anything else (load/denylist.py)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        raise ValueError(f"'deny_list' must be null or an object {{id, mode, count, path}}, "
+                         f"got {entry!r:.60}")
+    if "id" not in entry:
+        raise ValueError("'deny_list' has no 'id'")
+    if not isinstance(entry["id"], str) or not IDENTITY_RE.fullmatch(entry["id"]):
+        raise ValueError(f"'deny_list.id' must be xxh3:<32 hex digits>, got {entry['id']!r:.60}")
+    if entry.get("mode") != DENY_MODE:
+        raise ValueError(f"'deny_list.mode' must be \"{DENY_MODE}\", got "
+                         f"{entry.get('mode')!r:.60}")
+    count = entry.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"'deny_list.count' must be an int >= 0, got {count!r:.60}")
+    if not isinstance(entry.get("path", ""), str):
+        raise ValueError(f"'deny_list.path' must be a string, got {entry.get('path')!r:.60}")
 
 
 def _mix_id(mixture: dict | None) -> str | None:

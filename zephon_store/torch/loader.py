@@ -32,7 +32,7 @@ from .._util.exit_close import close_at_exit
 from ..errors import StateMismatchError
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
-from ..load.denylist import DenyList, load_deny_list
+from ..load.denylist import DenyList, load_deny_list, save_logged_copy
 from ..load.engine import ShareEngine
 from ..load.mixed import MixedDataset, is_mixture, open_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
@@ -395,6 +395,11 @@ class ZephonLoader:
         # the log (a resume may append stages).
         mixture = ({"id": self.dataset_id, **self.dataset.state_entry()}
                    if self.is_mixture else None)
+        if deny is not None and t.rank == 0:
+            # The list's ids beside the log, before the line that names them: audit and
+            # trace read this copy, so editing the list file in place (a takedown's usual
+            # step) never breaks the audit of this segment.
+            save_logged_copy(deny, self.run_log)
         append_segment(self.run_log, RunSegment(
             first_step=first_step, cursor=cursor, global_batch=t.global_batch,
             world_size=t.world_size, num_workers=self.num_workers,
