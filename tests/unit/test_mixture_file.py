@@ -117,7 +117,7 @@ def test_token_weights_and_token_starts() -> None:
     (GOOD.replace("weights = [0.1, 0.2]", "weights = [-0.1, 0.2]"),
      r"mix.toml: at sources/2/weights/0: -0.1 is less than the minimum of 0"),
     (GOOD.replace('weights = [0.1, 0.2]', 'weights = ["-1/10", 0.2]'),
-     r"stage 'warmup', source 'math': weight '-1/10' is negative"),
+     r"at sources/2/weights/0 \(source 'math', stage 'warmup'\): weight '-1/10' is negative"),
     (GOOD.replace('weights = { warmup = 0.3, main = "3/10" }', "weights = { warmup = 0.3 }"),
      r"at sources/1 \('code'\)/weights: no weight for stage 'main'"),
     (GOOD.replace('weights = { warmup = 0.3, main = "3/10" }',

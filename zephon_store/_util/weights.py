@@ -11,6 +11,7 @@ file and the Python API accept and refuse exactly the same inputs. ``_util`` sit
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -21,6 +22,12 @@ MAX_DENOMINATOR = 1 << 30
 #: A sum this close to 1 is decimal rounding (three times 0.3333333333333333), not a mistake;
 #: such a vector is normalised exactly instead of refused.
 SUM_TOLERANCE = Fraction(1, 10**9)
+#: Longest weight string parsed, and the largest decimal exponent in one. ``Fraction`` parses
+#: ``"1e-99999999"`` by building ``10**99999999`` (hours of work for 12 bytes); a weight
+#: needs nine decimals (the resolution is 2**-30), so these bounds refuse only hostile text.
+MAX_WEIGHT_TEXT = 100
+MAX_WEIGHT_EXPONENT = 1000
+_EXPONENT = re.compile(r"[eE]\s*([+-]?[0-9_]+)\s*$")
 
 
 def parse_weight(value: object, where: str, *, error: type[Exception] = ValueError) -> Fraction:
@@ -48,16 +55,34 @@ def parse_weight(value: object, where: str, *, error: type[Exception] = ValueErr
             raise error(f"{where}: weight {float(value)!r} is not a finite number")
         w = Fraction(repr(float(value)))
     elif isinstance(value, str):
-        try:
-            w = Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            pass
+        w = _parse_text(value, where, error)
     if w is None:
         raise error(f"{where}: weight {value!r} is not a number (give a number >= 0 or a "
                     "fraction string such as '1/3')")
     if w < 0:
         raise error(f"{where}: weight {value!r} is negative; weights must be >= 0")
     return w
+
+
+def _parse_text(value: str, where: str, error: type[Exception]) -> Fraction | None:
+    """A weight string as a Fraction (None: not a number), its size bounded first."""
+    if len(value) > MAX_WEIGHT_TEXT:
+        raise error(f"{where}: weight {value[:20]!r}... is {len(value)} characters long; give "
+                    f"a number or a fraction string of at most {MAX_WEIGHT_TEXT} characters")
+    exp = _EXPONENT.search(value)
+    if exp is not None:
+        try:
+            big = abs(int(exp.group(1))) > MAX_WEIGHT_EXPONENT
+        except ValueError:
+            return None
+        if big:
+            raise error(f"{where}: weight {value!r} has an exponent beyond "
+                        f"+-{MAX_WEIGHT_EXPONENT}; give a number such as 1e-9 or a fraction "
+                        "string such as '1/3'")
+    try:
+        return Fraction(value.strip())
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def check_weights(values: Sequence[object], *, normalise: bool = False,
@@ -94,6 +119,7 @@ def check_weights(values: Sequence[object], *, normalise: bool = False,
 
 
 def integer_weights(weights: Sequence[Fraction], *, where: str = "weights",
+                    names: Sequence[str] | None = None,
                     error: type[Exception] = ValueError) -> tuple[list[int], int]:
     """Numerators over one denominator ``D <= MAX_DENOMINATOR`` (they sum to ``D``).
 
@@ -121,8 +147,9 @@ def integer_weights(weights: Sequence[Fraction], *, where: str = "weights",
             nums[i] += 1
         for i, (w, m) in enumerate(zip(weights, nums)):
             if w > 0 and m == 0:
+                label = f"source {names[i]!r}" if names else f"source {i}"
                 raise error(
-                    f"{where}: weight {float(w):.3g} of source {i} is below the mixture's "
+                    f"{where}, {label}: weight {float(w):.3g} is below the mixture's "
                     f"resolution 1/{MAX_DENOMINATOR}; give it 0 or a weight >= 1e-9")
     g = math.gcd(*nums) if any(nums) else 1
     return [m // g for m in nums], den // g

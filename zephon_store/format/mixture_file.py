@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -52,6 +53,16 @@ WEIGHT_UNITS = ("samples", "tokens", "bytes")
 START_UNITS = ("steps", "samples", "tokens")
 EXHAUSTION_POLICIES = ("error", "renormalize")
 _DEFAULT_STAGE = {"name": "main", "start": {"samples": 0}}
+#: A stage starts before this mixture position: the interleave's positions are int64 and its
+#: products stay below 2**62 (order/interleave.py), and no run reaches it.
+MAX_START = 1 << 62
+#: Nesting a mixture file never needs (storage options are a few levels deep); deeper is
+#: refused by key, before anything recurses into it (the parsers, the schema check).
+MAX_DEPTH = 32
+#: A mixture file larger than this is not a mixture file (a thousand sources take ~200 KB).
+MAX_FILE_BYTES = 16 << 20
+# Python refuses to convert integers longer than this (sys.get_int_max_str_digits()).
+_INT_DIGITS = 4300
 
 
 def mixture_json_schema() -> dict:
@@ -122,32 +133,63 @@ class MixtureSpec:
         return [[s.weights[j] for s in self.sources] for j in range(len(self.stages))]
 
     def stage_starts(self, *, global_batch: int | None = None,
-                     tokens_per_sample: int | None = None) -> list[int]:
-        """Stage starts in mixture samples: ``steps * global_batch``, or
-        ``ceil(tokens / tokens_per_sample)`` (tokens per sample = the sequence length for
-        packed windows). Raises :class:`MixtureError` naming the stage if a needed value is
-        missing or the converted starts do not strictly increase."""
+                     tokens_per_sample: int | None = None, step: int = 0, cursor: int = 0,
+                     fixed: Mapping[int, int] | None = None,
+                     check_order: bool = True) -> list[int]:
+        """Stage starts in mixture samples.
+
+        A start in steps is the sample where the run's step ``n`` begins: ``n *
+        global_batch`` for a run that starts at step 0, and ``cursor + (n - step) *
+        global_batch`` for one resumed at ``step`` (the checkpoint's step count) and
+        ``cursor``, so a stage given in steps begins at that step of the run whatever global
+        batch the run had before. A start in tokens is ``ceil(tokens / tokens_per_sample)``
+        (tokens per sample = the sequence length for packed windows). ``fixed`` maps a stage
+        index to the sample a checkpoint fixed it at (a stage that began before the resume),
+        replacing the conversion.
+
+        Raises :class:`MixtureError` naming the stage if a needed value is missing, a start
+        lies past :data:`MAX_START`, or (``check_order``) the starts do not strictly
+        increase.
+
+        >>> spec = MixtureSpec.from_dict({"stages": [
+        ...     {"name": "a", "start": {"steps": 0}}, {"name": "b", "start": {"steps": 10}}],
+        ...     "sources": [{"name": "s", "url": "s", "weight": 1}]})
+        >>> spec.stage_starts(global_batch=8)          # a run from step 0
+        [0, 80]
+        >>> spec.stage_starts(global_batch=4, step=6, cursor=48, fixed={0: 0})   # resumed
+        [0, 64]
+        """
+        fixed = fixed or {}
         out = []
         for j, st in enumerate(self.stages):
             where = f"{self.origin}: stages/{j} ({st.name!r})"
-            if st.unit == "samples":
+            if j in fixed:
+                out.append(int(fixed[j]))
+            elif st.unit == "samples":
                 out.append(st.start)
             elif st.unit == "steps":
                 if not _positive_int(global_batch):
                     raise MixtureError(f"{where} starts at step {st.start}; converting steps to "
                                        f"samples needs global_batch > 0, got {global_batch!r}")
-                out.append(st.start * global_batch)
+                out.append(cursor + (st.start - step) * global_batch)
             else:
                 if not _positive_int(tokens_per_sample):
                     raise MixtureError(
                         f"{where} starts at token {st.start}; converting tokens to samples "
                         f"needs tokens_per_sample > 0, got {tokens_per_sample!r}")
                 out.append(-(-st.start // tokens_per_sample))
-            if j and out[j] <= out[j - 1]:
+            if out[j] >= MAX_START:
                 raise MixtureError(
-                    f"{where} starts at sample {out[j]}, not after stage "
-                    f"{self.stages[j - 1].name!r} (sample {out[j - 1]}); stage starts must "
-                    "strictly increase")
+                    f"{where} starts at {st.unit} {st.start}, mixture sample {out[j]}, past "
+                    f"the last position a run reaches (2**62); give a nearer start")
+        if check_order:
+            for j in range(1, len(out)):
+                if out[j] <= out[j - 1]:
+                    st = self.stages[j]
+                    raise MixtureError(
+                        f"{self.origin}: stages/{j} ({st.name!r}) starts at sample {out[j]}, "
+                        f"not after stage {self.stages[j - 1].name!r} (sample {out[j - 1]}); "
+                        "stage starts must strictly increase")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,20 +251,31 @@ def parse_mixture(text: str, *, fmt: str | None = None, origin: str = "<mixture>
     when None) and validate it. A syntax error names ``origin`` and the line."""
     if fmt is None:
         fmt = "json" if text.lstrip().startswith("{") else "toml"
-    if fmt == "json":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MixtureError(f"{origin}: line {exc.lineno}, column {exc.colno}: not valid "
-                               f"JSON: {exc.msg}") from None
-    elif fmt == "toml":
-        tomllib = _tomllib()
-        try:
-            d = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise MixtureError(f"{origin}: not valid TOML: {exc}") from None
-    else:
+    if fmt not in ("json", "toml"):
         raise MixtureError(f"{origin}: unknown mixture file format {fmt!r}; use 'toml' or 'json'")
+    try:
+        if fmt == "json":
+            try:
+                d = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise MixtureError(f"{origin}: line {exc.lineno}, column {exc.colno}: not "
+                                   f"valid JSON: {exc.msg}") from None
+        else:
+            tomllib = _tomllib()
+            try:
+                d = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise MixtureError(f"{origin}: not valid TOML: {exc}") from None
+    except RecursionError:
+        # The parsers recurse once per level: say where, from the text, instead.
+        raise MixtureError(f"{origin}: at {_deep_key(text)}: nested more than {MAX_DEPTH} "
+                           "levels deep; a mixture file needs a few") from None
+    except ValueError as exc:
+        if "digits" not in str(exc):
+            raise MixtureError(f"{origin}: not valid {fmt.upper()}: {exc}") from None
+        raise MixtureError(f"{origin}: {_long_int_where(text)}: an integer of more than "
+                           f"{_INT_DIGITS} digits; no mixture key takes one") from None
+    _check_depth(d, origin)
     return MixtureSpec.from_dict(d, origin=origin, base_dir=base_dir)
 
 
@@ -240,11 +293,14 @@ def load_mixture_file(path: str | os.PathLike) -> MixtureSpec:
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise MixtureError(f"mixture file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MixtureError(f"mixture file {path} could not be read: {exc}") from None
+    if len(text) > MAX_FILE_BYTES:
+        raise MixtureError(f"mixture file {path} is larger than {MAX_FILE_BYTES >> 20} MiB; "
+                           "a mixture file names sources and weights (a few KB)")
     ext = os.path.splitext(path)[1].lower()
     fmt = {".toml": "toml", ".json": "json"}.get(ext)
     return parse_mixture(text, fmt=fmt, origin=path,
@@ -263,6 +319,60 @@ def _tomllib():
             raise MixtureError("reading a TOML mixture file on Python 3.10 needs 'tomli' "
                                "(pip install tomli), or write the file as JSON") from None
     return tomllib
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]')
+_KEY_BEFORE = re.compile(r'(?:"([^"\\\n]*)"|\'([^\'\n]*)\'|([A-Za-z0-9_.-]+))\s*[:=]\s*$')
+
+
+def _key_before(text: str, pos: int) -> str | None:
+    m = _KEY_BEFORE.search(text, max(0, pos - 256), pos)
+    return None if m is None else next(g for g in m.groups() if g is not None)
+
+
+def _deep_key(text: str) -> str:
+    """The key whose value nests deeper than :data:`MAX_DEPTH` (from the text: the file did
+    not parse), or "(top level)"."""
+    opened: list[int] = []
+    for m in _BRACKETS.finditer(text):
+        c = m.group()
+        if c in "[{":
+            opened.append(m.start())
+            if len(opened) > MAX_DEPTH:
+                break
+        elif c in "]}" and opened:
+            opened.pop()
+    for pos in opened:   # the outermost bracket that is a key's value
+        key = _key_before(text, pos)
+        if key is not None:
+            return key
+    return "(top level)"
+
+
+def _long_int_where(text: str) -> str:
+    """Line and key of the first integer too long to convert (the file did not parse)."""
+    m = re.search(r"\d{" + str(_INT_DIGITS + 1) + ",}", text)
+    if m is None:
+        return "(top level)"
+    line = text.count("\n", 0, m.start()) + 1
+    keys = re.findall(r'["\']?([A-Za-z0-9_.-]+)["\']?\s*[:=]', text[:m.start()])
+    return f"line {line}" + (f", key {keys[-1]!r}" if keys else "")
+
+
+def _check_depth(d: object, origin: str) -> None:
+    """Refuse a document nested deeper than :data:`MAX_DEPTH`, naming the key (iteratively:
+    the check itself must not recurse)."""
+    todo: list[tuple[object, tuple, int]] = [(d, (), 0)]
+    while todo:
+        node, path, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            where = "/".join(str(p) for p in path[:3]) or "(top level)"
+            raise MixtureError(f"{origin}: at {where}: nested more than {MAX_DEPTH} levels "
+                               "deep; a mixture file needs a few")
+        if isinstance(node, Mapping):
+            todo.extend((v, (*path, k), depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            todo.extend((v, (*path, i), depth + 1) for i, v in enumerate(node))
 
 
 def _check_schema(d: object, origin: str) -> None:
@@ -293,8 +403,13 @@ def _source_weights(s: Mapping[str, Any], i: int, stages: list[str], origin: str
     if ("weight" in s) == ("weights" in s):
         raise MixtureError(f"{where}: give exactly one of 'weight' (the same in every stage) "
                            "or 'weights' (one per stage)")
+    def parse(value: object, key: str, stage: str | None = None) -> Fraction:
+        what = f"source {s['name']!r}" + (f", stage {stage!r}" if stage else "")
+        return _w.parse_weight(value, f"{origin}: at sources/{i}/{key} ({what})",
+                               error=MixtureError)
+
     if "weight" in s:
-        return [s["weight"]] * len(stages)
+        return [parse(s["weight"], "weight")] * len(stages)
     ws = s["weights"]
     if isinstance(ws, Mapping):
         unknown = [k for k in ws if k not in stages]
@@ -305,11 +420,11 @@ def _source_weights(s: Mapping[str, Any], i: int, stages: list[str], origin: str
         if missing:
             raise MixtureError(f"{where}/weights: no weight for stage {missing[0]!r} (give 0 "
                                "to leave the source out of it)")
-        return [ws[k] for k in stages]
+        return [parse(ws[k], f"weights/{k}") for k in stages]
     if len(ws) != len(stages):
         raise MixtureError(f"{where}/weights: {len(ws)} weights for {len(stages)} stages "
                            f"{stages}; give one per stage")
-    return list(ws)
+    return [parse(w, f"weights/{j}", stages[j]) for j, w in enumerate(ws)]
 
 
 def _resolve(url: str, base_dir: str | None) -> str:

@@ -208,7 +208,7 @@ class MixtureSchedule:
         if len(weights) != self._k:
             raise MixtureError(f"{where}: {len(weights)} weights for {self._k} sources")
         exact = _check_weights(weights, normalise=normalise, where=where, names=self._names)
-        nums, den = _integer_weights(exact, where=where)
+        nums, den = _integer_weights(exact, where=where, names=self._names)
         return tuple(Fraction(m, den) for m in nums)
 
     def _add_stage(self, j: int, start: object, weights, *, normalise: bool) -> None:
@@ -253,7 +253,8 @@ class MixtureSchedule:
                         self._end, self._end_source = cur, None
                         break
                     eff = [w / left for w in eff]
-                nums, den = _integer_weights(eff, where=self._stage_label(j))
+                nums, den = _integer_weights(eff, where=self._stage_label(j),
+                                             names=self._names)
                 eff_w = tuple(Fraction(m, den) for m in nums)
                 seg = _Segment(cur, stop, j, cur != start, eff_w, tuple(offsets), SplitTree(nums))
                 if segs and segs[-1].start == cur:
@@ -287,32 +288,41 @@ class MixtureSchedule:
     def from_spec(cls, spec: Any, *, global_batch: int | None = None,
                   tokens_per_sample: int | None = None,
                   mean_sizes: Sequence[float] | Mapping[str, float] | None = None,
-                  epoch_sizes: Sequence[int] | Mapping[str, int] | None = None
-                  ) -> MixtureSchedule:
+                  epoch_sizes: Sequence[int] | Mapping[str, int] | None = None,
+                  starts: Sequence[int] | None = None) -> MixtureSchedule:
         """The schedule of a mixture file's spec (:class:`zephon_store.format.mixture_file.MixtureSpec`).
 
         ``global_batch`` converts stage starts in steps, ``tokens_per_sample`` starts in
-        tokens; ``mean_sizes`` (mean tokens or bytes per sample of each source, from its
-        manifest) converts token/byte weights to sample weights (:func:`sample_weights`, in
-        expectation); ``epoch_sizes`` (samples per epoch) are needed for capped sources.
-        The global batch converts steps once, here: a run that later changes its global
-        batch keeps the schedule (in samples) its checkpoint carries.
+        tokens (:meth:`~zephon_store.format.mixture_file.MixtureSpec.stage_starts`, for a
+        run from step 0); ``starts`` gives the starts in samples instead (a resume passes the
+        ones its checkpoint fixed). ``mean_sizes`` (mean tokens or bytes per sample of each
+        source, from its manifest) converts token/byte weights to sample weights
+        (:func:`sample_weights`, in expectation); ``epoch_sizes`` (samples per epoch) are
+        needed for capped sources. Every error names the spec's file.
         """
         names = list(spec.source_names)
-        starts = spec.stage_starts(global_batch=global_batch, tokens_per_sample=tokens_per_sample)
+        if starts is None:
+            starts = spec.stage_starts(global_batch=global_batch,
+                                       tokens_per_sample=tokens_per_sample)
         weights = spec.stage_weights()
-        if spec.weight_unit != "samples":
-            if mean_sizes is None:
-                raise MixtureError(
-                    f"{spec.origin}: weights are in {spec.weight_unit}; converting them to "
-                    f"sample weights needs mean_sizes (mean {spec.weight_unit} per sample of "
-                    "each source)")
-            sizes = _in_source_order(mean_sizes, names, "mean_sizes", spec.origin)
-            weights = [sample_weights(w, sizes) for w in weights]
-        sizes = None if epoch_sizes is None else _in_source_order(
-            epoch_sizes, names, "epoch_sizes", spec.origin)
-        return cls(list(zip(starts, weights)), names=names, stage_names=list(spec.stage_names),
-                   max_epochs=list(spec.max_epochs), epoch_sizes=sizes, policy=spec.exhaustion)
+        try:
+            if spec.weight_unit != "samples":
+                if mean_sizes is None:
+                    raise MixtureError(
+                        f"weights are in {spec.weight_unit}; converting them to sample "
+                        f"weights needs mean_sizes (mean {spec.weight_unit} per sample of "
+                        "each source)")
+                sizes = _in_source_order(mean_sizes, names, "mean_sizes", spec.origin)
+                weights = [sample_weights(w, sizes) for w in weights]
+            sizes = None if epoch_sizes is None else _in_source_order(
+                epoch_sizes, names, "epoch_sizes", spec.origin)
+            return cls(list(zip(starts, weights)), names=names,
+                       stage_names=list(spec.stage_names), max_epochs=list(spec.max_epochs),
+                       epoch_sizes=sizes, policy=spec.exhaustion)
+        except MixtureError as exc:
+            if str(exc).startswith(spec.origin):
+                raise
+            raise MixtureError(f"{spec.origin}: {exc}") from None
 
     # --- properties ---------------------------------------------------------------------
     @property
