@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
+from zephon_store.errors import StateMismatchError
 from zephon_store.order import assign, interleave
 from zephon_store.order import order as order_mod
 from zephon_store.order.assign import step_owners
@@ -194,3 +195,62 @@ def test_write_regenerates_the_vectors_of_another_algorithm_number(tmp_path):
     (out / "lanes_auto.json").write_text(json.dumps(doc))
     assert ov.main(["--write", "--dir", str(out)]) == 0
     assert (out / "lanes_auto.json").read_text() == (VECTORS / "lanes_auto.json").read_text()
+
+
+# ------------------------------------------------------------------------- checkpoints
+
+
+def _text_loader(**kw):
+    from zephon_store.torch import ZephonLoader
+
+    return ZephonLoader(GOLDEN_TEXT, global_batch=4, collate=None, **kw)
+
+
+@pytest.mark.parametrize("algorithm", [ORDER_ALGORITHM + 1, 0, True, 1.0, "1"])
+def test_a_checkpoint_of_another_order_algorithm_is_refused(algorithm):
+    pytest.importorskip("torch")
+    loader = _text_loader(seed=3)
+    state = loader.state_dict()
+    state["order"]["algorithm"] = algorithm
+    with pytest.raises(StateMismatchError) as err:
+        _text_loader(seed=3).load_state_dict(state)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"order algorithm {algorithm!r}" in msg and f"order algorithm {ORDER_ALGORITHM}" in msg
+
+
+def test_a_checkpoint_of_another_mixture_algorithm_is_refused():
+    pytest.importorskip("torch")
+    from zephon_store.format.mixture_file import MixtureSpec
+    from zephon_store.torch import ZephonLoader
+
+    spec = {"sources": [{"name": "a", "url": "formats/golden/v2/text", "weight": "1/2"},
+                        {"name": "b", "url": "formats/golden/v1/text", "weight": "1/2"}]}
+
+    def loader():
+        return ZephonLoader(MixtureSpec.from_dict(spec, base_dir=str(ROOT)), global_batch=4,
+                            collate=None, columns=["id"])
+
+    first = loader()
+    next(iter(first))
+    state = first.state_dict()
+    mixture = json.loads(state["mixture"])
+    mixture["schedule"]["algorithm"] = MIXTURE_ALGORITHM + 1
+    state["mixture"] = json.dumps(mixture)
+    with pytest.raises(StateMismatchError) as err:
+        loader().load_state_dict(state)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert (f"mixture algorithm {MIXTURE_ALGORITHM + 1}" in msg
+            and f"mixture algorithm {MIXTURE_ALGORITHM}" in msg)
+
+
+def test_a_checkpoint_of_this_algorithm_resumes():
+    pytest.importorskip("torch")
+    first = _text_loader(seed=3)
+    batches = iter(first)
+    next(batches)
+    resumed = _text_loader(seed=3)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.state_dict()["order"]["algorithm"] == ORDER_ALGORITHM
+    assert next(iter(resumed))["id"].tolist() == next(batches)["id"].tolist()

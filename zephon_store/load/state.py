@@ -14,10 +14,12 @@ loads whatever its length. Version 1 states (single datasets) load as before.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import StateMismatchError
-from ..order.order import OrderOptions
+from ..order.mixture import MIXTURE_ALGORITHM
+from ..order.order import ORDER_ALGORITHM, OrderOptions
 
 STATE_VERSION = 1
 KEY_VERSION = "version"
@@ -57,6 +59,21 @@ def _plain(v):
     if hasattr(v, "item") and callable(v.item):
         return v.item()
     return v
+
+
+def _check_algorithm(what: str, saved, current: int) -> None:
+    """Refuse a checkpoint whose order (or mixture interleave) is another algorithm's.
+
+    Another number means another position -> sample mapping (formats/order/ pins each), so
+    resuming would read other samples than the run's; only the exact int matches (``True``
+    and ``1.0`` compare equal to 1 but are not what a loader writes).
+    """
+    if type(saved) is int and saved == current:
+        return
+    raise StateMismatchError(
+        f"checkpoint was written with {what} algorithm {saved!r}, but this zephon_store "
+        f"implements {what} algorithm {current}: it would resume into another sample order; "
+        "resume with the zephon_store version that wrote the checkpoint (or start a new run)")
 
 
 def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
@@ -108,7 +125,14 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
         if not isinstance(mix, dict):
             raise StateMismatchError("loader state 'mixture' must hold a JSON object; the "
                                      "checkpoint is corrupted")
-    elif state[KEY_DATASET_ID] != dataset_id:
+    # Before anything else is compared: under another algorithm nothing else means the same.
+    saved_order = state[KEY_ORDER]
+    if isinstance(saved_order, Mapping) and "algorithm" in saved_order:
+        _check_algorithm("order", _plain(saved_order["algorithm"]), ORDER_ALGORITHM)
+    schedule = mix.get("schedule") if mix is not None else None
+    if isinstance(schedule, dict) and "algorithm" in schedule:
+        _check_algorithm("mixture", schedule["algorithm"], MIXTURE_ALGORITHM)
+    if not mixture and state[KEY_DATASET_ID] != dataset_id:
         raise StateMismatchError(
             f"checkpoint is for dataset {state[KEY_DATASET_ID]}, but the loader reads dataset "
             f"{dataset_id}; point the loader at the dataset the run started with (or start a "
