@@ -542,11 +542,19 @@ def test_run_log_in_the_checkpoint_folder_and_deny_list_labels_ignored(packed, t
     for _ in range(6):
         inputs, labels = next(it)
         for row, label_row in zip(inputs["input"].tolist(), labels.tolist()):
-            (sid,) = [i for i, w in enumerate(windows.tolist()) if w[:-1] == row]
-            assert (label_row == [IGNORE_INDEX] * SEQ_LEN) == (sid in denied)
-            seen_masked += sid in denied
+            # A denied window's tokens never reach the model: its input is zeros (and its
+            # labels the ignore index); every other row is a window of the dataset.
+            denied_row = row == [0] * SEQ_LEN
+            assert (label_row == [IGNORE_INDEX] * SEQ_LEN) == denied_row
+            if not denied_row:
+                (sid,) = [i for i, w in enumerate(windows.tolist()) if w[:-1] == row]
+                assert sid not in denied
+            seen_masked += denied_row
     dl.close()
-    assert seen_masked > 0   # the rows check above is exact; some listed windows came by
+    # The audit file says which windows the batches held: exactly the listed ones are zeros.
+    audit = [json.loads(line) for line in open(tmp_path / "audit" / "dp1-rank0.jsonl")]
+    assert seen_masked == sum(i in denied for rec in audit for i in rec["seq"]) > 0
+    assert not any(w.tolist() == [0] * SEQ_LEN for w in windows[:, :-1])
     (seg,) = read_run_log(run_log, dataset_id=dl.dataset.dataset_id)
     assert (seg.first_step, seg.cursor, seg.global_batch, seg.deny_list["count"]) == (
         0, 0, 4, len(denied))

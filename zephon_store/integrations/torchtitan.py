@@ -179,8 +179,9 @@ class ZephonDataLoader(BaseDataLoader):
         checkpoint folder when the config enables checkpointing; "" (default): none."""
 
         deny_list: str = ""
-        """A deny list file (docs/audit.md): its windows keep their positions and their
-        labels become TorchTitan's ignore index, so the loss skips them."""
+        """A deny list file (docs/audit.md): its windows keep their positions, their tokens
+        never reach the model (the loader blanks them: the input is zeros) and their labels
+        become TorchTitan's ignore index, so the loss skips them."""
 
         def __post_init__(self) -> None:
             if self.num_workers < 0:

@@ -34,7 +34,8 @@ __all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions"]
 class BatchOptions:
     """What each batch holds: ``columns`` (None: all), ``with_seq`` adds ``_seq`` (int64
     global sample ids), ``transform`` maps the decoded batch dict, ``deny_list`` (a
-    :class:`~zephon_store.load.denylist.DenyList`) adds ``_masked`` (bool per sample)."""
+    :class:`~zephon_store.load.denylist.DenyList`) blanks the denied rows before the
+    transform and adds ``_masked`` (bool per sample)."""
 
     columns: tuple[str, ...] | None = None
     with_seq: bool = False

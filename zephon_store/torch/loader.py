@@ -127,7 +127,8 @@ class ZephonLoader:
     ``run_log`` (a local path) makes rank 0 append one JSON line per segment of the run (at
     its first batch after a start or resume) for ``zephon trace``/``where``/``audit``;
     ``deny_list`` (a file or a :class:`~zephon_store.load.denylist.DenyList`) keeps those
-    samples' positions and flags them in ``_masked`` (docs/audit.md); ``decoded_cache`` (a
+    samples' positions but blanks their rows before ``transform`` and ``collate`` see them,
+    and flags them in ``_masked`` (docs/audit.md, "Takedowns"); ``decoded_cache`` (a
     :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` or its folder, for a dataset
     given by URL or a mixture) keeps decoded row groups on the node for later epochs and the node's other
     ranks (docs/loader.md, "Decoded cache").
