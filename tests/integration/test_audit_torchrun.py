@@ -122,6 +122,7 @@ def test_trace_and_audit_of_an_elastic_torchrun_job(dataset_url, tmp_path, capsy
         listed = DENY_A if t["step"] < 40 else DENY_B
         for r, entry in enumerate(t["ranks"]):
             assert got[r]["masked"] == entry["masked"] == [i in listed for i in entry["ids"]]
+            assert got[r]["denied_payload"] == 0   # the denied rows reached the loop blank
     masked_ids = sorted(i for s in seen.values() for rec in s.values()
                         for i, m in zip(rec["ids"], rec["masked"]) if m)
     first_pass = [i for s in range(40) for r in sorted(seen[s]) for i in seen[s][r]["ids"]]

@@ -335,3 +335,4 @@ def test_a_fifo_named_by_an_old_run_log_is_refused(text_url, tmp_path, capsys) -
         _unblock(fifo)
     code, _, err = got["value"]
     assert code == 2 and fifo in err and "not a regular file" in err
+    assert f"{log} line 1: " in err and len(err.strip().splitlines()) == 1

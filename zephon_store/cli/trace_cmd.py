@@ -175,6 +175,7 @@ class _Context:
         identity, load/denylist.py), never the list file as it is now, which a takedown
         edits in place. A log written before copies were kept names only the file: it is
         read and must still hash to the logged identity."""
+        from ..errors import DenyListError
         from ..load.denylist import load_deny_list, load_logged_copy
         from ..load.runlog import RunLogError
 
@@ -187,18 +188,21 @@ class _Context:
             path = entry.get("path") or ""
             if self.manifest is None:
                 raise RunLogError(f"{at}: deny lists of mixtures are not supported")
-            got = load_logged_copy(self.args.log, entry, self.manifest.num_samples)
-            if got is None:
-                try:
+            try:
+                got = load_logged_copy(self.args.log, entry, self.manifest.num_samples)
+                if got is None:   # the copy checks its own identity; the file cannot
                     got = load_deny_list(path, self.manifest)
-                except OSError as exc:
-                    raise RunLogError(f"{at}: its deny list has no copy beside the log and "
-                                      f"cannot be read at {path!r} ({exc.strerror or exc}); "
-                                      "restore that file") from None
-                if got.identity != entry["id"]:
-                    raise RunLogError(f"{at}: its deny list has no copy beside the log, and "
-                                      f"{path} now has identity {got.identity}, the run used "
-                                      f"{entry['id']}; restore the file the run read")
+                    if got.identity != entry["id"]:
+                        raise RunLogError(
+                            f"{at}: its deny list has no copy beside the log, and {path} now "
+                            f"has identity {got.identity}, the run used {entry['id']}; "
+                            "restore the file the run read")
+            except DenyListError as exc:
+                raise DenyListError(f"{at}: {exc}") from None
+            except OSError as exc:
+                raise RunLogError(f"{at}: its deny list has no copy beside the log and "
+                                  f"cannot be read at {path!r} ({exc.strerror or exc}); "
+                                  "restore that file") from None
             if int(got.ids.size) != entry["count"]:
                 raise RunLogError(f"{at}: the deny list {entry['id']} holds {got.ids.size} ids, "
                                   f"the line says {entry['count']}; the line is damaged")

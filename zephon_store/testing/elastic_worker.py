@@ -15,8 +15,9 @@ value once and any world size can load it.
 
 Log: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per step ``{"tag", "rank", "world_size",
 "num_workers", "step", "global_step", "cursor", "global_batch", "ids"}`` (``cursor``: before
-the step; ``step`` counts this phase's steps, ``global_step`` the run's; ``masked`` with
-``--deny-list``), and
+the step; ``step`` counts this phase's steps, ``global_step`` the run's; ``masked`` and
+``denied_payload`` with ``--deny-list``: the flags, and how many payload values of the
+denied rows were not blank, which must be 0), and
 lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``scripts/elastic_demo.py`` and
 ``tests/integration/test_elastic_torchrun.py``. With ``--run-log`` the loader appends the
 phase's segment to the run log, which ``zephon audit`` and ``zephon trace`` read.
@@ -80,6 +81,21 @@ def same_on_every_rank(dist, value, what: str):
     return value
 
 
+def denied_payload(batch: dict) -> int:
+    """Payload values (columns not starting with ``_``) of the batch's denied rows that are
+    not blank: a takedown's bytes must never reach the training loop, so this is 0."""
+    rows = [j for j, m in enumerate(batch["_masked"].tolist()) if m]
+    leaked = 0
+    for key, column in batch.items():
+        if key.startswith("_"):
+            continue
+        for j in rows:
+            v = column[j]
+            v = v.tolist() if hasattr(v, "tolist") else v
+            leaked += not (not v or (isinstance(v, list) and not any(v)))
+    return leaked
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch.distributed as dist
@@ -121,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                       "global_batch": args.global_batch, "ids": ids}
             if "_masked" in batch:
                 record["masked"] = [bool(m) for m in batch["_masked"].tolist()]
+                record["denied_payload"] = denied_payload(batch)
             if "_source" in batch:   # a mixture (the dataset argument is a mixture file)
                 record["sources"] = [int(k) for k in batch["_source"].tolist()]
             write(record)
