@@ -107,6 +107,22 @@ def test_scalar_and_vectorised_sample_at_agree(filename, case):
     fresh = Order(rows, OrderOptions(**inp["options"]))
     per_range = [fresh.sample_at(np.arange(*r)) for r in inp["positions"]]
     assert np.concatenate(per_range).tolist() == expected
+    # The inverse `zephon where` and the audit use lands on the same positions.
+    epochs = positions // order.num_samples
+    assert order.positions_of(np.asarray(expected), epochs).tolist() == positions.tolist()
+
+
+@pytest.mark.parametrize("filename,case", [c for c in _cases("mixture.json")
+                                           if "order" not in c.values[1]["input"]])
+def test_the_inverse_of_the_interleave_reads_the_pinned_vectors(filename, case):
+    """MixtureSchedule.position_of (the audit's way back) inverts the pinned interleave."""
+    inp, out = case["input"], case["output"]
+    sched = ov.schedule(inp)
+    positions = np.concatenate([np.arange(*r) for r in inp["positions"]])
+    source, index = np.asarray(out["source"]), np.asarray(out["index"])
+    for k in np.unique(source).tolist():
+        sel = source == k
+        assert sched.position_of(k, index[sel]).tolist() == positions[sel].tolist()
 
 
 @pytest.mark.parametrize("filename,case", [c for c in _cases("ranks.json")

@@ -40,7 +40,7 @@ from ..order.mixture import MIXTURE_ALGORITHM, MixtureSchedule
 from ..order.order import ORDER_ALGORITHM, Order, OrderOptions
 
 __all__ = ["FILES", "RULE", "VECTORS_DIR", "build", "check", "check_case", "compute", "main",
-           "write"]
+           "schedule", "write"]
 
 # The checkout this module lives in (zephon_store/testing/ -> the repository root).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -272,7 +272,8 @@ def _sample_at(inp: dict) -> dict:
             "ids": order.sample_at(_positions(inp["positions"])).tolist()}
 
 
-def _schedule(inp: dict) -> MixtureSchedule:
+def schedule(inp: dict) -> MixtureSchedule:
+    """The stage schedule of a ``mixture.json`` case's inputs (weights, or a mixture file)."""
     if "spec" not in inp:
         return MixtureSchedule([tuple(s) for s in inp["stages"]], names=inp["names"],
                                max_epochs=inp.get("max_epochs"),
@@ -297,7 +298,7 @@ def _mixture(inp: dict) -> dict:
             source, ids = order.locate(positions)
             return {"starts": [s for s, _ in mix.schedule.stages], "end": mix.schedule.end,
                     "source": source.tolist(), "id": ids.tolist()}
-    sched = _schedule(inp)
+    sched = schedule(inp)
     source, index = sched.locate(positions)
     return {"starts": [s for s, _ in sched.stages], "end": sched.end,
             "source": np.asarray(source).tolist(), "index": np.asarray(index).tolist()}
