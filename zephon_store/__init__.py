@@ -26,6 +26,7 @@ from .errors import (  # noqa: E402
     MixtureError,
     OutputExistsError,
     OutputLockedError,
+    RayAddressError,
     RetriesExhaustedError,
     SeqOutOfRangeError,
     ShardNotFoundError,
@@ -34,6 +35,7 @@ from .errors import (  # noqa: E402
     StorageError,
     StorageOptionsError,
     UnsafePathError,
+    WorkerLostError,
     ZephonError,
 )
 
@@ -91,6 +93,7 @@ __all__ = [
     "OutputExistsError",
     "OutputLockedError",
     "PackingOptions",
+    "RayAddressError",
     "RetriesExhaustedError",
     "RetryPolicy",
     "SeqOutOfRangeError",
@@ -101,6 +104,7 @@ __all__ = [
     "StorageOptionsError",
     "Topology",
     "UnsafePathError",
+    "WorkerLostError",
     "WriteOptions",
     "ZephonError",
     "__version__",

@@ -122,6 +122,27 @@ class OutputExistsError(ZephonError, FileExistsError):
     """The output already holds a different dataset; pass ``overwrite=True`` to replace it."""
 
 
+class RayAddressError(ZephonError, ConnectionError):
+    """No Ray cluster answers at the address given (``ray_address=``, ``--ray-address``):
+    malformed, a host that does not resolve, nothing listening, or not a Ray cluster.
+
+    Raised within seconds, before Ray's own connect (which retries for minutes) and before
+    anything is written. Carries ``address``, ``reason`` and ``malformed`` (a usage error).
+    """
+
+    def __init__(self, address: str, reason: str, *, malformed: bool = False) -> None:
+        super().__init__(f"Ray address {address!r}: {reason}")
+        self.address = address
+        self.reason = reason
+        self.malformed = malformed
+
+
+class WorkerLostError(ZephonError, RuntimeError):
+    """A conversion task's worker process or node died more often than it may be retried
+    (Ray's ``WorkerCrashedError``, ``NodeDiedError``, ...). The finished tasks stay staged:
+    rerunning the same command resumes. The message names the task and Ray's reason."""
+
+
 class DenyListError(ZephonError, ValueError):
     """A deny list, its copy beside a run log, or a run log's ``deny_list`` entry is
     unreadable or malformed (load/denylist.py); the message names the file, and the key or

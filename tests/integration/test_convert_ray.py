@@ -112,6 +112,20 @@ def local_refs(corpora, tmp_path_factory):
     return refs
 
 
+# -- a local Ray instance, started by the command (first: before this module's cluster) -------
+
+def test_a_local_ray_convert_prints_none_of_rays_log_lines(tmp_path):
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(50)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    r = subprocess.run(_cli(str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "ds"), "--engine",
+                            "ray", "--workers", "1"), capture_output=True, text=True, cwd=ROOT,
+                       env=dict(env, PYTHONPATH=ROOT), timeout=300)
+    assert r.returncode == 0, r.stderr
+    # Ray 2.60 logged a token-authentication notice on every local start.
+    assert "Token authentication" not in r.stderr and r.stderr == "", r.stderr
+    assert "wrote 50 samples in 1 shard " in r.stdout
+
+
 # -- byte identity ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["jsonl.zst", "parquet", "csv", "packed"])
@@ -317,6 +331,44 @@ def test_bad_input_gets_the_same_error_and_the_same_skips_on_ray(cluster, bad_sr
                    engine="ray", workers=3)
     assert local.skipped == ray_.skipped and sum(ray_.skipped.values()) == 3
     assert local.skip_examples == ray_.skip_examples and local.dataset_id == ray_.dataset_id
+
+
+def _parse_or_die(f, options, storage_options, stats):
+    """The default parse, except that the worker process parsing part-002 dies while a file
+    named CRASH lies beside the input folder (every retry too)."""
+    from zephon_store.ingest import read_input
+
+    marker = os.path.join(os.path.dirname(os.path.dirname(f.url)), "CRASH")
+    if f.url.endswith("part-002.jsonl") and os.path.exists(marker):
+        os._exit(1)  # as an out-of-memory kill or a segfault would
+    return read_input(f, options=options, storage_options=storage_options, stats=stats)
+
+
+def test_a_worker_that_keeps_dying_is_one_error_and_the_rerun_resumes(cluster, tmp_path):
+    import ray.cloudpickle
+
+    from zephon_store.errors import WorkerLostError
+
+    # The workers import this module by value: it is not on their path.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    write_jsonl_corpus(tmp_path / "src", files=4, records=200, seed=3)
+    (tmp_path / "CRASH").write_text("")
+    out = tmp_path / "ds"
+    with pytest.raises(WorkerLostError) as info:
+        convert([str(tmp_path / "src")], str(out), options=SMALL, engine="ray", workers=3,
+                parse_fn=_parse_or_die)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("zephon parse[2]: ")
+    assert "WorkerCrashedError" in message and "rerun the same command" in message
+    assert not (out / "manifest.json").exists()
+    # The rerun resumes: the inputs parsed before are reused, the bytes are the local ones.
+    (tmp_path / "CRASH").unlink()
+    res = convert([str(tmp_path / "src")], str(out), options=SMALL, engine="ray", workers=3,
+                  parse_fn=_parse_or_die)
+    assert res.inputs_reused >= 1
+    ref = convert([str(tmp_path / "src")], str(tmp_path / "ref"), options=SMALL,
+                  parse_fn=_parse_or_die)
+    assert res.dataset_id == ref.dataset_id and tree_digest(out) == tree_digest(tmp_path / "ref")
 
 
 # -- last: a node dies (the cluster keeps only its head for what follows) -----------------------

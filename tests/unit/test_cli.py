@@ -178,3 +178,20 @@ def test_cache_fill_decodes_a_dataset_ahead_of_a_job(ds_path, tmp_path, capsys):
 def test_cache_fill_needs_a_url_and_info_takes_none(argv, says, capsys):
     assert main(argv) == 2
     assert says in capsys.readouterr().err
+
+
+def test_info_text_lists_what_the_docs_list(ds_path, tmp_path, capsys):
+    # docs/cli.md: format version, writer options, inputs and skip counts, besides the totals.
+    assert main(["info", ds_path]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert lines["format"].split()[-1] == "2"
+    assert "compression=zstd" in lines["writer"] and "row_group_rows=25" in lines["writer"]
+    assert lines["inputs"].startswith("inputs    2 files,")
+    assert lines["skipped"].endswith("none")
+    # One shard is "1 shard", not "1 shards".
+    (tmp_path / "one.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert main(["convert", str(tmp_path / "one.jsonl"), "-o", str(tmp_path / "one")]) == 0
+    assert "in 1 shard (" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "one")]) == 0
+    assert "shards    1 shard (1 row group," in capsys.readouterr().out

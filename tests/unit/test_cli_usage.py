@@ -97,3 +97,40 @@ def test_python_dash_m_runs_the_cli(ds_path):
     out = subprocess.run([sys.executable, "-m", "zephon_store.cli", "info", ds_path, "--json"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["num_samples"] == 40
+
+
+@pytest.mark.parametrize("argv", [["where", "ds", "0", "--bogus"], ["audit", "ds", "--log", "x", "--bogus"],
+                                  ["verify", "ds", "--bogus"], ["info", "ds", "--bogus"],
+                                  ["cache", "info", "--bogus"]])
+def test_an_unknown_flag_prints_the_commands_own_usage(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"usage: zephon {argv[0]} " in err
+    assert f"zephon {argv[0]}: error: unrecognized arguments: --bogus" in err
+
+
+def test_usage_error_is_a_zephon_error_and_a_value_error():
+    from zephon_store.cli.common import UsageError
+    from zephon_store.errors import ZephonError
+
+    assert issubclass(UsageError, ZephonError) and issubclass(UsageError, ValueError)
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "{mix}", "--world-size", "1", "--global-batch", "4"],
+    ["verify", "{mix}"],
+    ["get", "{mix}", "0"],
+    ["cache", "fill", "{mix}", "--dir", "{tmp}"],
+    ["gc", "{mix}"],
+])
+def test_one_dataset_commands_refuse_a_mixture_file_in_one_line(ds_path, tmp_path, argv,
+                                                                 capsys):
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'seed = 7\n[[sources]]\nname = "a"\nurl = "{ds_path}"\nweights = [1.0]\n')
+    argv = [a.format(mix=mix, tmp=tmp_path / "cache") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "NotADirectory" not in err
+    assert f"{mix} is a mixture file, not a dataset" in err
+    assert "plan --mixture" in err
+    assert not (tmp_path / "cache").exists()

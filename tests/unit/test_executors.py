@@ -31,7 +31,7 @@ def test_engine_options_are_checked():
         make_executor("local", ray_address="127.0.0.1:6379")
     with pytest.raises(ValueError, match="workers must be >= 1"):
         make_executor("ray", workers=0)
-    assert make_executor("ray", ray_address="auto").shared_hosts
+    assert make_executor("ray").shared_hosts
     assert not make_executor("local").shared_hosts
 
 
@@ -61,3 +61,65 @@ except z.MissingExtraError as exc:
                        env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
     assert r.returncode == 0, r.stderr
     assert "pip install 'zephon_store[ray]'" in r.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound then closed: nothing listens there afterwards
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening_not_ray():
+    """A TCP port that accepts connections and says nothing (not a Ray cluster)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    return s
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "unresolvable", "garbage", "not_ray"])
+def test_a_bad_ray_address_fails_fast_in_one_line_and_writes_nothing(tmp_path, kind):
+    listener = _listening_not_ray() if kind == "not_ray" else None
+    address = {"unreachable": f"127.0.0.1:{_free_port()}",
+               "unresolvable": "no-such-host.invalid:6379",
+               "garbage": "not an address",
+               "not_ray": f"127.0.0.1:{listener.getsockname()[1] if listener else 0}"}[kind]
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    out = tmp_path / "out"
+    out.mkdir()  # an existing output folder: nothing may appear in it
+    argv = [sys.executable, "-m", "zephon_store.cli", "convert", str(tmp_path / "a.jsonl"),
+            "-o", str(out), "--engine", "ray", "--ray-address", address]
+    try:
+        # Ray's own connect to such an address retried for ~14 minutes; the timeout fails
+        # the test instead of hanging it.
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    finally:
+        if listener is not None:
+            listener.close()
+    assert r.returncode == (2 if kind == "garbage" else 1), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("zephon convert: ") and f"--ray-address {address}: " in r.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_the_library_refuses_a_bad_ray_address_before_writing(tmp_path):
+    code = f"""
+import zephon_store as z
+try:
+    z.convert([{str(tmp_path / "a.jsonl")!r}], {str(tmp_path / "out")!r}, engine="ray",
+              ray_address="127.0.0.1:{_free_port()}")
+except z.RayAddressError as exc:
+    assert isinstance(exc, ConnectionError) and not exc.malformed, exc
+    print(exc)
+"""
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "nothing listens there" in r.stdout
+    assert not (tmp_path / "out").exists()

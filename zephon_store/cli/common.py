@@ -10,10 +10,16 @@ import json
 import sys
 
 from .._util.sizes import parse_size
+from ..errors import ZephonError
 
 
-class UsageError(Exception):
-    """A command-line mistake; printed and exits with status 2."""
+class UsageError(ZephonError, ValueError):
+    """A command-line mistake; ``main`` prints it on one line and exits with status 2.
+
+    Raise it (or use an argparse ``type=`` below) for any check of the command line that
+    the parser cannot make: a value the library would refuse with a ValueError exits 1,
+    which is for findings and runtime errors.
+    """
 
 
 def size_arg(text: str) -> int:
@@ -42,6 +48,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (a step, a cursor).
+
+    >>> non_negative_int("0")
+    0
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import DenyListError, SeqOutOfRangeError, StorageOptionsError, ZephonError
+from ..errors import (
+    DenyListError,
+    RayAddressError,
+    SeqOutOfRangeError,
+    StorageOptionsError,
+    ZephonError,
+)
 from .common import (
     UsageError,
     add_storage_options,
@@ -91,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: put the tokenizer's EOS token after each document")
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    c.add_argument("--verbose", "-v", action="store_true",
+                   help="--engine ray: show Ray's own log lines and the workers' output "
+                        "(default: Ray's errors only)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset already at --output (what only its "
                         "manifest references is removed after the new one is published)")
@@ -141,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (tests call this directly)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # parse_args would report these with the top-level usage; the command's own
+            # usage lists the flags it does take.
+            _subparser(parser, args.command).error(
+                f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     try:
+        _refuse_mixture(args)
         return COMMANDS[args.command](args)
     except UsageError as exc:
         print(f"zephon {args.command}: {exc}", file=sys.stderr)
@@ -159,6 +174,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zephon {args.command}: interrupted; rerun the same command to resume",
               file=sys.stderr)
         return 130
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command, parser)
+    return parser
+
+
+# The commands that read one dataset, and what to use for a mixture file instead.
+_ONE_DATASET = {
+    "verify": "verify each source's dataset URL",
+    "get": "get records from a source's dataset URL",
+    "plan": "zephon plan --mixture {url} --world-size W --global-batch B",
+    "cache": "fill the cache from each source's dataset URL",
+    "gc": "gc each source's dataset URL",
+}
+
+
+def _refuse_mixture(args) -> None:
+    """A mixture file given where one dataset is read: one line saying so (else the reader
+    fails on ``<file>/manifest.json`` with NotADirectoryError)."""
+    from ..load.mixed import is_mixture
+
+    url = getattr(args, "url", None)
+    if args.command not in _ONE_DATASET or url is None or not is_mixture(url):
+        return
+    if (args.command == "plan" and args.mixture is not None) or (
+            args.command == "cache" and args.action != "fill"):
+        return
+    command = "cache fill" if args.command == "cache" else args.command
+    instead = _ONE_DATASET[args.command].format(url=url)
+    raise UsageError(f"{url} is a mixture file, not a dataset, and 'zephon {command}' reads one "
+                     f"dataset: {instead}; the commands that read a mixture file are info, "
+                     "plan --mixture, trace, where and audit")
 
 
 def entry() -> None:
@@ -194,15 +244,27 @@ def cmd_convert(args) -> int:
             text_column=args.text_column, bos=args.bos, eos=args.eos))
     if args.ray_address is not None and args.engine != "ray":
         raise UsageError("--ray-address needs --engine ray")
+    from ..write.executors import make_executor
+
+    try:
+        # Before convert writes anything: a wrong --ray-address fails here in seconds.
+        executor = make_executor(args.engine, workers=args.workers,
+                                 ray_address=args.ray_address, verbose=args.verbose)
+    except RayAddressError as exc:
+        message = f"--ray-address {exc.address}: {exc.reason}"
+        if exc.malformed:
+            raise UsageError(message) from None
+        print(f"zephon convert: error: {message}", file=sys.stderr)
+        return 1
     result = convert(args.inputs, args.output, options=wopts, input_options=iopts,
-                     workers=args.workers, storage_options=args.storage_options,
+                     storage_options=args.storage_options,
                      input_storage_options=args.input_storage_options,
                      progress=None if not args.json else False, overwrite=args.overwrite,
-                     engine=args.engine, ray_address=args.ray_address, **kwargs)
+                     executor=executor, **kwargs)
     if args.json:
         emit(result.to_dict())
     else:
-        print(f"wrote {result.num_samples} samples in {result.num_shards} shards "
+        print(f"wrote {result.num_samples} samples in {_count(result.num_shards, 'shard')} "
               f"({result.total_bytes / 1e6:.1f} MB) to {result.url}")
         print(f"dataset_id {result.dataset_id}")
         if any(result.skipped.values()):
@@ -252,12 +314,39 @@ def cmd_info(args) -> int:
         return 0
     print(f"dataset   {args.url}")
     print(f"id        {m.dataset_id}")
+    print(f"format    version {m.format_version}")
     print(f"samples   {m.num_samples}")
-    print(f"shards    {m.num_shards} ({m.num_row_groups} row groups, {m.total_bytes / 1e6:.1f} MB)")
+    print(f"shards    {_count(m.num_shards, 'shard')} ({_count(m.num_row_groups, 'row group')}, "
+          f"{m.total_bytes / 1e6:.1f} MB)")
+    print(f"inputs    {_inputs_line(m.inputs)}")
+    skipped = {k: v for k, v in (m.skipped or {}).items() if v}
+    print("skipped   " + (", ".join(f"{k}={v}" for k, v in skipped.items()) or "none"))
+    print(f"writer    {_key_values(m.writer)}")
+    if m.packing is not None:
+        print(f"packing   {_key_values(m.packing)}")
     print("schema")
     for f in info["schema"]:
         print(f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' not null'}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _key_values(obj) -> str:
+    if not isinstance(obj, dict):
+        return dumps(obj)
+    return " ".join(f"{k}={dumps(v) if isinstance(v, (dict, list)) else v}"
+                    for k, v in obj.items())
+
+
+def _inputs_line(inputs) -> str:
+    if isinstance(inputs, dict) and {"count", "bytes"} <= inputs.keys():
+        rest = {k: v for k, v in inputs.items() if k not in ("count", "bytes")}
+        line = f"{_count(inputs['count'], 'file')}, {inputs['bytes'] / 1e6:.1f} MB"
+        return line + (f" ({_key_values(rest)})" if rest else "")
+    return _key_values(inputs)
 
 
 def cmd_get(args) -> int:

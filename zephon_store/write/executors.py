@@ -145,10 +145,14 @@ class LocalExecutor(Executor):
 
 
 def make_executor(engine: str = "local", *, workers: int | None = None,
-                  ray_address: str | None = None) -> Executor:
+                  ray_address: str | None = None, verbose: bool = False) -> Executor:
     """The executor for ``engine``: ``"local"`` (``workers`` processes, default 1) or ``"ray"``
     (``workers`` tasks at once, default: the cluster's CPUs; ``ray_address`` joins an existing
-    cluster, else a local Ray instance is started).
+    cluster, else a local Ray instance is started; ``verbose`` shows Ray's own log lines).
+
+    A ``ray_address`` where no Ray cluster answers raises
+    :class:`~zephon_store.errors.RayAddressError` here, within seconds, so a conversion
+    fails before it writes anything (Ray's own connect retries for minutes).
 
     >>> make_executor("local", workers=2).workers
     2
@@ -165,6 +169,10 @@ def make_executor(engine: str = "local", *, workers: int | None = None,
         if ray_address is not None:
             raise ValueError("ray_address is for engine='ray'; pass engine='ray' or drop it")
         return LocalExecutor(workers or 1)
-    from .ray_engine import RayExecutor
+    from ..errors import require
+    from .ray_engine import RayExecutor, check_ray_address
 
-    return RayExecutor(workers=workers, address=ray_address)
+    require("ray", "ray")
+    if ray_address is not None:
+        check_ray_address(ray_address)
+    return RayExecutor(workers=workers, address=ray_address, verbose=verbose)
