@@ -270,3 +270,12 @@ def test_a_checkpoint_of_this_algorithm_resumes():
     resumed.load_state_dict(first.state_dict())
     assert resumed.state_dict()["order"]["algorithm"] == ORDER_ALGORITHM
     assert next(iter(resumed))["id"].tolist() == next(batches)["id"].tolist()
+
+
+@pytest.mark.parametrize("algorithm", [True, 1.0, "1", ORDER_ALGORITHM + 1])
+def test_order_options_of_another_algorithm_are_refused(algorithm):
+    """The same exactness for every reader of options (run logs, plan, the live loader)."""
+    with pytest.raises(ValueError, match=f"order algorithm {algorithm!r} is not known"):
+        OrderOptions(algorithm=algorithm)
+    with pytest.raises(ValueError, match="is not known"):
+        OrderOptions.from_dict({**OrderOptions().to_dict(), "algorithm": algorithm})

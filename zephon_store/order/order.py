@@ -97,7 +97,8 @@ class OrderOptions:
     algorithm: int = ORDER_ALGORITHM
 
     def __post_init__(self) -> None:
-        if self.algorithm != ORDER_ALGORITHM:
+        # True and 1.0 compare equal to 1 but no release writes them: exact ints only.
+        if not _is_int(self.algorithm) or self.algorithm != ORDER_ALGORITHM:
             raise ValueError(
                 f"order algorithm {self.algorithm!r} is not known to this zephon_store (it "
                 f"implements algorithm {ORDER_ALGORITHM}); use the zephon_store version that "
@@ -119,6 +120,7 @@ class OrderOptions:
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "shuffle", bool(self.shuffle))
         object.__setattr__(self, "window_blocks", int(self.window_blocks))
+        object.__setattr__(self, "algorithm", int(self.algorithm))
         if self.lanes != AUTO_LANES:
             object.__setattr__(self, "lanes", int(self.lanes))
 
