@@ -336,3 +336,22 @@ def test_a_fifo_named_by_an_old_run_log_is_refused(text_url, tmp_path, capsys) -
     code, _, err = got["value"]
     assert code == 2 and fifo in err and "not a regular file" in err
     assert f"{log} line 1: " in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_damaged_copy_is_written_again_by_the_next_launch_with_that_list(text_url, tmp_path,
+                                                                          capsys) -> None:
+    log = str(tmp_path / "run.jsonl")
+    deny = _deny_file(tmp_path, DENIED)
+    first = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=2,
+                         run_log=log, deny_list=deny)
+    for _ in first:
+        pass
+    (copy,) = (tmp_path / "run.jsonl.denylists").iterdir()
+    copy.write_text("{}")   # damaged by hand
+    second = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=2,
+                          run_log=log, deny_list=deny)
+    second.load_state_dict(first.state_dict())
+    for _ in second:
+        pass
+    code, _, err = run_cli(capsys, "audit", text_url, "--log", log, "--end-step", "4")
+    assert code == 0, err

@@ -56,6 +56,9 @@ COPY_VERSION = 1
 # An identity as the run log holds it; anything else could name a path outside the copies'
 # folder.
 IDENTITY_RE = re.compile(r"xxh3:[0-9a-f]{32}")
+# Ids are int64 positions in a dataset; a copy is checked against this bound when the
+# dataset's size is not at hand (its identity is what binds it).
+MAX_ID = 1 << 63
 
 
 @dataclass(frozen=True)
@@ -276,12 +279,17 @@ def logged_copy_path(run_log: str, identity: str) -> str:
 
 def save_logged_copy(deny: DenyList, run_log: str) -> str:
     """Write ``deny``'s ids beside ``run_log`` (:func:`logged_copy_path`), atomically, unless
-    that copy is there already; return its path. Rank 0 calls this before the log line that
-    names the list, so a line never names a copy that is not complete on disk."""
+    a sound copy is there already (one that does not hash to its name is written again:
+    the content is fixed by the name); return its path. Rank 0 calls this before the log
+    line that names the list, so a line never names a copy that is not complete on disk."""
     from .._util.atomic import atomic_write
 
     path = logged_copy_path(run_log, deny.identity)
-    if not os.path.isfile(path):
+    try:
+        sound = load_logged_copy(run_log, deny.to_log(), MAX_ID) is not None
+    except DenyListError:
+        sound = False
+    if not sound:
         doc = {"kind": COPY_KIND, "version": COPY_VERSION, "id": deny.identity,
                "dataset_id": deny.dataset_id, "count": int(deny.ids.size),
                "path": os.path.abspath(deny.path) if deny.path else "",
