@@ -108,8 +108,8 @@ def provenance_ids(manifest, inputs: list[str]) -> np.ndarray:
     unknown = [i for i in inputs if i not in known]
     if unknown:
         sample = sorted(known)[:5]
-        raise DenyListError(f"deny list names input(s) {unknown} that the dataset's provenance "
-                            f"does not record; it records e.g. {sample}")
+        raise DenyListError(f"input(s) {unknown}: the dataset's provenance does not record "
+                            f"them; it records e.g. {sample}")
     want = set(inputs)
     parts = [np.arange(s, s + n, dtype=np.int64)
              for name, s, n in zip(names, start.tolist(), rows.tolist()) if name in want]
