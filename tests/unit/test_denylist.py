@@ -355,3 +355,15 @@ def test_a_damaged_copy_is_written_again_by_the_next_launch_with_that_list(text_
         pass
     code, _, err = run_cli(capsys, "audit", text_url, "--log", log, "--end-step", "4")
     assert code == 0, err
+
+
+def test_a_deny_list_object_for_another_dataset_is_refused(text_url, packed_url) -> None:
+    from zephon_store.load.denylist import DenyList
+
+    other = DenyList(np.array([1, 2]), z.open_dataset(packed_url).dataset_id)
+    with pytest.raises(DenyListError, match="is for dataset xxh3:.*, not xxh3:"):
+        ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, deny_list=other)
+    ds_id = z.open_dataset(text_url).dataset_id
+    with pytest.raises(DenyListError, match=f"id {N} is outside the dataset's"):
+        ZephonLoader(text_url, global_batch=8, world_size=1, rank=0,
+                     deny_list=DenyList(np.array([N]), ds_id))

@@ -91,6 +91,18 @@ class DenyList:
         at = np.minimum(np.searchsorted(self.ids, ids), self.ids.size - 1)
         return self.ids[at] == ids
 
+    def check_for(self, manifest) -> None:
+        """Raise :class:`DenyListError` unless this list is for the dataset of ``manifest``
+        (a list made for another dataset would mask the wrong samples)."""
+        where = f"deny list {self.path}" if self.path else "deny list"
+        if self.dataset_id != manifest.dataset_id:
+            raise DenyListError(f"{where} is for dataset {self.dataset_id}, not "
+                                f"{manifest.dataset_id}; make it for the dataset the loader reads")
+        if self.ids.size and not 0 <= int(self.ids[0]) <= int(self.ids[-1]) < manifest.num_samples:
+            bad = int(self.ids[0]) if int(self.ids[0]) < 0 else int(self.ids[-1])
+            raise DenyListError(f"{where}: id {bad} is outside the dataset's "
+                                f"[0, {manifest.num_samples})")
+
     def to_log(self) -> dict:
         """The run log's ``deny_list`` entry."""
         return {"id": self.identity, "mode": self.mode, "count": int(self.ids.size),

@@ -216,9 +216,11 @@ class ZephonLoader:
             if self.is_mixture:
                 raise ValueError("deny_list names one dataset's sample ids; a mixture's are "
                                  "not supported yet (docs/audit.md)")
-            self.batch_options = self.batch_options.with_deny_list(
-                deny_list if isinstance(deny_list, DenyList)
-                else load_deny_list(str(deny_list), self.dataset.manifest))
+            if isinstance(deny_list, DenyList):
+                deny_list.check_for(self.dataset.manifest)
+            else:
+                deny_list = load_deny_list(str(deny_list), self.dataset.manifest)
+            self.batch_options = self.batch_options.with_deny_list(deny_list)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
 
