@@ -90,8 +90,14 @@ def plan_mixture(args) -> int:
         raise UsageError("give a dataset URL or --mixture FILE, not both")
     b = args.global_batch
     spec, mix = _open(args.mixture, b)
-    # The file's seed unless --seed says otherwise (as the loader does).
-    seed = spec.seed if spec.seed is not None and not args.seed else args.seed
+    # The file's seed unless --seed, and a disagreeing --seed refused: the loader's own rule.
+    from ..errors import MixtureError
+    from ..load.order_inputs import mixture_seed
+
+    try:
+        seed = mixture_seed(spec.seed, args.seed, origin=args.mixture)
+    except MixtureError as exc:
+        raise UsageError(str(exc)) from None
     kw = {"seed": seed, "shuffle": not args.no_shuffle}
     if args.window_blocks is not None:
         kw["window_blocks"] = args.window_blocks

@@ -42,7 +42,9 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="DataLoader workers per rank (shows which worker makes each step)")
     p.add_argument("--ranks-per-node", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="default: the --mixture file's seed, else 0; a --seed that "
+                        "disagrees with the file's is refused, as the loader refuses it")
     p.add_argument("--no-shuffle", action="store_true", help="sequential order")
     p.add_argument("--window-blocks", type=int, default=None, metavar="K")
     p.add_argument("--lanes", type=_lanes, default=None, metavar="P",
@@ -78,7 +80,7 @@ def cmd_plan(args) -> int:
         return plan_mixture(args)
     if args.url is None:
         raise UsageError("give a dataset URL (or --mixture FILE)")
-    kw = {"seed": args.seed, "shuffle": not args.no_shuffle}
+    kw = {"seed": 0 if args.seed is None else args.seed, "shuffle": not args.no_shuffle}
     if args.window_blocks is not None:
         kw["window_blocks"] = args.window_blocks
     if args.lanes is not None:

@@ -3,12 +3,15 @@
 Pure computation over the manifest and the run log (:mod:`zephon_store.load.runlog`): no
 shard byte is read, except by ``trace --show`` (the records themselves). Without a log,
 ``trace`` and ``where`` take the order options as ``zephon plan`` does, plus
-``--global-batch``, ``--world-size`` and ``--cursor`` for ``trace``.
+``--global-batch``, ``--world-size`` and ``--cursor`` for ``trace``; a mixture file's seed
+and stages come from the file, by the loader's own rule (:mod:`zephon_store.load.order_inputs`).
 See docs/audit.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import sys
 import time
 
@@ -18,9 +21,21 @@ from .common import UsageError, add_storage_options, build_options, dumps, emit,
 from .plan_cmd import _steps
 
 
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _order_args(p) -> None:
     g = p.add_argument_group("order (without --log)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None,
+                   help="default: a mixture file's seed, else 0 (a seed that disagrees with "
+                        "the file's, or with the log's, is refused)")
     g.add_argument("--no-shuffle", action="store_true", help="sequential order")
     g.add_argument("--window-blocks", type=int, default=None, metavar="K")
     g.add_argument("--lanes", type=int, default=None, metavar="P")
@@ -31,15 +46,15 @@ def add_trace_parsers(sub) -> None:
     t = sub.add_parser("trace", help="the sample ids each rank consumed at given steps")
     t.add_argument("dataset", metavar="DATASET")
     t.add_argument("--log", default=None, metavar="RUNLOG", help="the run log (JSONL)")
-    t.add_argument("--step", type=int, default=None, metavar="S")
+    t.add_argument("--step", type=_nonneg_int, default=None, metavar="S")
     t.add_argument("--steps", type=_steps, default=None, metavar="A:B")
-    t.add_argument("--rank", type=int, default=None, metavar="R")
+    t.add_argument("--rank", type=_nonneg_int, default=None, metavar="R")
     t.add_argument("--world-size", type=positive_int, default=1, metavar="W",
                    help="without --log (default 1)")
-    t.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
-                   help="without --log: samples per step")
-    t.add_argument("--cursor", type=int, default=0, metavar="C",
+    t.add_argument("--cursor", type=_nonneg_int, default=0, metavar="C",
                    help="without --log: the cursor before step 0 (default 0)")
+    _end_step_arg(t, "with --log: the step the run reached (steps from it on are marked "
+                     "'not reached'; default: the last segment's end is unknown)")
     t.add_argument("--provenance", action="store_true",
                    help="add each sample's input file and record index (from conversion)")
     t.add_argument("--show", action="store_true", help="print the records themselves "
@@ -71,46 +86,106 @@ def add_trace_parsers(sub) -> None:
 
 
 def _end_step_arg(p, help_text: str) -> None:
-    p.add_argument("--end-step", type=int, default=None, metavar="S", help=help_text)
+    p.add_argument("--end-step", type=_nonneg_int, default=None, metavar="S", help=help_text)
 
 
 def _common_args(p, *, order: bool) -> None:
     p.add_argument("--json", action="store_true")
+    p.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
+                   help="samples per step: without --log, places a mixture's stage starts "
+                        "in steps (and trace's steps); with --log the log's is used, and "
+                        "another is refused")
     if order:
         _order_args(p)
     add_storage_options(p)
+
+
+@contextlib.contextmanager
+def _answers(log: str | None):
+    """Library refusals as the CLI reports them: a question too large or outside the run
+    is a usage error (exit 2); a run log error names the file."""
+    from ..errors import MixtureError
+    from ..load.audit import AuditRequestError
+    from ..load.runlog import RunLogError
+
+    try:
+        yield
+    except AuditRequestError as exc:
+        raise UsageError(str(exc)) from None
+    except RunLogError as exc:
+        if log and not str(exc).startswith(log):
+            raise type(exc)(f"{log} {exc}") from None
+        raise
+    except MixtureError as exc:
+        if "needs global_batch" in str(exc):
+            raise UsageError(f"{exc}: pass --global-batch B (or --log RUNLOG)") from None
+        raise
 
 
 class _Context:
     """The manifest, the orders per options, deny lists and provenance, loaded once."""
 
     def __init__(self, args) -> None:
+        from ..errors import MixtureError
         from ..format.manifest import load_manifest
         from ..io.storage import Storage
         from ..load.mixed import is_mixture, open_mixture
+        from ..load.order_inputs import run_global_batch
+        from ..load.runlog import read_run_log
 
         self.args = args
         self.mix = None
-        if is_mixture(args.dataset):
-            # A mixture file: its sources' manifests; the schedule comes from the log.
-            self.mix = open_mixture(args.dataset,
-                                    global_batch=getattr(args, "global_batch", None))
+        self.segments = None
+        self._orders: dict = {}
+        self._deny: dict = {}
+        mixture = is_mixture(args.dataset)
+        if getattr(args, "log", None) and mixture:
+            self.segments = read_run_log(args.log)
+        try:
+            # The loader's rule: the log's global batch (or --global-batch without a log)
+            # places the stage starts in steps; a disagreeing flag is refused.
+            self.global_batch = run_global_batch(getattr(args, "global_batch", None),
+                                                 self.segments, log=args.log)
+        except MixtureError as exc:
+            raise UsageError(str(exc)) from None
+        if mixture:
+            # A mixture file: its sources' manifests; each segment's schedule comes from
+            # the log.
+            with _answers(None):
+                self.mix = open_mixture(args.dataset, global_batch=self.global_batch)
             self.manifest = None
             self.dataset_id = self.mix.dataset_id
         else:
             self.manifest = load_manifest(Storage(args.dataset,
                                                   storage_options=args.storage_options))
             self.dataset_id = self.manifest.dataset_id
-        self._orders: dict = {}
-        self._deny: dict = {}
-        self.segments = None
         if getattr(args, "log", None):
-            from ..load.runlog import read_run_log
-
-            self.segments = read_run_log(
-                args.log, dataset_id=None if self.mix is not None else self.dataset_id)
+            if self.segments is None:
+                self.segments = read_run_log(args.log, dataset_id=self.dataset_id)
+                try:
+                    run_global_batch(args.global_batch, self.segments, log=args.log)
+                except MixtureError as exc:
+                    raise UsageError(str(exc)) from None
             if self.mix is not None:
                 self._check_mixture_log()
+            self._check_order_flags()
+
+    def _check_order_flags(self) -> None:
+        """With a log, the order flags may only repeat what every segment recorded."""
+        a = self.args
+        given = {"seed": getattr(a, "seed", None),
+                 "shuffle": False if getattr(a, "no_shuffle", False) else None,
+                 "window_blocks": getattr(a, "window_blocks", None),
+                 "lanes": getattr(a, "lanes", None)}
+        for seg in self.segments:
+            logged = seg.order.to_dict()
+            for key, value in given.items():
+                if value is not None and logged.get(key) != value:
+                    shown = ("--no-shuffle" if key == "shuffle"
+                             else f"--{key.replace('_', '-')} {value}")
+                    raise UsageError(f"{shown} disagrees with {a.log} line {seg.line}, which "
+                                     f"records {key} {logged.get(key)!r}; leave it out (the "
+                                     "log's order is used)")
 
     def _check_mixture_log(self) -> None:
         from ..load.runlog import RunLogError
@@ -210,9 +285,18 @@ class _Context:
         return got
 
     def options_from_args(self):
+        from ..errors import MixtureError
+        from ..load.order_inputs import mixture_seed
         from ..order.order import OrderOptions
 
-        kw = {"seed": self.args.seed, "shuffle": not self.args.no_shuffle}
+        seed = 0 if self.args.seed is None else self.args.seed
+        if self.mix is not None:
+            # The loader's seed rule: the file's seed unless --seed; a disagreeing one refused.
+            try:
+                seed = mixture_seed(self.mix.seed, self.args.seed, origin=self.args.dataset)
+            except MixtureError as exc:
+                raise UsageError(str(exc)) from None
+        kw = {"seed": seed, "shuffle": not self.args.no_shuffle}
         if self.args.window_blocks is not None:
             kw["window_blocks"] = self.args.window_blocks
         if self.args.lanes is not None:
@@ -261,25 +345,33 @@ def cmd_trace(args) -> int:
     from ..load.audit import trace
     from ..load.runlog import RunSegment
 
-    ctx = _Context(args)
     if (args.step is None) == (args.steps is None):
         raise UsageError("pass --step S or --steps A:B")
-    steps = [args.step] if args.step is not None else list(range(*args.steps))
-    if ctx.segments is None:
+    ctx = _Context(args)
+    # A range, taken lazily: trace refuses more ids than one answer holds.
+    steps = [args.step] if args.step is not None else range(*args.steps)
+    logged = ctx.segments is not None
+    if not logged:
         if args.global_batch is None:
             raise UsageError("without --log, pass --global-batch B (and --world-size, --cursor "
                              "and the order options as for zephon plan)")
-        if args.cursor < 0:
-            raise UsageError(f"--cursor must be >= 0, got {args.cursor}")
+        if args.end_step is not None:
+            raise UsageError("--end-step needs --log (the step the logged run reached)")
         seg = build_options(RunSegment, first_step=0, cursor=args.cursor,
                             global_batch=args.global_batch, world_size=args.world_size,
                             num_workers=0, dataset_id=ctx.dataset_id,
                             order=ctx.options_from_args())
         ctx.segments = [seg]
-    traced = trace(ctx.segments, ctx.order_for, steps, rank=args.rank, deny_for=ctx.deny_for)
+    with _answers(args.log):
+        traced = trace(ctx.segments, ctx.order_for, steps, rank=args.rank,
+                       deny_for=ctx.deny_for, end_step=args.end_step)
     out = []
     for t in traced:
         d = t.to_dict()
+        if not logged:
+            # Computed from the options, not from a run: no log line, nothing "reached".
+            d["line"] = None
+            d.pop("reached")
         ranks = range(t.world_size) if args.rank is None else [args.rank]
         d["ranks"] = [{"rank": r, "ids": ids} for r, ids in zip(ranks, t.ranks)]
         for key in ("masked", "sources"):
@@ -300,8 +392,12 @@ def cmd_trace(args) -> int:
         emit({"dataset_id": ctx.dataset_id, "steps": out})
         return 0
     for d in out:
+        where = "no log" if not logged else f"log line {d['line']}" + (
+            "" if d["reached"] else
+            ", if the run got that far" if args.end_step is None else
+            f", not reached: the run stopped at step {args.end_step}")
         print(f"step {d['step']} (cursor {d['cursor']}, W={d['world_size']}, "
-              f"B={d['global_batch']}, log line {d['line']}):")
+              f"B={d['global_batch']}, {where}):")
         for entry in d["ranks"]:
             shown = (entry["ids"] if "sources" not in entry else
                      [f"{src}:{i}" for src, i in zip(entry["sources"], entry["ids"])])
@@ -328,10 +424,11 @@ def cmd_where(args) -> int:
         order = ctx.order(ctx.options_from_args())
     t0 = time.perf_counter()
     found = []
-    for source, ids in wanted:
-        found += where(order, ids, range(args.epochs), segments=ctx.segments,
-                       order_for=ctx.order_for if ctx.segments else None,
-                       end_step=args.end_step, source=source)
+    with _answers(args.log):
+        for source, ids in wanted:
+            found += where(order, ids, range(args.epochs), segments=ctx.segments,
+                           order_for=ctx.order_for if ctx.segments else None,
+                           end_step=args.end_step, source=source)
     elapsed = time.perf_counter() - t0
     if args.json:
         emit({"dataset_id": ctx.dataset_id, "num_samples": ctx.num_samples, "where": found,
@@ -404,9 +501,10 @@ def cmd_audit(args) -> int:
 
     ctx = _Context(args)
     t0 = time.perf_counter()
-    report = audit_run(ctx.segments, ctx.order_for, end_step=args.end_step,
-                       dataset_id=None if ctx.mix is not None else ctx.dataset_id,
-                       deny_for=ctx.deny_for)
+    with _answers(args.log):
+        report = audit_run(ctx.segments, ctx.order_for, end_step=args.end_step,
+                           dataset_id=None if ctx.mix is not None else ctx.dataset_id,
+                           deny_for=ctx.deny_for)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
     out["deny_lists"] = _deny_lists(ctx, report.end_step)

@@ -40,6 +40,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -49,16 +50,30 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ZephonError
 from ..order.assign import positions_for_rank, step_ranks
 from ..order.order import Order
-from .runlog import RunLogError, RunSegment, segment_steps
+from .runlog import MAX_POSITION, RunLogError, RunSegment, segment_steps
 
-__all__ = ["AuditReport", "ConsumedStep", "EpochExposure", "Exposures", "RunAudit",
-           "RunEvent", "TraceStep", "audit_run", "audit_stream", "trace", "where"]
+__all__ = ["AuditReport", "AuditRequestError", "ConsumedStep", "EpochExposure", "Exposures",
+           "RunAudit", "RunEvent", "TraceStep", "audit_run", "audit_stream", "trace", "where",
+           "MAX_LISTED_SKIPPED_EPOCHS", "MAX_TRACE_IDS", "MAX_WHERE_ANSWERS"]
 
 # Positions per sample_at call in the audit: large enough to amortise numpy's per-call cost,
 # small enough that a chunk's ids and positions stay a few tens of MB.
 _AUDIT_CHUNK = 1 << 22
+# Answers are bounded by what a caller can read, so a question answers in bounded time or
+# is refused: ids one trace returns (over its steps and ranks), (id, epoch) pairs one where
+# returns, and whole epochs never read (in a gap of the cursor) listed one by one; more of
+# those are counted in one note instead (each listed epoch costs 2 bytes per sample).
+MAX_TRACE_IDS = 1 << 20
+MAX_WHERE_ANSWERS = 1 << 20
+MAX_LISTED_SKIPPED_EPOCHS = 64
+
+
+class AuditRequestError(ZephonError, ValueError):
+    """A question the run log cannot answer as asked: a step before the log or beyond any
+    position, a rank outside the world size, more ids or epochs than one answer holds."""
 
 OrderFor = Callable[[RunSegment], Any]
 
@@ -203,18 +218,23 @@ class RunAudit:
     events: tuple[RunEvent, ...]
     segments: int
     notes: tuple[str, ...] = field(default=())
+    # Whole epochs inside the run's span that no segment read (a cursor gap), beyond the
+    # MAX_LISTED_SKIPPED_EPOCHS listed in ``epochs``: counted, not listed.
+    unlisted_skipped_epochs: int = 0
 
     @property
     def ok(self) -> bool:
         """Exactly once: every epoch clean and no failing event, over at least one step."""
         return (self.steps > 0 and all(e.ok for e in self.epochs)
+                and self.unlisted_skipped_epochs == 0
                 and not any(ev.failure for ev in self.events))
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "steps": self.steps, "first_step": self.first_step,
                 "end_step": self.end_step, "positions": self.positions,
                 "segments": self.segments, "epochs": [e.to_dict() for e in self.epochs],
-                "events": [e.to_dict() for e in self.events], "notes": list(self.notes)}
+                "events": [e.to_dict() for e in self.events], "notes": list(self.notes),
+                "unlisted_skipped_epochs": self.unlisted_skipped_epochs}
 
 
 def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[RunEvent]:
@@ -307,16 +327,19 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                      f"{last_seg.first_step}) has no recorded end: pass end_step (--end-step) "
                      "to audit its steps")
     epochs_out: list[EpochExposure] = []
+    unlisted = 0
     if intervals and _is_mixture_order(ref):
-        epochs_out = _mixture_epochs(intervals, ref, start, end, chunk)
+        epochs_out, unlisted = _mixture_epochs(intervals, ref, start, end, chunk)
     elif intervals:
-        lo_all = min(min(lo for lo, _, _, _ in intervals), start)
-        hi_all = max(max(hi for _, hi, _, _ in intervals), end)
+        # The epochs a segment read, and those of the run's span [start, end): the time is
+        # bounded by the positions the log's steps reach, whatever its cursors say.
+        read = [(lo, hi) for lo, hi, order, _ in intervals if order is not None and hi > lo]
+        listed, unlisted = _epochs_to_list(read, start, end, n)
         exp = Exposures(n)
         pool = ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1),
                                   thread_name_prefix="zephon-audit")
         try:
-            for e in range(lo_all // n, -(-hi_all // n)):
+            for e in listed:
                 e_lo, e_hi = e * n, (e + 1) * n
                 for lo, hi, order, deny in intervals:
                     a, b = max(lo, e_lo), min(hi, e_hi)
@@ -340,21 +363,56 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                 epochs_out.append(exp.close(e, expected))
         finally:
             pool.shutdown()
+    if unlisted:
+        notes.append(f"{unlisted} more whole epochs (of the dataset, or of a mixture's "
+                     "sources) were never read by any segment (a cursor gap): every sample "
+                     "of each skipped; not listed one by one")
     total_steps = sum(b - a for _, a, b in spans)
     return RunAudit(steps=total_steps, first_step=first.first_step,
                     end_step=spans[-1][2], positions=sum(hi - lo for lo, hi, _, _ in intervals),
                     epochs=tuple(epochs_out), events=tuple(events), segments=len(segs),
-                    notes=tuple(notes))
+                    notes=tuple(notes), unlisted_skipped_epochs=unlisted)
+
+
+def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: int, *,
+                    also: Iterable[int] = ()) -> tuple[list[int], int]:
+    """``(epochs to report, whole epochs not listed)`` for epochs of ``n`` positions.
+
+    Reported: every epoch a ``read`` interval touches, the epochs holding ``start`` and the
+    last position before ``end``, and up to MAX_LISTED_SKIPPED_EPOCHS of the whole epochs
+    between them that nothing read; the others are only counted. O(intervals + listed).
+    """
+    touched: set[int] = set(also)
+    for lo, hi in read:
+        # An interval spans at most hi - lo positions: its epochs are the positions' reach.
+        touched.update(range(lo // n, -(-hi // n)))
+    if end > start:
+        touched.update((start // n, (end - 1) // n))
+    span = range(-(-start // n), end // n)           # whole epochs inside [start, end)
+    listed = sorted(touched)
+    # The whole epochs of the span that nothing read: listed while there are few.
+    gaps, extra = [], 0
+    prev = span.start - 1
+    for e in [x for x in listed if span.start <= x < span.stop] + [span.stop]:
+        if e - prev > 1:
+            room = MAX_LISTED_SKIPPED_EPOCHS - len(gaps)
+            k = min(room, e - prev - 1)
+            gaps += range(prev + 1, prev + 1 + k)
+            extra += e - prev - 1 - k
+        prev = e
+    return sorted(touched.union(gaps)), extra
 
 
 def _is_mixture_order(order) -> bool:
     return hasattr(order, "source_orders") and hasattr(order, "mix")
 
 
-def _mixture_epochs(intervals, ref, start: int, end: int, chunk: int) -> list[EpochExposure]:
+def _mixture_epochs(intervals, ref, start: int, end: int,
+                    chunk: int) -> tuple[list[EpochExposure], int]:
     """Per source and source epoch: a mixture position is (source k, index i in k's own
     stream), and exposures count in k's epoch ``i // N_k``. Every source epoch touched is
-    held until the end (2 bytes per sample of each)."""
+    held until the end (2 bytes per sample of each). Also returns the count of whole
+    source epochs never read and not listed (:func:`_epochs_to_list`)."""
     names = list(ref.mix.names)
     sizes = [int(o.num_samples) for o in ref.source_orders]
     exps = [Exposures(nk) for nk in sizes]
@@ -372,10 +430,12 @@ def _mixture_epochs(intervals, ref, start: int, end: int, chunk: int) -> list[Ep
     lo_k = np.asarray(ref.mix.schedule.consumed(start), dtype=np.int64)
     hi_k = np.asarray(ref.mix.schedule.consumed(end), dtype=np.int64)
     out = []
+    unlisted = 0
     for k, (exp, nk) in enumerate(zip(exps, sizes)):
         a, b = int(lo_k[k]), int(hi_k[k])
-        epochs = set(exp.open_epochs()) | set(range(a // nk, -(-b // nk)))
-        for e in sorted(epochs):
+        epochs, extra = _epochs_to_list([], a, b, nk, also=exp.open_epochs())
+        unlisted += extra
+        for e in epochs:
             cov_lo, cov_hi = max(e * nk, a), min((e + 1) * nk, b)
             expected = None
             if (cov_lo, cov_hi) != (e * nk, (e + 1) * nk):
@@ -383,7 +443,7 @@ def _mixture_epochs(intervals, ref, start: int, end: int, chunk: int) -> list[Ep
                     np.arange(cov_lo, cov_hi, dtype=np.int64)) if cov_hi > cov_lo
                     else np.zeros(0, dtype=np.int64))
             out.append(dataclasses.replace(exp.close(e, expected), source=names[k]))
-    return out
+    return out, unlisted
 
 
 # --------------------------------------------------------------------------- trace / where
@@ -402,6 +462,10 @@ class TraceStep:
     ranks: list[list[int]]
     masked: list[list[bool]] | None = None
     sources: list[list[str]] | None = None
+    # Whether the log shows the run consumed this step: a later segment starts after it,
+    # or it lies before ``end_step``; False for a step of the last segment when the log
+    # does not say how far that went (or beyond ``end_step``).
+    reached: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -423,29 +487,64 @@ def segment_at(segments: Sequence[RunSegment], step: int) -> RunSegment:
     return found
 
 
-def rank_positions(seg: RunSegment, order, step: int) -> list[np.ndarray]:
-    """The positions each rank consumed at ``step`` of ``seg`` (the loader's rank rule)."""
+def rank_positions(seg: RunSegment, order, step: int,
+                   rank: int | None = None) -> list[np.ndarray]:
+    """The positions each rank (or only ``rank``) consumed at ``step`` of ``seg`` (the
+    loader's rank rule), each rank's in increasing order. All ranks at once cost
+    O(global_batch) in numpy, whatever the world size; one rank O(its share + lanes)."""
     c = seg.cursor_at(step)
-    return [positions_for_rank(c, seg.global_batch, seg.world_size, r,
-                               lanes=order.effective_lanes, epoch_size=order.num_samples,
-                               ranks_per_node=seg.ranks_per_node or 1)
-            for r in range(seg.world_size)]
+    kw = {"lanes": order.effective_lanes, "epoch_size": order.num_samples,
+          "ranks_per_node": seg.ranks_per_node or 1}
+    if rank is not None:
+        return [positions_for_rank(c, seg.global_batch, seg.world_size, rank, **kw)]
+    owners = step_ranks(c, seg.global_batch, seg.world_size, **kw)
+    # Stable: each rank's positions stay increasing, as positions_for_rank gives them.
+    by_rank = c + np.argsort(owners, kind="stable")
+    return np.split(by_rank, seg.world_size)
 
 
 def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[int], *,
-          rank: int | None = None,
-          deny_for: Callable[[RunSegment], Any] | None = None) -> list[TraceStep]:
-    """The ids every rank (or only ``rank``) consumed at each of ``steps``."""
+          rank: int | None = None, deny_for: Callable[[RunSegment], Any] | None = None,
+          end_step: int | None = None, max_ids: int = MAX_TRACE_IDS) -> list[TraceStep]:
+    """The ids every rank (or only ``rank``) consumed at each of ``steps``.
+
+    ``end_step``: the step the run reached (None: the last segment's end is unknown); each
+    :class:`TraceStep` says whether the log shows the run reached it. Steps are taken from
+    ``steps`` lazily, and more than ``max_ids`` ids in all, a negative step, a rank outside
+    the world size or a step beyond any position raise :class:`AuditRequestError`.
+    """
     out = []
+    last = segments[-1]
+    per_step = [seg.global_batch if rank is None else seg.global_batch // seg.world_size
+                for seg in segments]
+    if isinstance(steps, range) and steps.step == 1 and len(steps):
+        # A range's size is known at once: refused before any step is computed.
+        starts = [seg.first_step for seg in segments] + [max(steps.stop, last.first_step)]
+        total = sum(max(0, min(steps.stop, starts[k + 1]) - max(steps.start, starts[k]))
+                    * per_step[k] for k in range(len(segments)))
+        if total > max_ids:
+            raise AuditRequestError(
+                f"steps [{steps.start}, {steps.stop}) hold {total} ids, more than {max_ids}; "
+                "ask for fewer steps" + ("" if rank is not None else " or one --rank"))
+    total = 0
     for s in steps:
+        if s < 0:
+            raise AuditRequestError(f"step must be >= 0, got {s}")
         seg = segment_at(segments, s)
+        if seg.cursor_at(s) + seg.global_batch > MAX_POSITION:
+            raise AuditRequestError(f"step {s} would start at position {seg.cursor_at(s)} "
+                                    f"(line {seg.line}), beyond 2**62 that no run reaches")
+        if rank is not None and not 0 <= rank < seg.world_size:
+            raise AuditRequestError(f"rank {rank} is outside world size {seg.world_size} at "
+                                    f"step {s} (line {seg.line})")
+        total += seg.global_batch if rank is None else seg.global_batch // seg.world_size
+        if total > max_ids:
+            raise AuditRequestError(
+                f"the steps asked for hold more than {max_ids} ids (step {s}: global batch "
+                f"{seg.global_batch} over {seg.world_size} ranks); ask for fewer steps"
+                + ("" if rank is not None else " or one --rank"))
         order = order_for(seg)
-        parts = rank_positions(seg, order, s)
-        if rank is not None:
-            if not 0 <= rank < seg.world_size:
-                raise ValueError(f"rank {rank} is outside world size {seg.world_size} at step "
-                                 f"{s} (line {seg.line})")
-            parts = [parts[rank]]
+        parts = rank_positions(seg, order, s, rank)
         ids = [order.sample_at(p) for p in parts]
         deny = deny_for(seg) if deny_for is not None else None
         masked = None if deny is None else [deny.masked(i).tolist() for i in ids]
@@ -455,8 +554,9 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
             names = list(order.mix.names)
             sources = [[names[k] for k in src.tolist()] for src, _ in split]
             ids = [local for _, local in split]
+        reached = (s < end_step) if end_step is not None else seg is not last
         out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, seg.world_size, seg.line,
-                             [i.tolist() for i in ids], masked, sources))
+                             [i.tolist() for i in ids], masked, sources, reached))
     return out
 
 
@@ -478,12 +578,21 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
     [(0, 7), (3, 7)]
     """
     ids_arr = np.asarray(list(ids), dtype=np.int64)
-    eps = np.asarray(list(epochs), dtype=np.int64)
     mixture = _is_mixture_order(order)
     if mixture and source is None:
         raise ValueError("a mixture's ids belong to a source: pass source=")
     inner = order.source_orders[source] if mixture else order
     n = int(inner.num_samples)
+    # Epochs are taken lazily: a range of 10**12 epochs is refused, never listed.
+    room = MAX_WHERE_ANSWERS // max(1, ids_arr.size)
+    eps_list = list(itertools.islice(epochs, room + 1))
+    if len(eps_list) > room:
+        raise AuditRequestError(f"{ids_arr.size} ids over more than {room} epochs is more "
+                                f"than {MAX_WHERE_ANSWERS} answers; ask for fewer epochs")
+    if eps_list and (min(eps_list) < 0 or (max(eps_list) + 1) * n > MAX_POSITION):
+        raise AuditRequestError(f"epochs must lie in [0, {MAX_POSITION // n}) (positions "
+                                f"below 2**62 that a run can reach), got {max(eps_list)}")
+    eps = np.asarray(eps_list, dtype=np.int64)
     grid_ids, grid_ep = np.meshgrid(ids_arr, eps, indexing="ij")
     pos = inner.positions_of(grid_ids, grid_ep)
     spans = segment_steps(segments, end_step) if segments else []

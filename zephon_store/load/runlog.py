@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import json
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +52,8 @@ from ..order.order import OrderOptions
 from .denylist import DENY_MODE, IDENTITY_RE, DenyListError
 
 __all__ = ["RunLogError", "RunSegment", "append_segment", "read_run_log", "segment_steps",
-           "split_step", "with_step", "KEY_STEP", "RUNLOG_KIND", "RUNLOG_VERSION",
-           "RUNLOG_NAME"]
+           "split_step", "with_step", "KEY_STEP", "MAX_GLOBAL_BATCH", "MAX_POSITION",
+           "MAX_WORLD_SIZE", "RUNLOG_KIND", "RUNLOG_VERSION", "RUNLOG_NAME"]
 
 RUNLOG_KIND = "zephon-runlog"
 RUNLOG_VERSION = 1
@@ -61,6 +62,15 @@ RUNLOG_NAME = "zephon-runlog.jsonl"
 _REQUIRED = ("first_step", "cursor", "global_batch", "world_size", "num_workers",
              "dataset_id", "order")
 _INT_FIELDS = ("first_step", "cursor", "global_batch", "world_size", "num_workers")
+
+# What a run can reach, so that trace, where and audit answer in bounded time or refuse.
+# Positions (and steps, one sample at least each) stay below a mixture's limit (2**62,
+# order/mixture.py), so every cursor and the step after it fit int64. Ranks: 2**20 is ten
+# times the largest clusters built; a global batch of 2**24 samples is far beyond any run's,
+# and trace and where build a step's positions (O(global_batch)) to place its ranks.
+MAX_POSITION = 1 << 62
+MAX_WORLD_SIZE = 1 << 20
+MAX_GLOBAL_BATCH = 1 << 24
 
 
 # The loader state's step count, beside the keys of load/state.py: global steps consumed
@@ -129,9 +139,24 @@ class RunSegment:
         if self.global_batch < 1 or self.world_size < 1:
             raise ValueError(f"global_batch and world_size must be >= 1, got "
                              f"{self.global_batch} and {self.world_size}")
+        if self.world_size > MAX_WORLD_SIZE or self.global_batch > MAX_GLOBAL_BATCH:
+            raise ValueError(f"world_size {self.world_size} and global_batch "
+                             f"{self.global_batch} must be <= {MAX_WORLD_SIZE} and "
+                             f"{MAX_GLOBAL_BATCH}: no run is that large")
+        if self.first_step >= MAX_POSITION or self.cursor + self.global_batch > MAX_POSITION:
+            raise ValueError(f"first_step {self.first_step} and cursor {self.cursor} (+ "
+                             f"global_batch) must stay below 2**62: no run reaches that")
         if self.global_batch % self.world_size:
             raise ValueError(f"world_size {self.world_size} does not divide global_batch "
                              f"{self.global_batch}")
+        rpn = self.ranks_per_node
+        if rpn is not None and (not isinstance(rpn, int) or isinstance(rpn, bool)
+                                or not 1 <= rpn <= MAX_WORLD_SIZE):
+            raise ValueError(f"ranks_per_node must be an int in [1, {MAX_WORLD_SIZE}] or "
+                             f"null, got {rpn!r}")
+        if self.mixture is not None and not _is_mixture_entry(self.mixture):
+            raise ValueError("mixture must be null or an object with a list of \"sources\" "
+                             "(objects) and a \"schedule\" object")
         if not isinstance(self.order, OrderOptions):
             raise ValueError(f"order must be OrderOptions, got {type(self.order).__name__}")
         _check_deny_entry(self.deny_list)
@@ -195,8 +220,10 @@ class RunSegment:
                        mixture=d.get("mixture"), deny_list=d.get("deny_list"),
                        zephon_store=str(d.get("zephon_store", "")),
                        time=str(d.get("time", "")), line=line)
-        except ValueError as exc:
-            raise RunLogError(f"{at}: {exc}") from exc
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A hand-edited line (an order that is not an object, a field of the wrong
+            # type): one line naming the file and line, never a traceback.
+            raise RunLogError(f"{at}: {exc}") from None
 
 
 class DenyListEntryError(RunLogError, DenyListError):
@@ -224,6 +251,12 @@ def _check_deny_entry(entry: object) -> None:
         raise ValueError(f"'deny_list.count' must be an int >= 0, got {count!r:.60}")
     if not isinstance(entry.get("path", ""), str):
         raise ValueError(f"'deny_list.path' must be a string, got {entry.get('path')!r:.60}")
+
+
+def _is_mixture_entry(mixture: object) -> bool:
+    return (isinstance(mixture, dict) and isinstance(mixture.get("sources"), list)
+            and all(isinstance(s, dict) for s in mixture["sources"])
+            and isinstance(mixture.get("schedule"), dict))
 
 
 def _mix_id(mixture: dict | None) -> str | None:
@@ -285,6 +318,15 @@ def read_run_log(path: str, *, dataset_id: str | None = None) -> list[RunSegment
     already logged and is an error (a resume from an older checkpoint: start a new log, or
     cut the lines after that checkpoint's segment).
     """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise RunLogError(f"{path}: cannot read the run log ({exc.strerror or exc})") from None
+    # Opening a FIFO blocks until a writer comes, and a device reads without end: a run
+    # log is a regular file (as manifests and shards are).
+    if not stat.S_ISREG(mode):
+        raise RunLogError(f"{path} is not a regular file (a FIFO, socket, device or "
+                          "folder); pass the run log the loader wrote")
     with open(path, "rb") as f:
         raw = f.read()
     lines = raw.split(b"\n")
@@ -296,7 +338,14 @@ def read_run_log(path: str, *, dataset_id: str | None = None) -> list[RunSegment
             continue
         try:
             d = json.loads(text)
-        except ValueError:
+        except RecursionError:
+            raise RunLogError(f"{path} line {i}: JSON nested too deep to be a run log line; "
+                              "restore the log or delete that line") from None
+        except ValueError as exc:
+            if "integer string conversion" in str(exc):
+                raise RunLogError(f"{path} line {i}: an integer of thousands of digits, not "
+                                  "a run log number; restore the log or delete that line"
+                                  ) from None
             last = i == len(lines)
             raise RunLogError(
                 f"{path} line {i}: not a complete JSON line"
@@ -342,5 +391,10 @@ def segment_steps(segments: Iterable[RunSegment],
         if k + 1 == len(segs) and stop < seg.first_step:
             raise RunLogError(f"end step {stop} is before the last segment's first step "
                               f"{seg.first_step} (line {seg.line})")
+        if stop > seg.first_step and seg.cursor_at(stop) > MAX_POSITION:
+            raise RunLogError(f"line {seg.line}: steps [{seg.first_step}, {stop}) would reach "
+                              f"position {seg.cursor_at(stop)}, beyond 2**62 that no run "
+                              "reaches" + (f"; is end step {stop} right?" if k + 1 == len(segs)
+                                           else "; the log is damaged"))
         out.append((seg, seg.first_step, stop))
     return out
