@@ -318,14 +318,14 @@ def test_a_capped_source_ends_the_mixture_after_the_last_full_step(sources) -> N
 
     doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})])
     doc["sources"][1]["max_epochs"] = 1          # code: 37 samples, then the mixture ends
-    loader = _loader(doc)
+    loader = _loader(doc)      # endless: the mixture's end ends its loop too
     end = loader.dataset.end
     assert end is not None and loader.dataset.schedule.consumed(end).tolist()[1] == 37
-    got = []
-    with pytest.raises(SourceExhaustedError, match="'code' runs out"):
-        for batch in loader:
-            got += _pairs(batch)
+    got = [p for batch in loader for p in _pairs(batch)]
     assert len(got) == (end // B) * B and loader.state_dict()["cursor"] == (end // B) * B
+    # A position at or past the end has no sample: the order says so, naming the source.
+    with pytest.raises(SourceExhaustedError, match="'code' runs out"):
+        loader.dataset.schedule.locate(np.array([end]))
     assert got == _pure(sources, loader.dataset.schedule, np.arange(len(got)))
     # renormalize: the other sources go on.
     doc["exhaustion"] = "renormalize"
@@ -380,3 +380,118 @@ def test_a_second_load_starts_from_the_configured_schedule(sources) -> None:
     assert loader.dataset.schedule == loader.dataset.config_schedule
     whole = [p for b in _loader(_mixture(sources, THREE_STAGES), steps=5) for p in _pairs(b)]
     assert [p for b in loader for p in _pairs(b)] == whole[24:40]
+
+
+def _resume(mix, state, *, steps: int, global_batch: int = B, world_size: int = 1):
+    """Resume ``state`` on every rank of ``world_size`` for ``steps`` steps: (the pairs of
+    the whole step, in rank order, and rank 0's state after them)."""
+    loaders = [_loader(mix, world_size=world_size, rank=r, steps=steps,
+                       global_batch=global_batch) for r in range(world_size)]
+    for loader in loaders:
+        loader.load_state_dict(json.loads(json.dumps(state)))
+    stream = [p for batches in zip(*loaders) for b in batches for p in _pairs(b)]
+    return stream, loaders[0].state_dict()
+
+
+def test_a_source_added_by_an_appended_stage_survives_every_later_resume(sources) -> None:
+    """docs/mixtures.md "Adding a source": the run starts with web and code, a resume adds
+    math in a new stage; every later resume from the same file continues (the new source's
+    epoch size is recorded, not None), and the stream is the uninterrupted run's."""
+    two = {k: v for k, v in sources.items() if k != "math"}
+    first = _loader(_mixture(two, [("all", 0, {"web": 0.5, "code": 0.5})]), steps=4)
+    stream = [p for b in first for p in _pairs(b)]
+    state = first.state_dict()
+    grown = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5}),
+                               ("more", 32, {"web": 0.25, "code": 0.25, "math": 0.5})])
+    for steps, batch, world in ((3, 8, 1), (2, 12, 3), (4, 4, 2), (1, 8, 1), (2, 16, 2)):
+        more, state = _resume(grown, state, steps=steps, global_batch=batch, world_size=world)
+        stream += more
+        saved = json.loads(state["mixture"])["schedule"]["sources"]
+        assert [s["epoch_size"] for s in saved] == list(SIZES.values())
+    assert len(stream) == 32 + 24 + 24 + 16 + 8 + 32
+    whole = [p for b in _loader(grown, steps=len(stream) // B) for p in _pairs(b)]
+    assert stream == whole
+
+
+def test_stages_in_steps_resume_with_any_global_batch_any_number_of_times(sources) -> None:
+    """A stage given in steps begins at that step of the run, whatever global batch the run
+    had before; once begun it keeps its sample. The run: global batch 8 for 3 steps, then a
+    stage 'late' at step 7 is appended and the run resumes at 4, then at 2 (where the file
+    alone would put 'late' at sample 14, before 's1' at 16), then at 16. The stream equals
+    one uninterrupted run over the stages in samples where they began: 0, 16, 40."""
+    base = [("s0", 0, {"web": 0.5, "code": 0.25, "math": 0.25}),
+            ("s1", 16, {"web": "1/5", "code": "1/5", "math": "3/5"})]
+    late = ("late", 40, {"web": 0.1, "code": 0.6, "math": 0.3})
+    first = _loader(_mixture(sources, base), steps=3)
+    stream = [p for b in first for p in _pairs(b)]
+    state = first.state_dict()
+    in_steps = _mixture(sources, [*base, late])
+    in_steps["stages"][2]["start"] = {"steps": 7}
+    more, state = _resume(in_steps, state, steps=5, global_batch=4)     # steps 3..7
+    stream += more
+    assert (state["step"], state["cursor"]) == (8, 44)
+    assert [st["start"] for st in json.loads(state["mixture"])["schedule"]["stages"]] == [
+        0, 16, 40]   # step 7 began at sample 24 + (7 - 3) * 4
+    for batch, steps in ((2, 3), (2, 2), (16, 3), (4, 1)):
+        more, state = _resume(in_steps, state, steps=steps, global_batch=batch,
+                              world_size=2)
+        stream += more
+    assert len(stream) == 44 + 6 + 4 + 48 + 4
+    whole = [p for b in _loader(_mixture(sources, [*base, late]), steps=53, global_batch=2)
+             for p in _pairs(b)]
+    assert stream == whole
+    # Without a checkpoint that began 'late', the file cannot be read at global batch 2.
+    loader = _loader(in_steps, global_batch=2, steps=1)
+    with pytest.raises(MixtureError, match=r"stages/2 \('late'\) starts at sample 14"):
+        next(iter(loader))
+
+
+def test_a_bounded_loader_over_a_capped_mixture_ends_cleanly(sources, caplog) -> None:
+    """exhaustion "error": the mixture ends where code runs out (its 37 samples); a loader
+    bounded past that end (epochs=1, or max_steps) hands out every full step before it,
+    then its loop ends (no SourceExhaustedError); its one warning names that end; with
+    drop_last=False the last step is the short one up to the end."""
+    doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})])
+    doc["sources"][1]["max_epochs"] = 1
+    end = _loader(doc).dataset.end
+    assert end is not None and end % B and end < sum(SIZES.values())
+    for kw in ({"epochs": 1}, {"steps": 100}):
+        loader = _loader(doc, **kw)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="zephon_store"):
+            got = [p for b in loader for p in _pairs(b)]
+        assert len(got) == (end // B) * B and loader.state_dict()["cursor"] == len(got)
+        assert got == _pure(sources, loader.dataset.schedule, np.arange(len(got)))
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and f"position {end}" in warned[0], warned
+        assert "'code'" in warned[0] and "max_epochs" in warned[0], warned
+        assert [p for b in loader for p in _pairs(b)] == []     # at the end, it stays there
+    short = _loader(doc, epochs=1, drop_last=False)
+    got = [p for b in short for p in _pairs(b)]
+    assert len(got) == end and short.state_dict()["cursor"] == end
+    assert got == _pure(sources, short.dataset.schedule, np.arange(end))
+
+
+def test_plan_describes_a_capped_mixture_that_ends(sources, tmp_path, capsys) -> None:
+    from zephon_store.cli.main import main
+
+    doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})], seed=SEED)
+    doc["sources"][1]["max_epochs"] = 1
+    path = tmp_path / "capped.json"
+    path.write_text(json.dumps(doc))
+    end = _loader(doc).dataset.end
+    argv = ["plan", "--mixture", str(path), "--world-size", "2", "--global-batch", str(B),
+            "--steps", f"0:{end // B + 3}"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["end"] == end and plan["runs_out"]["code"]["position"] == end
+    assert plan["last_step"] == end // B - 1
+    # Steps the loader reads, and no step past the end.
+    assert [s["step"] for s in plan["steps"]] == list(range(end // B))
+    loader = _loader(doc, epochs=1)
+    got = [[list(SIZES)[k], i] for b in loader for k, i in _pairs(b)]
+    assert [p for s in plan["steps"] for r in s["ranks"] for p in r] == got
+    assert plan["simulated_steps"] == end // B
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"the mixture ends at sample {end}" in text and "'code' runs out" in text

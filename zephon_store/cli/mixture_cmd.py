@@ -107,7 +107,17 @@ def plan_mixture(args) -> int:
     order = MixedOrder(mix, options)
     schedule = mix.schedule
     names = list(mix.names)
+    # A mixture that ends (a capped source runs out, exhaustion "error") ends the loader's
+    # stream there: it reads the full steps before the end, and so does this plan.
+    end = schedule.end
+    last_step = None if end is None else (end - args.cursor) // b - 1
+    if last_step is not None and last_step < 0:
+        raise UsageError(f"{args.mixture}: the mixture ends at sample {end} "
+                         f"({schedule.end_reason()}), before a full step of {b} from --cursor "
+                         f"{args.cursor}: the loader reads no step there")
     lo, hi = args.steps
+    if last_step is not None:
+        hi = min(hi, last_step + 1)
     steps = []
     for s in range(lo, hi):
         cursor = step_cursor(args.cursor, s, b)
@@ -117,11 +127,10 @@ def plan_mixture(args) -> int:
             ranks.append([[names[k], int(i)] for k, i in zip(src.tolist(), local.tolist())])
         steps.append({"step": s, "cursor": cursor, "ranks": ranks})
     sim_steps = args.simulate_steps
-    if schedule.end is not None:
-        left = max(1, (schedule.end - args.cursor) // b)
-        sim_steps = min(sim_steps, left) if sim_steps else left
+    if last_step is not None:
+        sim_steps = min(sim_steps, last_step + 1) if sim_steps else last_step + 1
     sim = simulate(mix.manifest, options, topology, cursor=args.cursor, steps=sim_steps,
-                   order=order)
+                   order=order, end=end)
     # The realised mix of each stage over the simulated span, or up to the last stage's
     # start plus one step when that reaches further.
     span_end = args.cursor + sim["simulated_steps"] * b
@@ -144,7 +153,8 @@ def plan_mixture(args) -> int:
            "sources": [{"name": n, "dataset_id": d.dataset_id, "num_samples": d.num_samples}
                        for n, d in zip(names, mix.sources)],
            "world_size": args.world_size, "global_batch": b, "order": options.to_dict(),
-           "stages": stage_rows, "runs_out": runs_out, "end": schedule.end, "steps": steps,
+           "stages": stage_rows, "runs_out": runs_out, "end": end,
+           "end_reason": schedule.end_reason(), "last_step": last_step, "steps": steps,
            **sim}
     if args.json:
         emit(out)
@@ -163,6 +173,9 @@ def plan_mixture(args) -> int:
         print(f"{n} runs out (max_epochs) " + ("never" if where is None else
                                                f"at sample {where['position']}, step "
                                                f"{where['step']}"))
+    if end is not None:
+        print(f"the mixture ends at sample {end}: {schedule.end_reason()}; the loader reads "
+              f"its full steps up to step {last_step} and its loop ends there")
     for st in steps:
         print(f"step {st['step']} (cursor {st['cursor']}):")
         for r, pairs in enumerate(st["ranks"]):

@@ -169,7 +169,8 @@ class MixedDataset:
     """
 
     def __init__(self, sources: Sequence, schedule, *, names: Sequence[str] | None = None,
-                 columns: Sequence[str] | None = None, spec=None) -> None:
+                 columns: Sequence[str] | None = None, spec=None,
+                 schedule_inputs: dict | None = None) -> None:
         if not sources:
             raise ValueError("a mixture needs at least one source")
         self.sources = list(sources)
@@ -190,6 +191,13 @@ class MixedDataset:
         # from this one again.
         self.config_schedule = schedule
         self.spec = spec
+        # What turns the spec's stage starts into samples (build_mixture): a resume converts
+        # the stages in steps again, from the checkpoint's step and cursor.
+        self._inputs = dict(schedule_inputs or {})
+        # The file's stage starts, converted from step 0 with this run's global batch, can
+        # cross (a stage in steps before one in samples) where a checkpoint that began them
+        # fixes them; the error then waits for the first batch (check_ready).
+        self._pending: MixtureError | None = None
         self._setup(columns)
 
     def _setup(self, columns: Sequence[str] | None) -> None:
@@ -237,7 +245,16 @@ class MixedDataset:
         """This mixture (same sources, shared) read by another schedule."""
         out = self._view()
         out.schedule = schedule
+        out._pending = None
         return out
+
+    def check_ready(self) -> None:
+        """Raise the error that keeps the mixture file from being read from its start: its
+        stage starts, converted with this run's global batch, do not increase, and no
+        checkpoint fixed them (:meth:`resumed`)."""
+        if self._pending is not None:
+            raise MixtureError(f"{self._pending}; resuming from a checkpoint that began these "
+                               "stages keeps their sample positions")
 
     def _view(self) -> MixedDataset:
         # Shares the opened sources (select, with_schedule). copy.copy() instead goes through
@@ -253,12 +270,13 @@ class MixedDataset:
     def __getstate__(self) -> dict:
         return {"sources": self.sources, "names": self.names, "schedule": self.schedule,
                 "config_schedule": self.config_schedule, "columns": self.columns,
-                "spec": self.spec}
+                "spec": self.spec, "inputs": self._inputs, "pending": self._pending}
 
     def __setstate__(self, state: dict) -> None:
         self.sources = [copy.copy(s) for s in state["sources"]]
         self.names, self.schedule, self.spec = state["names"], state["schedule"], state["spec"]
         self.config_schedule = state["config_schedule"]
+        self._inputs, self._pending = state["inputs"], state["pending"]
         self._setup(state["columns"])
 
     # -- facts -------------------------------------------------------------------------
@@ -354,21 +372,27 @@ class MixedDataset:
     def state_entry(self) -> dict:
         """The ``mixture`` entry of a checkpoint: each source's name, dataset_id and size,
         and the schedule with each source's consumed count at every stage boundary."""
+        self.check_ready()
         return {"sources": [{"name": n, "dataset_id": s.dataset_id,
                              "num_samples": s.num_samples}
                             for n, s in zip(self.names, self.sources)],
                 "schedule": self.schedule.to_dict()}
 
-    def resumed(self, saved: dict, cursor: int) -> MixedDataset:
+    def resumed(self, saved: dict, cursor: int, *, step: int | None = None,
+                global_batch: int | None = None) -> MixedDataset:
         """This mixture continuing a checkpoint's (``saved``: its ``mixture`` entry) at
         ``cursor``, or :class:`~zephon_store.errors.StateMismatchError` saying what differs.
 
         Every checkpointed source must be here, at the same index, with the same dataset_id
         (sources may be added after them). The stages that started before the cursor must
-        be this mixture's first stages, unchanged; this mixture's later stages then follow,
-        each starting at or after the cursor: appended with
+        be this mixture's first stages, unchanged, and keep the samples the checkpoint
+        began them at; this mixture's later stages then follow, each starting at or after
+        the cursor: appended with
         :meth:`~zephon_store.order.mixture.MixtureSchedule.append_stage`, so every source
-        continues from its consumed count and nothing is repeated or skipped.
+        continues from its consumed count and nothing is repeated or skipped. A later stage
+        given in steps begins at that step of the run: ``step`` (the checkpoint's step
+        count; default ``cursor // global_batch``) begins at ``cursor``, and each step
+        takes ``global_batch`` samples (default: the one this mixture was opened with).
         """
         try:
             saved_sources = list(saved["sources"])
@@ -400,18 +424,51 @@ class MixedDataset:
         except (MixtureError, TypeError, KeyError) as exc:
             raise StateMismatchError(f"loader state 'mixture' schedule is invalid: {exc}"
                                      ) from exc
-        return self.with_schedule(self._continue(saved_sched, saved_schedule, cursor))
+        past = [(s, w) for s, w in saved_sched.stages if s < cursor]
+        mine = self._schedule_at(past, cursor, step, global_batch)
+        return self.with_schedule(self._continue(saved_sched, saved_schedule, cursor, mine))
 
-    def _continue(self, saved: MixtureSchedule, saved_dict: dict, cursor: int):
-        mine = self.config_schedule
+    def _schedule_at(self, past: list, cursor: int, step: int | None,
+                     global_batch: int | None) -> MixtureSchedule:
+        """This mixture's own schedule for a run resumed at ``cursor`` whose checkpoint
+        began the stages ``past``: its stages in steps converted from the resume point, those
+        of them already begun at the samples the checkpoint began them at."""
+        spec = self.spec
+        if spec is None or not any(st.unit == "steps" for st in spec.stages):
+            return self.config_schedule   # no start depends on the run's steps
+        batch = global_batch or self._inputs.get("global_batch")
+        if step is None and batch:
+            step = cursor // batch
+        fixed = {j: start for j, (start, _) in enumerate(past)
+                 if j < len(spec.stages) and spec.stages[j].unit == "steps"}
+        try:
+            starts = spec.stage_starts(
+                global_batch=batch, tokens_per_sample=self._inputs.get("tokens_per_sample"),
+                step=step or 0, cursor=cursor, fixed=fixed)
+        except MixtureError as exc:
+            raise StateMismatchError(
+                f"{exc} (resuming at step {step}, cursor {cursor}, global batch {batch}: a "
+                "stage in steps begins at that step of the run); fix the stage starts") from None
+        return self._schedule_from(starts)
+
+    def _schedule_from(self, starts: Sequence[int]) -> MixtureSchedule:
+        inputs = {k: v for k, v in self._inputs.items()
+                  if k in ("mean_sizes", "epoch_sizes")}
+        return MixtureSchedule.from_spec(self.spec, starts=starts, **inputs)
+
+    def _continue(self, saved: MixtureSchedule, saved_dict: dict, cursor: int,
+                  mine: MixtureSchedule) -> MixtureSchedule:
         if saved.policy != mine.policy:
             raise StateMismatchError(
                 f"the checkpoint's exhaustion policy is {saved.policy!r}, this mixture's "
                 f"{mine.policy!r}; resume with the checkpoint's policy")
         mine_sources = mine.to_dict()["sources"]
         for k, src in enumerate(saved_dict["sources"]):
-            if (src["max_epochs"], src["epoch_size"]) != (mine_sources[k]["max_epochs"],
-                                                          mine_sources[k]["epoch_size"]):
+            # A checkpoint that added a source at a resume recorded no epoch size for it
+            # (before this was fixed); its data is pinned by dataset_id, so only a recorded
+            # size or a cap can disagree.
+            size_differs = src["epoch_size"] not in (None, mine_sources[k]["epoch_size"])
+            if src["max_epochs"] != mine_sources[k]["max_epochs"] or size_differs:
                 raise StateMismatchError(
                     f"mixture source {self.names[k]!r}: the checkpoint caps it at "
                     f"max_epochs={src['max_epochs']} of {src['epoch_size']} samples, this "
@@ -420,9 +477,9 @@ class MixedDataset:
         k_new = mine.num_sources
         past = [(s, w) for s, w in saved.stages if s < cursor]
         ours = mine.stages
-        # A start in steps (or tokens) was converted to samples with the global batch of the
-        # run that first read the stage; the checkpoint keeps that sample position, so
-        # changing the global batch does not move a stage already begun.
+        # A start in steps was converted to samples by the run that began the stage, and
+        # _schedule_at kept that sample: changing the global batch does not move a stage
+        # already begun.
         units = ([st.unit for st in self.spec.stages] if self.spec is not None
                  else ["samples"] * len(ours))
         for j, (start, weights) in enumerate(past):
@@ -439,9 +496,12 @@ class MixedDataset:
                     "as they were and add a stage starting at or after the cursor")
         if not past:
             return mine   # nothing consumed yet: this mixture's schedule as it is
-        kept = {**saved_dict, "stages": saved_dict["stages"][:len(past)]}
+        kept_sources = [{**src, "epoch_size": mine_sources[k]["epoch_size"]}
+                        for k, src in enumerate(saved_dict["sources"])]
+        kept = {**saved_dict, "sources": kept_sources, "stages": saved_dict["stages"][:len(past)]}
         out = MixtureSchedule.from_dict(kept)
         mine_stages = mine.to_dict()["stages"]
+        sizes = dict(zip(self.names, (s["epoch_size"] for s in mine_sources)))
         for j in range(len(past), len(ours)):
             start, weights = ours[j]
             if start < cursor:
@@ -456,7 +516,7 @@ class MixedDataset:
                     "max_epochs; a source added mid-run cannot be capped yet")
             by_name = dict(zip(self.names, mine_stages[j]["weights"]))
             out = out.append_stage(start, by_name, cursor=cursor,
-                                   name=mine_stages[j]["name"])
+                                   name=mine_stages[j]["name"], epoch_sizes=sizes)
         if out.num_sources != k_new:
             raise StateMismatchError(
                 f"sources {self.names[out.num_sources:]} were added but no stage at or after "
@@ -550,17 +610,18 @@ def is_mixture(obj) -> bool:
 
 def open_mixture(mixture, *, columns: Sequence[str] | None = None,
                  global_batch: int | None = None, cache=None,
-                 decoded_cache=None) -> MixedDataset:
+                 decoded_cache=None, defer_stage_order: bool = False) -> MixedDataset:
     """Open a mixture: a :class:`MixedDataset` (``columns`` selected), or a mixture file path,
     its dict or a :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source
     opened with its own storage options; remote ones through ``cache``; every one through
-    ``decoded_cache``, as for :func:`~zephon_store.open_dataset`)."""
+    ``decoded_cache``, as for :func:`~zephon_store.open_dataset`). ``defer_stage_order``:
+    see :func:`build_mixture`."""
     if isinstance(mixture, MixedDataset):
         return mixture.select(columns)
     spec = mixture_spec(mixture)
     return build_mixture(spec, open_sources(spec, cache=cache, decoded_cache=decoded_cache),
-                         columns=columns,
-                         global_batch=global_batch)
+                         columns=columns, global_batch=global_batch,
+                         defer_stage_order=defer_stage_order)
 
 
 def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
@@ -581,18 +642,58 @@ def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
 
 
 def build_mixture(spec, sources: Sequence, *, columns: Sequence[str] | None = None,
-                  global_batch: int | None = None) -> MixedDataset:
+                  global_batch: int | None = None,
+                  defer_stage_order: bool = False) -> MixedDataset:
     """The :class:`MixedDataset` of ``spec`` over its opened ``sources``: stage starts in
-    steps converted with ``global_batch``, token or byte weights with each source's mean
-    size per sample (:func:`mean_sample_size`), caps with each source's size."""
-    schedule = MixtureSchedule.from_spec(
-        spec, global_batch=global_batch,
-        tokens_per_sample=_tokens_per_sample(spec, sources),
-        mean_sizes=(None if spec.weight_unit == "samples"
-                    else [mean_sample_size(s, spec.weight_unit, name=n)
-                          for n, s in zip(spec.source_names, sources)]),
-        epoch_sizes=[s.num_samples for s in sources])
-    return MixedDataset(sources, schedule, names=spec.source_names, columns=columns, spec=spec)
+    steps converted with ``global_batch`` (for a run from step 0), token or byte weights
+    with each source's mean size per sample (:func:`mean_sample_size`), caps with each
+    source's size.
+
+    ``defer_stage_order`` (a loader that may resume): stage starts that do not increase
+    once converted (a stage in steps before one in samples, at this global batch) are not
+    an error yet: a checkpoint that began those stages fixes their samples
+    (:meth:`MixedDataset.resumed`); reading from the start raises it
+    (:meth:`MixedDataset.check_ready`).
+    """
+    tokens_per_sample = _tokens_per_sample(spec, sources)
+    inputs = {
+        "global_batch": global_batch, "tokens_per_sample": tokens_per_sample,
+        "mean_sizes": (None if spec.weight_unit == "samples"
+                       else [mean_sample_size(s, spec.weight_unit, name=n)
+                             for n, s in zip(spec.source_names, sources)]),
+        "epoch_sizes": [s.num_samples for s in sources]}
+    convert = {"global_batch": global_batch, "tokens_per_sample": tokens_per_sample}
+    starts = spec.stage_starts(**convert, check_order=False)
+    pending = None
+    try:
+        spec.stage_starts(**convert)
+    except MixtureError as exc:
+        if not defer_stage_order or not any(st.unit == "steps" for st in spec.stages):
+            raise
+        pending = exc
+    if pending is None:
+        schedule = MixtureSchedule.from_spec(spec, starts=starts, mean_sizes=inputs["mean_sizes"],
+                                             epoch_sizes=inputs["epoch_sizes"])
+    else:
+        # The stages up to the first that does not increase: enough to open the mixture
+        # (its sources, columns, working set) until a checkpoint fixes the rest.
+        n = next(j for j in range(1, len(starts)) if starts[j] <= starts[j - 1])
+        schedule = MixtureSchedule.from_spec(
+            _first_stages(spec, n), starts=starts[:n], mean_sizes=inputs["mean_sizes"],
+            epoch_sizes=inputs["epoch_sizes"])
+    mix = MixedDataset(sources, schedule, names=spec.source_names, columns=columns, spec=spec,
+                       schedule_inputs=inputs)
+    mix._pending = pending
+    return mix
+
+
+def _first_stages(spec, n: int):
+    """``spec`` with only its first ``n`` stages."""
+    import dataclasses
+
+    return dataclasses.replace(
+        spec, stages=spec.stages[:n],
+        sources=tuple(dataclasses.replace(s, weights=s.weights[:n]) for s in spec.sources))
 
 
 def mixture_spec(mixture):

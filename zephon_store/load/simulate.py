@@ -47,7 +47,7 @@ def rank_of_positions(order: Order, topology: Topology, cursors) -> np.ndarray:
 
 
 def simulate(manifest, order_options: OrderOptions, topology: Topology, *, cursor: int = 0,
-             steps: int | None = None, order=None) -> dict:
+             steps: int | None = None, order=None, end: int | None = None) -> dict:
     """Simulate ``steps`` steps from ``cursor``; by default exactly one epoch's positions.
 
     The default covers ``[cursor, cursor + N)``: ``ceil(N / B)`` steps (at most 20,000),
@@ -57,7 +57,8 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
     read. ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
     groups ranks into nodes and is passed to the rank rule. ``order``: the order to simulate
     (default ``Order(manifest.rg_rows, order_options)``; a mixture passes its mixed order
-    over its virtual manifest, :mod:`zephon_store.load.mixed`).
+    over its virtual manifest, :mod:`zephon_store.load.mixed`). ``end``: the first position
+    the order cannot serve (a mixture whose capped source runs out), never simulated.
     """
     if order is None:
         order = Order(manifest.rg_rows, order_options)
@@ -67,6 +68,9 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
     if steps is None:
         steps = max(1, min(20_000, -(-order.num_samples // b)))
         limit = min(steps * b, order.num_samples)
+    if end is not None:
+        steps = max(1, min(steps, (end - cursor) // b))   # full steps before the end
+        limit = None if limit is None else min(limit, steps * b)
     cursors = np.array([step_cursor(cursor, j, b) for j in range(steps)], dtype=np.int64)
     pos = (cursors[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
     ranks = rank_of_positions(order, t, cursors).reshape(-1)
@@ -111,8 +115,9 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
         sel = ranks == r
         key = step_of[sel] * (manifest.num_row_groups + 1) + rg[sel]
         ranks_distinct.append(len(np.unique(key)) / steps)
-    quality = shuffle_quality(order, b, num_batches=min(steps, 200),
-                              shard_of_block=manifest.rg_shard)
+    batches = min(steps, 200) if end is None else max(1, min(steps, 200, end // b))
+    quality = shuffle_quality(order, b, num_batches=batches, shard_of_block=manifest.rg_shard,
+                              end=end)
     amps = [p["read_amplification"] for p in per_node]
     return {
         "effective_lanes": order.effective_lanes,

@@ -350,6 +350,22 @@ class MixtureSchedule:
         """First position the mixture cannot serve (a capped source ran out), or None."""
         return self._end
 
+    def end_reason(self) -> str | None:
+        """Why the mixture ends at :attr:`end` (None: it does not end), for messages.
+
+        >>> s = MixtureSchedule([(0, [0.5, 0.5])], names=["a", "b"], max_epochs=[None, 1],
+        ...                     epoch_sizes=[10, 3])
+        >>> s.end, s.end_reason()
+        (7, "source 'b' runs out (max_epochs=1 of 3 samples) and the exhaustion policy is 'error'")
+        """
+        if self._end is None:
+            return None
+        if self._end_source is None:
+            return "every source is exhausted (max_epochs)"
+        k = self._end_source
+        return (f"{self._label(k)} runs out (max_epochs={self._max_epochs[k]} of "
+                f"{self._epoch_sizes[k]} samples) and the exhaustion policy is 'error'")
+
     @property
     def bound(self) -> Fraction:
         """Prefix bound: within a stage, ``|count_k(n) - n*w_k| <= bound`` for every ``n``.
@@ -470,14 +486,18 @@ class MixtureSchedule:
     # --- stages, caps and summaries -------------------------------------------------------
     def append_stage(self, start: int, weights: Sequence[object] | Mapping[str, object], *,
                      cursor: int | None = None, name: str | None = None,
-                     normalise: bool = False) -> MixtureSchedule:
+                     normalise: bool = False,
+                     epoch_sizes: Sequence[int | None] | Mapping[str, int | None] | None = None
+                     ) -> MixtureSchedule:
         """A new schedule with one more stage from ``start`` (e.g. a resume cursor).
 
         Positions before ``start`` keep their samples; every source continues from its
         consumed count at ``start``, so nothing is repeated or skipped. ``start`` must come
         after the last stage's start and, if given, at or after ``cursor`` (positions
         already consumed cannot change). Longer ``weights`` (or new names in a mapping) add
-        sources, weighing 0 before ``start``; dropping a source is weight 0.
+        sources, weighing 0 before ``start``; dropping a source is weight 0. A source added
+        here is uncapped; ``epoch_sizes`` (by name, or one per added source) records its
+        samples per epoch, as the schedule records every other source's.
 
         >>> s = MixtureSchedule([(0, [0.5, 0.5])], names=["a", "b"])
         >>> t = s.append_stage(8, {"b": 0.25, "c": 0.75}, cursor=8)
@@ -508,7 +528,15 @@ class MixtureSchedule:
         new._stage_names = (*self._stage_names, name)
         new._policy = self._policy
         new._max_epochs = (*self._max_epochs, *[None] * len(pad))
-        new._epoch_sizes = (*self._epoch_sizes, *[None] * len(pad))
+        added: list = [None] * len(pad)
+        if isinstance(epoch_sizes, Mapping) and new._names is not None:
+            added = [epoch_sizes.get(n) for n in new._names[self._k:]]
+        elif epoch_sizes is not None and not isinstance(epoch_sizes, Mapping):
+            added = list(epoch_sizes)
+            if len(added) != len(pad):
+                raise MixtureError(f"epoch_sizes has {len(added)} entries for the "
+                                   f"{len(pad)} sources this stage adds")
+        new._epoch_sizes = new._per_source([*self._epoch_sizes, *added], "epoch_sizes")
         new._starts = list(self._starts)
         new._weights = [(*w, *pad) for w in self._weights]
         new._add_stage(len(new._starts), start, weights, normalise=normalise)

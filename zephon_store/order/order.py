@@ -759,6 +759,7 @@ def shuffle_quality(
     num_batches: int = 64,
     shard_of_block: np.ndarray | None = None,
     max_positions: int = 1_000_000,
+    end: int | None = None,
 ) -> dict[str, float]:
     """Figures of merit of an order, for the ``plan`` simulator and benchmarks.
 
@@ -770,7 +771,8 @@ def shuffle_quality(
       ``max_positions`` evenly strided positions when the epoch is larger.
 
     ``block_of_id`` maps ids to blocks (a callable or an array indexed by id); by default the
-    order's own blocks.
+    order's own blocks. ``end``: the first position the order cannot serve (a mixture that
+    ends), which bounds the positions measured.
 
     >>> o = Order(np.full(100, 10), OrderOptions(seed=0, window_blocks=2, lanes=10))
     >>> q = shuffle_quality(o, 64, num_batches=4)
@@ -802,7 +804,7 @@ def shuffle_quality(
             np.mean([np.unique(row).size for row in shards])
         )
 
-    n = order.num_samples
+    n = order.num_samples if end is None else min(order.num_samples, end)
     stride = max(1, -(-n // max_positions))
     pos = np.arange(0, n, stride, dtype=np.int64)
     ids = order.sample_at(pos)

@@ -177,7 +177,8 @@ class ZephonLoader:
                 raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
                                  "sources by their dataset_ids (checked on resume)")
             self.dataset = open_mixture(dataset, columns=columns, global_batch=global_batch,
-                                        cache=cache, decoded_cache=decoded_cache)
+                                        cache=cache, decoded_cache=decoded_cache,
+                                        defer_stage_order=True)
             # The one seed rule of tools and loader alike (load/order_inputs.py).
             from ..load.order_inputs import mixture_seed
 
@@ -288,15 +289,18 @@ class ZephonLoader:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
                 f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
+        step = st.cursor // self.topology.global_batch if step is None else step
         if self.is_mixture:
             # The checkpoint's schedule up to the cursor, then this loader's later stages
-            # (an appended stage continues each source where it stopped).
-            self.dataset = self.dataset.resumed(st.mixture, st.cursor)
+            # (an appended stage continues each source where it stopped; one given in steps
+            # begins at that step of the run).
+            self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
+                                                global_batch=self.topology.global_batch)
         self._loads += 1
         self._close_live()
         self.order = st.order
         self.cursor = st.cursor
-        self.step = st.cursor // self.topology.global_batch if step is None else step
+        self.step = step
         n = self.dataset.num_samples
         log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
                  "global_batch=%d num_workers=%d", self.dataset_id, st.cursor, st.cursor // n,
@@ -309,26 +313,33 @@ class ZephonLoader:
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
+        if self.is_mixture:
+            self.dataset.check_ready()
         n = self.stop.num_batches(start, self.topology.global_batch, self.dataset.num_samples)
-        end = self.dataset.end if self.is_mixture else None
+        end = self._mixture_end
         if end is not None:
-            # A capped source ends the mixture (policy "error"): the full steps before it.
-            full = max(0, end - start) // self.topology.global_batch
-            n = full if n is None else min(n, full)
+            # A capped source ends the mixture (policy "error"), and the stream with it:
+            # the full steps before it, or with drop_last=False a short last step up to it.
+            left, b = max(0, end - start), self.topology.global_batch
+            n_end = left // b if self.drop_last else -(-left // b)
+            n = n_end if n is None else min(n, n_end)
         return n
 
-    def _mixture_cut(self, start: int) -> bool:
-        """Whether the mixture's end stops this run before its own stop (then it raises)."""
-        if not self.is_mixture or self.dataset.end is None:
-            return False
-        wanted = self.stop.num_batches(start, self.topology.global_batch,
-                                       self.dataset.num_samples)
-        return wanted is None or wanted > self._num_batches(start)
+    @property
+    def _mixture_end(self) -> int | None:
+        """The first position the mixture cannot serve (a capped source ran out), or None."""
+        return self.dataset.end if self.is_mixture else None
+
+    @property
+    def _stream_end(self) -> int | None:
+        """Where the stream ends: the run's own end (epochs) or the mixture's, the nearer."""
+        ends = [e for e in (self._max_cursor, self._mixture_end) if e is not None]
+        return min(ends) if ends else None
 
     @property
     def _end(self) -> int | None:
         """The position the run stops at, when its last step may be short (drop_last=False)."""
-        return None if self.drop_last else self._max_cursor
+        return None if self.drop_last else self._stream_end
 
     def _engine(self, start: int) -> ShareEngine:
         return ShareEngine(self.dataset, self.order, self.topology, batch=self.batch_options,
@@ -336,6 +347,8 @@ class ZephonLoader:
                            num_batches=self._num_batches(start), end=self._end)
 
     def _warn_dropped(self, start: int) -> None:
+        if self._warn_mixture_end(start):
+            return
         left = 0 if self._max_cursor is None else max(0, self._max_cursor - start)
         dropped = left % self.topology.global_batch
         if self.drop_last and dropped and not self._warned_drop:
@@ -345,6 +358,28 @@ class ZephonLoader:
                 "fewer than global_batch=%d and are dropped (drop_last=True, the default). "
                 "Pass drop_last=False to read them in a short last step.",
                 self._max_cursor, dropped, self.topology.global_batch)
+
+    def _warn_mixture_end(self, start: int) -> bool:
+        """Log once that the mixture ends before the run would (it names that end, not the
+        run's own); True when the mixture's end is the one this run stops at."""
+        end, b = self._mixture_end, self.topology.global_batch
+        wanted = self.stop.num_batches(start, b, self.dataset.num_samples)
+        if end is None or (wanted is not None and wanted <= self._num_batches(start)):
+            return False
+        if not self._warned_drop:
+            self._warned_drop = True
+            own = ("endless" if wanted is None else f"max_steps={self.stop.max_steps}"
+                   if self.stop.max_steps is not None
+                   else f"epochs={self.stop.epochs} ends at position {self._max_cursor}")
+            left = max(0, end - start)
+            tail = (f"; its last {left % b} positions are fewer than global_batch={b} and are "
+                    "dropped (drop_last=True, the default): pass drop_last=False to read them "
+                    "in a short last step" if self.drop_last and left % b else "")
+            log.warning("zephon: the mixture ends at position %d, before this run's own end "
+                        "(%s): %s; the loop ends there, at cursor %d%s", end, own,
+                        self.dataset.schedule.end_reason(),
+                        start + (left // b * b if self.drop_last else left), tail)
+        return True
 
     def _close_live(self) -> None:
         live = self._live() if self._live is not None else None
@@ -385,10 +420,6 @@ class ZephonLoader:
                 # short last step (drop_last=False) ends the cursor exactly at the end.
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
-        if self._loads == loads and self._mixture_cut(start):
-            # Every full step before the end was handed out; the next one needs a sample
-            # past a source's cap: SourceExhaustedError, saying which source and where.
-            self.dataset.schedule.locate(np.array([self.dataset.end], dtype=np.int64))
 
     def _log_segment(self, cursor: int, first_step: int) -> None:
         """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
