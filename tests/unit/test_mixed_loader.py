@@ -495,3 +495,32 @@ def test_plan_describes_a_capped_mixture_that_ends(sources, tmp_path, capsys) ->
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert f"the mixture ends at sample {end}" in text and "'code' runs out" in text
+
+
+def test_info_json_always_gives_the_mixture_id(sources, tmp_path, capsys) -> None:
+    """``zephon info mix.toml --json`` holds ``mixture_id``: the loader's ``dataset_id`` for
+    the file; with stage starts in steps it depends on the global batch, and without
+    ``--global-batch`` the output says so instead of leaving the key out."""
+    from zephon_store.cli.main import main
+
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps(_mixture(sources, TWO_STAGES, seed=SEED)))
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0)
+    assert info["mixture_id"] == loader.dataset_id and "mixture_id_note" not in info
+
+    doc = _mixture(sources, TWO_STAGES, seed=SEED)
+    doc["stages"][1]["start"] = {"steps": 5}
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(doc))
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["mixture_id"] is None and "--global-batch" in info["mixture_id_note"]
+    assert main(["info", str(path)]) == 0
+    assert "mixture_id depends on the global batch" in capsys.readouterr().out
+    for batch in (B, 12):
+        assert main(["info", str(path), "--json", "--global-batch", str(batch)]) == 0
+        info = json.loads(capsys.readouterr().out)
+        loader = ZephonLoader(str(path), global_batch=batch, world_size=1, rank=0)
+        assert info["mixture_id"] == loader.dataset_id

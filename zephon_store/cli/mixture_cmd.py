@@ -21,6 +21,10 @@ def _open(path: str, global_batch: int | None):
         return spec, None   # stage starts in steps: samples need --global-batch
 
 
+_ID_NOTE = ("stage starts in steps: the mixture_id depends on the global batch (it hashes the "
+            "stages in samples); pass --global-batch B")
+
+
 def _start_text(st, samples: int | None) -> str:
     text = f"{st.unit} {st.start}"
     return text if st.unit == "samples" or samples is None else f"{text} (sample {samples})"
@@ -51,12 +55,14 @@ def cmd_mixture_info(args) -> int:
                        else {})}
                    for j, st in enumerate(spec.stages)],
     }
-    if mix is not None:
-        info["mixture_id"] = mix.dataset_id
+    # The id hashes the schedule in samples: with starts in steps, that needs the batch.
+    info["mixture_id"] = mix.dataset_id if mix is not None else None
+    if mix is None:
+        info["mixture_id_note"] = _ID_NOTE
     if args.json:
         emit(info)
         return 0
-    print(f"mixture   {args.url}" + (f" ({mix.dataset_id})" if mix is not None else ""))
+    print(f"mixture   {args.url} ({mix.dataset_id if mix is not None else _ID_NOTE})")
     print(f"weights   in {spec.weight_unit}; exhaustion policy {spec.exhaustion}"
           + (f"; seed {spec.seed}" if spec.seed is not None else ""))
     print("sources")
