@@ -266,8 +266,10 @@ class ZephonDataLoader(BaseDataLoader):
             columns.append(DOC_STARTS_COLUMN)
         order = config.order_options()
         if spec is not None:
+            # Deferred: a checkpoint may fix stage starts this batch would put out of order.
             self.dataset = build_mixture(spec, self._datasets, columns=columns,
-                                         global_batch=rows * dp_world_size)
+                                         global_batch=rows * dp_world_size,
+                                         defer_stage_order=True)
             # Config.seed's default 0 means "not given": the file's seed then applies, by
             # the loader's own rule (load/order_inputs.py); another seed is refused.
             from ..load.order_inputs import mixture_seed
