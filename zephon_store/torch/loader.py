@@ -108,7 +108,8 @@ class ZephonLoader:
     ``ranks_per_node`` (default torchrun's ``LOCAL_WORLD_SIZE``, else 1) groups consecutive
     ranks into nodes, for the node-aware rank rule and ``lanes="auto"`` (docs/order.md,
     "Locality at scale"); ``max_steps``/``epochs`` bound the stream (default endless; ``epochs`` may be
-    fractional, the run ends at position ``int(epochs * num_samples)``); ``drop_last``
+    fractional, the run ends at position ``int(epochs * num_samples)``; a mixture whose capped
+    source runs out, exhaustion "error", ends it there too); ``drop_last``
     (default True) drops the positions of that end that do not fill a global batch (logged
     once as a warning), ``drop_last=False`` reads them in a short last step split as evenly
     as they go among the ranks (a rank may get an empty batch; every rank takes the same
