@@ -123,3 +123,32 @@ except z.RayAddressError as exc:
     assert r.returncode == 0, r.stderr
     assert "nothing listens there" in r.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_a_grpc_server_passes_the_address_check_and_a_refusing_cluster_is_one_error(
+        monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    grpc = pytest.importorskip("grpc")
+    ray = pytest.importorskip("ray")
+    from zephon_store.errors import RayAddressError
+    from zephon_store.write.ray_engine import RayExecutor, check_ray_address
+
+    server = grpc.server(ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        # What a Ray head's GCS port answers: the check lets it through.
+        assert check_ray_address(f"127.0.0.1:{port}") == f"127.0.0.1:{port}"
+
+        def refuse(**kwargs):
+            raise RuntimeError("Version mismatch: the cluster runs Ray 2.41\nand this 2.60")
+
+        monkeypatch.setattr(ray, "is_initialized", lambda: False)
+        monkeypatch.setattr(ray, "init", refuse)
+        with pytest.raises(RayAddressError, match="Version mismatch") as info:
+            with RayExecutor(address=f"127.0.0.1:{port}"):
+                pass
+        assert "\n" not in str(info.value) and not info.value.malformed
+    finally:
+        server.stop(None)

@@ -234,7 +234,12 @@ class RayExecutor(Executor):
             if self.address is not None:
                 check_ray_address(self.address)  # seconds, where ray.init retries for minutes
                 opts.pop("include_dashboard")  # a setting of the cluster, not of a client
-                ray.init(address=self.address, **opts)
+                try:
+                    ray.init(address=self.address, **opts)
+                except Exception as exc:  # a version mismatch, a token the cluster refuses
+                    first = (str(exc).strip().splitlines() or [""])[0][:300]
+                    raise RayAddressError(self.address, f"Ray could not join the cluster there "
+                                          f"({type(exc).__name__}: {first})") from exc
             else:
                 ray.init(num_cpus=self.workers or None, **opts)
             self._started = True
