@@ -74,16 +74,22 @@ def test_a_huge_exponent_in_a_weight_string_is_refused_at_once(urls, tmp_path, f
         text = json.dumps({"sources": [{"name": "a", "url": urls["a"], "weight": "1e-99999999"},
                                        {"name": "b", "url": urls["b"], "weight": 1}]})
     path = _write(tmp_path, f"mix.{fmt}", text)
-    for argv in (["info", path], ["plan", "--mixture", path, "--world-size", "1",
-                                  "--global-batch", "4"]):
+    loader = ("import sys\nfrom zephon_store.torch import ZephonLoader\ntry:\n"
+              f"    ZephonLoader({path!r}, global_batch=4, world_size=1, rank=0)\n"
+              "except Exception as exc:\n    sys.exit(f'{type(exc).__name__}: {exc}')\n")
+    for argv in (["-m", "zephon_store.cli", "info", path],
+                 ["-m", "zephon_store.cli", "plan", "--mixture", path, "--world-size", "1",
+                  "--global-batch", "4"],
+                 ["-c", loader]):
         try:
-            proc = subprocess.run([sys.executable, "-m", "zephon_store.cli", *argv],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                                  timeout=60)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"zephon {argv[0]} computed for over 60 s on a 12-byte weight")
+            pytest.fail(f"{argv[-1][:40]} computed for over 60 s on a 12-byte weight")
         assert proc.returncode == 1, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and path in lines[0] and "sources/0" in lines[0], proc.stderr
+    assert lines[0].startswith("MixtureError: ")
 
 
 def test_a_mixture_nested_100000_deep_is_one_line(urls, tmp_path, capsys) -> None:
