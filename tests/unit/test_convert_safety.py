@@ -367,3 +367,118 @@ def test_disk_full_names_the_path_and_what_to_do(src, tmp_path, monkeypatch, whe
     msg = str(e.value)
     assert isinstance(e.value, ZephonError) and e.value.errno == errno.ENOSPC
     assert "no space left" in msg.lower() and str(out) in msg and "free" in msg
+
+
+# -- issue 29 item 11: the write path deletes only what it wrote and can name ----------------------
+
+def _forge_table_path(out, key, path):
+    """Point the manifest's ``tables[key]`` at ``path`` and re-seal the dataset_id: a forged (or
+    hand-edited) old manifest that a later ``convert --overwrite`` replaces."""
+    from zephon_store.format.manifest import compute_dataset_id
+
+    doc = json.loads((out / "manifest.json").read_text())
+    ref = dict(doc["tables"]["provenance"])
+    doc["tables"][key] = {**ref, "path": path}
+    doc["dataset_id"] = compute_dataset_id(doc)
+    (out / "manifest.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("key", ["provenance", "readme"])
+@pytest.mark.parametrize("forged", ["manifest.json", "README.md", "../victim.txt",
+                                    "shards/../../victim.txt", "ABSOLUTE", "shards/x.parquet",
+                                    "index/" + "ab" * 16 + ".arrow/"])
+def test_overwrite_over_a_forged_manifest_deletes_nothing_it_cannot_name(
+        two_corpora, tmp_path, capsys, key, forged):
+    a, b = two_corpora
+    out = tmp_path / "ds"
+    convert([str(a)], str(out), options=SMALL)
+    readme, victim = out / "README.md", tmp_path / "victim.txt"
+    readme.write_text("the user's notes")
+    victim.write_text("outside the dataset")
+    (out / "shards" / "x.parquet").write_text("a user's file under shards/")
+    if forged == "ABSOLUTE":
+        forged = str(victim)
+    _forge_table_path(out, key, forged)
+    assert main(["convert", str(b), "-o", str(out), "--overwrite", "--target-shard-size",
+                 "16KiB"]) == 0, capsys.readouterr().err
+    assert readme.read_text() == "the user's notes" and victim.read_text() == "outside the dataset"
+    assert (out / "shards" / "x.parquet").exists()
+    report = verify(str(out), deep=True)
+    assert report.ok, report.findings
+    assert open_dataset(str(out)).num_samples == 180
+
+
+def test_publish_refuses_when_a_referenced_object_vanished_before_the_manifest(src, tmp_path,
+                                                                               monkeypatch, capsys):
+    """A shard removed between its write and the manifest (a concurrent deleter) must fail the
+    convert, never publish a manifest that names a missing file."""
+    from zephon_store.io.storage import Storage
+
+    out = tmp_path / "ds"
+    real = Storage.write_atomic
+
+    def write_atomic(self, relpath, data):
+        if relpath.startswith("index/"):
+            for name in os.listdir(out / "shards"):
+                os.remove(out / "shards" / name)
+        return real(self, relpath, data)
+
+    monkeypatch.setattr(Storage, "write_atomic", write_atomic)
+    assert main(["convert", str(src), "-o", str(out), "--target-shard-size", "16KiB"]) == 1
+    err = capsys.readouterr().err
+    assert "shards/" in err and "missing" in err and len(err.strip().splitlines()) == 1
+    assert not (out / "manifest.json").exists()
+    monkeypatch.undo()
+    assert main(["convert", str(src), "-o", str(out), "--target-shard-size", "16KiB"]) == 0
+    assert verify(str(out), deep=True).ok
+
+
+def test_gc_skips_and_reports_a_folder_or_foreign_file_under_shards(src, tmp_path, capsys):
+    out = tmp_path / "ds"
+    convert([str(src)], str(out), options=SMALL)
+    (out / "shards" / "mine").mkdir()
+    (out / "shards" / "mine" / "notes.txt").write_text("keep")
+    (out / "shards" / ("ef" * 16 + ".parquet")).mkdir()   # a folder with a shard's name
+    (out / "index" / "README").write_text("keep too")
+    (out / "shards" / ("ab" * 16 + ".parquet")).write_bytes(b"a real orphan")
+    assert main(["gc", str(out)]) == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    assert "removed 1 file(s)" in text and "skipped shards/mine" in text
+    assert "skipped index/README" in text
+    assert (out / "shards" / "mine" / "notes.txt").read_text() == "keep"
+    assert (out / "shards" / ("ef" * 16 + ".parquet")).is_dir()
+    assert (out / "index" / "README").exists()
+    assert not (out / "shards" / ("ab" * 16 + ".parquet")).exists()
+    assert main(["gc", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["removed"] == [] and sorted(doc["skipped"]) == [
+        "index/README", "shards/" + "ef" * 16 + ".parquet", "shards/mine"]
+    assert verify(str(out)).ok
+
+
+def test_a_convert_whose_local_lock_was_removed_and_retaken_does_not_publish(src, tmp_path,
+                                                                             monkeypatch):
+    """The lock file removed by hand while its convert runs, and taken by another: the first
+    convert re-checks its lock before the manifest and fails instead of publishing."""
+    import zephon_store.write.convert as conv
+    from zephon_store.errors import OutputLockedError
+    from zephon_store.io.storage import Storage
+    from zephon_store.write.lock import LOCK_NAME, output_lock
+
+    out = tmp_path / "ds"
+    real = conv.publish_manifest
+    other = []
+
+    def publish(st, *a, **k):
+        os.remove(out / LOCK_NAME)
+        other.append(output_lock(Storage(str(out)), command="gc"))
+        other[0].__enter__()
+        return real(st, *a, **k)
+
+    monkeypatch.setattr(conv, "publish_manifest", publish)
+    try:
+        with pytest.raises(OutputLockedError, match="lost"):
+            convert([str(src)], str(out), options=SMALL)
+    finally:
+        other[0].__exit__(None, None, None)
+    assert not (out / "manifest.json").exists()

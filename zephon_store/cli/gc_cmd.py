@@ -1,5 +1,8 @@
 """``zephon gc URL``: remove files under shards/ and index/ that the manifest does not name.
 
+Only ``shards/<hash>.parquet`` and ``index/<hash>.arrow`` files are removed; anything else
+there (a folder, a user's file) is reported as skipped and left alone.
+
 Exit codes: 0 done (also when there was nothing to remove), 1 an error (no manifest, a
 convert holds the output's lock, storage), 2 usage error.
 """
@@ -27,6 +30,9 @@ def cmd_gc(args) -> int:
         return 0
     for rel in result.removed:
         print(f"{'would remove' if result.dry_run else 'removed'} {rel}")
+    for rel in result.skipped:
+        print(f"skipped {rel}: not a name zephon writes (shards/<hash>.parquet, "
+              "index/<hash>.arrow); left as it is")
     verb = "would remove" if result.dry_run else "removed"
     print(f"{verb} {len(result.removed)} file(s), {result.bytes} bytes, from {result.url}")
     return 0

@@ -42,6 +42,8 @@ SHARD_DIR = "shards"
 INDEX_DIR = "index"
 # Always used with fullmatch: `$` alone also matches before a trailing newline.
 _TABLE_PATH_RE = re.compile(r"index/[0-9a-f]{32}\.arrow")
+# The only names a writer creates, hence the only ones a write path or gc may ever delete.
+_DATASET_FILE_RE = re.compile(r"shards/[0-9a-f]{32}\.parquet|index/[0-9a-f]{32}\.arrow")
 # Counts and sizes in the manifest fit int64 with room to add them up (2**62: no sum of a
 # validated table can wrap around).
 MAX_COUNT = 2**62 - 1
@@ -97,6 +99,16 @@ def shard_path(name: str) -> str:
             f"manifest names shard {name!r}, which is not a 32-hex-digit xxh3 name; "
             "a manifest may only name files inside the dataset root as shards/<hash>.parquet")
     return f"{SHARD_DIR}/{name}.parquet"
+
+
+def is_dataset_file_name(relpath: object) -> bool:
+    """True for exactly ``shards/<32 hex>.parquet`` and ``index/<32 hex>.arrow``: the names a
+    conversion writes, and the only paths any write path or ``gc`` may delete.
+
+    >>> is_dataset_file_name("shards/" + "0" * 32 + ".parquet"), is_dataset_file_name("README.md")
+    (True, False)
+    """
+    return isinstance(relpath, str) and _DATASET_FILE_RE.fullmatch(relpath) is not None
 
 
 def check_table_path(path: str) -> str:
@@ -310,9 +322,23 @@ class Manifest:
         return shard_path(self.shard_name(shard))
 
     def referenced_paths(self) -> set[str]:
-        """Every root-relative path this manifest names: its shards and side tables."""
+        """Every root-relative path this manifest names: its shards and side tables.
+
+        Raises :class:`UnsafePathError` when a shard or any ``tables`` entry names something
+        other than ``shards/<hash>.parquet`` / ``index/<hash>.arrow``: callers delete what an
+        old manifest referenced, so a forged path (``manifest.json``, ``../x``) must never
+        come out of here.
+        """
         paths = {self.shard_path(s) for s in range(len(self.shard_bytes))}
-        paths.update(ref["path"] for ref in (self.doc.get("tables") or {}).values())
+        tables = self.doc.get("tables")
+        if not isinstance(tables, dict):
+            raise self._fail("'tables' is not an object")
+        for kind, ref in tables.items():
+            path = ref.get("path") if isinstance(ref, dict) else None
+            try:
+                paths.add(check_table_path(path))
+            except UnsafePathError as exc:
+                raise UnsafePathError(f"{self.url}: tables.{kind}: {exc}") from None
         return paths
 
     def unreferenced(self, listdir: Callable[[str], list[str]]) -> list[str]:

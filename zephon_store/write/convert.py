@@ -147,7 +147,7 @@ def convert(
     stages: dict[str, float] = {}
     out = Storage(output, storage_options=storage_options)
     # First: a second convert (or an S3 output without credentials) fails before any work.
-    with output_lock(out):
+    with output_lock(out) as lock:
         files = expand_inputs(list(inputs), storage_options=in_so, options=input_options,
                               exclude=_own_roots(out, staging_dir))
         check_output(out, files, options, overwrite=overwrite)
@@ -163,7 +163,7 @@ def convert(
             t1 = time.perf_counter()
             result = _on_disk(area.root, lambda: publish_manifest(
                 out, files, metas, cuts, infos, schema, options, input_options,
-                _with_found(extra_manifest, found), overwrite=overwrite))
+                _with_found(extra_manifest, found), overwrite=overwrite, lock=lock))
             stages["publish"] = time.perf_counter() - t1
         except BaseException:
             if active is not None:

@@ -4,11 +4,19 @@ The manifest's presence means every shard and table it names is complete; it is 
 with one atomic operation after everything it references (formats/SPEC.md). An output that
 already holds a *different* dataset is replaced only with ``overwrite=True``; then, after the
 new manifest is in place, what only the old one referenced is removed.
+
+Deleting is bounded by names: only ``shards/<hash>.parquet`` and ``index/<hash>.arrow``
+(:func:`~zephon_store.format.manifest.is_dataset_file_name`) are ever removed, so an old
+manifest that names ``manifest.json``, a user's ``README.md`` or ``../x`` removes nothing.
+Before the manifest goes out every object it names is checked present at its recorded size,
+and the output's lock is re-checked (:meth:`~zephon_store.write.lock.HeldLock.check`) before
+the manifest and before any delete.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import asdict, is_dataclass
@@ -19,20 +27,24 @@ import pyarrow as pa
 from .. import __version__
 from .._util import arrow as arrowutil
 from .._util.hashing import xxh3_file, xxh3_hex
-from ..errors import OutputExistsError, ZephonError
+from ..errors import OutputExistsError, ShardNotFoundError, StorageError, ZephonError
 from ..format.manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
     PROVENANCE_TABLE_SCHEMA,
     ROW_GROUP_TABLE_SCHEMA,
+    SHARD_DIR,
     SHARD_TABLE_SCHEMA,
     Manifest,
+    is_dataset_file_name,
     load_manifest,
     parse_manifest_json,
     table_to_ipc,
 )
 from ..ingest.options import SKIP_KINDS
 from ..io.storage import Storage
+
+_log = logging.getLogger(__name__)
 
 
 def _common_root(urls: list[str]) -> str:
@@ -82,12 +94,54 @@ def _previous(out: Storage) -> dict | ZephonError | None:
 
 
 def _owned(out: Storage) -> set[str] | None:
-    """What the manifest at ``out`` references; None when it cannot be loaded (then nothing
-    is removed on its account: ``zephon gc`` can once a readable manifest is in place)."""
+    """What the manifest at ``out`` references; None when it cannot be loaded or names a path
+    no writer would (then nothing is removed on its account: ``zephon gc`` can once a
+    readable manifest is in place)."""
     try:
         return load_manifest(out, check=False).referenced_paths()
-    except (ZephonError, ValueError, KeyError, pa.ArrowException):
+    except (ZephonError, ValueError, KeyError, pa.ArrowException) as exc:
+        _log.warning("the manifest being replaced at %s cannot be read or names paths no "
+                     "conversion writes (%s); nothing it references is removed: run "
+                     "'zephon gc %s' after this conversion to remove its unreferenced files",
+                     out.url(MANIFEST_NAME), exc, out.root_url)
         return None
+
+
+def _delete_owned(out: Storage, paths, lock) -> None:
+    """Remove ``paths``, each only if it is a name a conversion writes, after re-checking the
+    lock (a holder that lost it must not delete what the new holder's manifest names)."""
+    paths = sorted(paths)
+    if not paths:
+        return
+    if lock is not None:
+        lock.check("removing what only the old manifest referenced (nothing was removed)")
+    for rel in paths:
+        if is_dataset_file_name(rel):
+            out.delete(rel)
+        else:   # referenced_paths refuses such names; never delete one whatever the caller
+            _log.warning("not removing %s: only shards/<hash>.parquet and index/<hash>.arrow "
+                         "are removed by a conversion", out.url(rel))
+
+
+def check_referenced(out: Storage, m: Manifest) -> None:
+    """Raise unless every shard and side table ``m`` names is stored at ``out`` with its
+    recorded size: the manifest must never name a file that is not there (one listing of
+    ``shards/`` and ``index/``, not a request per file)."""
+    want = {m.shard_path(s): int(m.shard_bytes[s]) for s in range(m.num_shards)}
+    want.update((ref["path"], int(ref["bytes"])) for ref in m.doc["tables"].values())
+    have = {**out.sizes(SHARD_DIR), **out.sizes(INDEX_DIR)}
+    for rel, nbytes in sorted(want.items()):
+        size = have.get(rel)
+        if size is None:
+            raise ShardNotFoundError(
+                f"{out.url(rel)} is missing right before publishing the manifest that names it "
+                "(something removed it during this conversion: a gc, another convert, a "
+                "person); nothing was published: rerun the same command")
+        if size != nbytes:
+            raise StorageError(
+                f"{out.url(rel)} holds {size} bytes, not the {nbytes} written, right before "
+                "publishing the manifest that names it (something changed it during this "
+                "conversion); nothing was published: rerun the same command")
 
 
 def inputs_doc(files) -> dict:
@@ -111,7 +165,10 @@ def check_output(out: Storage, files, options, *, overwrite: bool) -> None:
 
 
 def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, input_options,
-                      extra, *, overwrite: bool = False) -> Manifest:
+                      extra, *, overwrite: bool = False, lock=None) -> Manifest:
+    """Write the side tables, then ``manifest.json`` (after :func:`check_referenced` and
+    ``lock.check()``, a :class:`~zephon_store.write.lock.HeldLock`), then remove what only a
+    replaced manifest referenced."""
     sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
     rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
     row_start, rg_index = 0, 0
@@ -175,27 +232,28 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
                                      or old.get("dataset_id") != m.dataset_id)
     old_owned = _owned(out) if replacing else None
     if replacing and not overwrite:
-        _refuse(out, old, old_owned, m)
+        _refuse(out, old, old_owned, m, lock)
     for rel, (data, h) in blobs.items():
         if not stored_intact(out, rel, len(data), h):
             out.write_atomic(rel, data)
     _remove_stale_temps(out)
+    check_referenced(out, m)
+    if lock is not None:
+        lock.check()
     # Written last: its presence means every shard and table it names is complete.
     out.write_atomic(MANIFEST_NAME, m.to_json())
     if old_owned is not None:
-        for rel in sorted(old_owned - m.referenced_paths()):
-            out.delete(rel)
+        _delete_owned(out, old_owned - m.referenced_paths(), lock)
     return m
 
 
 def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
-            new: Manifest | None) -> None:
+            new: Manifest | None, lock=None) -> None:
     """Refuse to replace another dataset; first remove the shards only this run wrote, so the
     old dataset is left as it was (the job's staging stays for a rerun with overwrite)."""
     if old_owned is not None and new is not None:
-        for rel in sorted(new.referenced_paths() - old_owned):
-            if rel.startswith("shards/"):
-                out.delete(rel)
+        _delete_owned(out, {rel for rel in new.referenced_paths() - old_owned
+                            if rel.startswith("shards/")}, lock)
     if isinstance(old, dict):
         samples = (old.get("totals") or {}).get("num_samples")
         this = (f"this conversion is {new.dataset_id}" if new is not None else
