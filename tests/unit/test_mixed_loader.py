@@ -388,6 +388,8 @@ def _resume(mix, state, *, steps: int, global_batch: int = B, world_size: int = 
     loaders = [_loader(mix, world_size=world_size, rank=r, steps=steps,
                        global_batch=global_batch) for r in range(world_size)]
     for loader in loaders:
+        template = loader.state_dict()    # what DCP loads into, in place, before the resume
+        assert set(template) == set(state)
         loader.load_state_dict(json.loads(json.dumps(state)))
     stream = [p for batches in zip(*loaders) for b in batches for p in _pairs(b)]
     return stream, loaders[0].state_dict()

@@ -371,8 +371,10 @@ class MixedDataset:
     # -- checkpoint ------------------------------------------------------------------------
     def state_entry(self) -> dict:
         """The ``mixture`` entry of a checkpoint: each source's name, dataset_id and size,
-        and the schedule with each source's consumed count at every stage boundary."""
-        self.check_ready()
+        and the schedule with each source's consumed count at every stage boundary.
+
+        It does not :meth:`check_ready`: a checkpointer asks for this entry as the template
+        a checkpoint is loaded into, before the resume that fixes the stages."""
         return {"sources": [{"name": n, "dataset_id": s.dataset_id,
                              "num_samples": s.num_samples}
                             for n, s in zip(self.names, self.sources)],
