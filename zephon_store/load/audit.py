@@ -12,6 +12,10 @@ step, cursor, global batch, world size and order. With the dataset that places e
   steps where a discrepancy entered (a cursor that does not continue the one before, a
   changed order or dataset).
 
+Each answer is bounded by what the log's steps reach: a question beyond it (a step past
+any position, a rank outside the world, more than ``MAX_TRACE_IDS`` ids or
+``MAX_WHERE_ANSWERS`` answers) raises :class:`AuditRequestError` before any work.
+
 Everything is over a *stream order*: an object with ``num_samples``, ``effective_lanes``,
 ``sample_at(positions)`` and ``positions_of(ids, epochs)``
 (:class:`~zephon_store.order.Order`).

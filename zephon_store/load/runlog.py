@@ -19,6 +19,12 @@ exclusive ``flock`` and an ``fsync`` per line, so ranks starting at once never i
 and a crash leaves at most one incomplete last line (which :func:`read_run_log` reports by
 its line number). Other ranks write nothing.
 
+A log is read as untrusted input: a line with numbers no run reaches (positions or steps at
+``MAX_POSITION``, more than ``MAX_WORLD_SIZE`` ranks or ``MAX_GLOBAL_BATCH`` samples per
+step), deep nesting, an integer of thousands of digits, or a path that is not a regular
+file is a :class:`RunLogError` naming the file and line, so every answer computed from a
+log is bounded by what its steps reach.
+
 Step numbers come from the loader state (``step``, the global batches consumed since the
 run began), independently of the cursor: a cursor edited by hand in a checkpoint then shows
 as a segment whose cursor does not continue the one before it.
