@@ -351,3 +351,22 @@ def test_storage_reads_refuse_a_fifo_without_blocking(tmp_path):
         st.read_file("f")
     with pytest.raises(StorageError, match="not a regular file"):
         st.read_range("f", 0, 4)
+
+
+@pytest.mark.parametrize("path", ["README.md", "manifest.json", "../x", "shards/../../x",
+                                  "/etc/passwd", "shards/" + "0" * 32 + ".parquet"])
+def test_forged_side_table_path_makes_gc_refuse_and_verify_fail(ds, capsys, path):
+    """A manifest whose side table path is not index/<hash>.arrow names a file gc or an
+    overwrite might remove: gc refuses in one line, deletes nothing, verify reports it."""
+    from zephon_store.cli.main import main
+
+    (ds / "README.md").write_text("the user's notes")
+    orphan = ds / "shards" / ("ab" * 16 + ".parquet")
+    orphan.write_bytes(b"an orphan gc would remove")
+    forge(ds, doc=lambda d: d["tables"]["provenance"].update(path=path))
+    assert main(["gc", str(ds)]) == 1
+    err = capsys.readouterr().err
+    assert "tables.provenance" in err and repr(path) in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert (ds / "README.md").exists() and (ds / "manifest.json").exists() and orphan.exists()
+    assert not verify(str(ds)).ok
