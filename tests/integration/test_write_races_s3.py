@@ -1,4 +1,5 @@
-"""Races on an S3 output (issue 29 item 12), against the real SeaweedFS of the test session.
+"""Races on an S3 output (issue 29 item 12), against the real SeaweedFS of the test session,
+and the same races on a local output.
 
 Each race runs 20 times: two ``--overwrite`` converts into one output (fresh, and over a
 published dataset whose lock was left by a convert that died on this host), and ``gc`` racing
@@ -171,6 +172,16 @@ def lock_write_gate(monkeypatch):
 RACE: dict = {}
 
 
+@pytest.fixture(params=["s3", "local"])
+def where(request, tmp_path):
+    """(base URL, storage options) of the output: a fresh S3 bucket, or a local folder (the
+    same rules hold for the flock of a local output)."""
+    if request.param == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        return bucket.url, bucket.storage_options
+    return str(tmp_path / "out"), None
+
+
 def _clean_loss(exc: object) -> None:
     """A lost race: one OutputLockedError of one line, nothing else."""
     assert isinstance(exc, OutputLockedError), repr(exc)
@@ -216,12 +227,12 @@ def publish_rendezvous(monkeypatch):
 
 @pytest.mark.parametrize("stale", [False, True], ids=["fresh-output", "stale-lock"])
 def test_two_overwrite_converts_race_one_wins_and_the_dataset_verifies(
-        s3_bucket, corpora, dead_pid, tmp_path, publish_rendezvous, stale):
+        where, corpora, dead_pid, tmp_path, publish_rendezvous, stale):
     a, b = corpora
-    so = s3_bucket.storage_options
+    base, so = where
     ids = {}
     for run in range(RUNS):
-        url = f"{s3_bucket.url}/r{run}-{uuid.uuid4().hex[:6]}"
+        url = f"{base}/r{run}-{uuid.uuid4().hex[:6]}"
         st = Storage(url, storage_options=so)
         if stale:
             # A published dataset P (inputs a), then a convert that died holding the lock.
@@ -245,12 +256,12 @@ def test_two_overwrite_converts_race_one_wins_and_the_dataset_verifies(
 
 
 def test_gc_racing_a_convert_over_a_stale_lock_never_removes_its_shards(
-        s3_bucket, corpora, dead_pid, tmp_path, monkeypatch):
+        where, corpora, dead_pid, tmp_path, monkeypatch):
     import zephon_store.write.convert as conv
     import zephon_store.write.gc as gcmod
 
     a, b = corpora
-    so = s3_bucket.storage_options
+    base, so = where
     state = {}
     real_publish, real_load = conv.publish_manifest, gcmod.load_manifest
 
@@ -268,7 +279,7 @@ def test_gc_racing_a_convert_over_a_stale_lock_never_removes_its_shards(
     monkeypatch.setattr(conv, "publish_manifest", publish)
     monkeypatch.setattr(gcmod, "load_manifest", load_manifest)
     for run in range(RUNS):
-        url = f"{s3_bucket.url}/g{run}-{uuid.uuid4().hex[:6]}"
+        url = f"{base}/g{run}-{uuid.uuid4().hex[:6]}"
         p_id = convert([a], url, storage_options=so, options=SMALL, progress=False).dataset_id
         _stale_lock(Storage(url, storage_options=so), dead_pid)
         state["racers"] = racers = Racers(2)
@@ -289,3 +300,23 @@ def _named(name: str, fn):
         threading.current_thread().name = name
         return fn()
     return run
+
+
+def test_a_command_that_loses_the_lock_exits_1_with_one_line(s3_bucket, corpora, capsys):
+    """Through the CLI: convert and gc against a held S3 lock fail at once, exit 1, one line,
+    and a lock found stale is not taken from a live holder."""
+    from zephon_store.cli.main import main
+    from zephon_store.write.lock import output_lock
+
+    a, _ = corpora
+    url, so = f"{s3_bucket.url}/held", s3_bucket.storage_options
+    flags = ["--storage-options", json.dumps(so)]
+    assert main(["convert", a, "-o", url, "--target-shard-size", "4KiB", *flags]) == 0
+    capsys.readouterr()
+    with output_lock(Storage(url, storage_options=so)) as lock:
+        for argv in (["convert", a, "-o", url, "--overwrite", *flags], ["gc", url, *flags]):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert "holds" in err and LOCK_NAME in err and len(err.strip().splitlines()) == 1
+        lock.check()   # still ours
+    _verified(url, so)
