@@ -453,7 +453,10 @@ def test_gc_skips_and_reports_a_folder_or_foreign_file_under_shards(src, tmp_pat
     doc = json.loads(capsys.readouterr().out)
     assert doc["removed"] == [] and sorted(doc["skipped"]) == [
         "index/README", "shards/" + "ef" * 16 + ".parquet", "shards/mine"]
-    assert verify(str(out)).ok
+    report = verify(str(out))
+    assert report.ok
+    found = {f.message.split(" ")[0]: f.message for f in report.findings}
+    assert "gc' leaves it" in found[str(out / "shards" / "mine")]
 
 
 def test_a_convert_whose_local_lock_was_removed_and_retaken_does_not_publish(src, tmp_path,

@@ -29,6 +29,7 @@ from ..format.manifest import (
     Manifest,
     check_table_path,
     compute_dataset_id,
+    is_dataset_file_name,
     parse_manifest_json,
     require_regular_file,
     schema_from_json,
@@ -144,6 +145,11 @@ def _check_orphans(st: Storage, m: Manifest, add) -> None:
                     f"for unreferenced files: {exc}", severity="warning"))
         return
     for rel in orphans:
+        if not is_dataset_file_name(rel):   # a folder or a user's file: gc never deletes it
+            add(Finding(None, "orphan", f"{st.url(rel)} is not referenced by the manifest and "
+                        "is not a name zephon writes; 'zephon gc' leaves it: remove it by hand "
+                        "if it is not wanted there", severity="warning"))
+            continue
         add(Finding(None, "orphan", f"{st.url(rel)} is not referenced by the manifest (left by "
                     f"an interrupted or replaced conversion); 'zephon gc {st.root_url}' removes "
                     "it", severity="warning"))
