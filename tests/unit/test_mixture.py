@@ -391,3 +391,16 @@ def test_the_same_schedule_in_another_process_maps_the_same() -> None:
                          check=True).stdout
     src, idx = s.locate(np.arange(10**12, 10**12 + 50))
     assert json.loads(out) == [s.identity(), src.tolist(), idx.tolist()]
+
+
+def test_a_stage_start_past_2_62_is_a_mixture_error() -> None:
+    """No OverflowError: a schedule (or a checkpoint's) with a start past the positions the
+    interleave serves is refused naming the stage."""
+    with pytest.raises(MixtureError, match=r"stage 1: start must be .* below 2\*\*62"):
+        MixtureSchedule([(0, [1]), (2**70, [1])])
+    with pytest.raises(MixtureError, match="below 2"):
+        MixtureSchedule([(0, [1])]).append_stage(2**63, [1])
+    d = MixtureSchedule([(0, [1]), (10, [1])]).to_dict()
+    d["stages"][1]["start"] = 2**64
+    with pytest.raises(MixtureError, match="below 2"):
+        MixtureSchedule.from_dict(d)

@@ -212,9 +212,9 @@ class MixtureSchedule:
         return tuple(Fraction(m, den) for m in nums)
 
     def _add_stage(self, j: int, start: object, weights, *, normalise: bool) -> None:
-        if not _is_int(start) or start < 0:
+        if not _is_int(start) or not 0 <= start < _MAX_POSITION:
             raise MixtureError(f"{self._stage_label(j)}: start must be an int >= 0 (mixture "
-                               f"samples), got {start!r}")
+                               f"samples) and below 2**62, got {start!r}")
         start = int(start)
         if j == 0 and start != 0:
             raise MixtureError(f"{self._stage_label(0)} starts at {start}; the first stage "
