@@ -436,8 +436,10 @@ class MixedDataset:
         began the stages ``past``: its stages in steps converted from the resume point, those
         of them already begun at the samples the checkpoint began them at."""
         spec = self.spec
-        if spec is None or not any(st.unit == "steps" for st in spec.stages):
-            return self.config_schedule   # no start depends on the run's steps
+        if spec is None or not self._inputs or not any(st.unit == "steps"
+                                                        for st in spec.stages):
+            # No start depends on the run's steps, or the schedule was given ready-made.
+            return self.config_schedule
         batch = global_batch or self._inputs.get("global_batch")
         if step is None and batch:
             step = cursor // batch
