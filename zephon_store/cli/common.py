@@ -36,19 +36,23 @@ def size_arg(text: str) -> int:
             "k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024") from exc
 
 
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1.
 
     >>> positive_int("4")
     4
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
@@ -57,13 +61,7 @@ def non_negative_int(text: str) -> int:
     >>> non_negative_int("0")
     0
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def build_options(cls, **kwargs):

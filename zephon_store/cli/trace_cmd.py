@@ -10,25 +10,22 @@ See docs/audit.md.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
 
 import numpy as np
 
-from .common import UsageError, add_storage_options, build_options, dumps, emit, positive_int
+from .common import (
+    UsageError,
+    add_storage_options,
+    build_options,
+    dumps,
+    emit,
+    non_negative_int,
+    positive_int,
+)
 from .plan_cmd import _steps
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _order_args(p) -> None:
@@ -46,12 +43,12 @@ def add_trace_parsers(sub) -> None:
     t = sub.add_parser("trace", help="the sample ids each rank consumed at given steps")
     t.add_argument("dataset", metavar="DATASET")
     t.add_argument("--log", default=None, metavar="RUNLOG", help="the run log (JSONL)")
-    t.add_argument("--step", type=_nonneg_int, default=None, metavar="S")
+    t.add_argument("--step", type=non_negative_int, default=None, metavar="S")
     t.add_argument("--steps", type=_steps, default=None, metavar="A:B")
-    t.add_argument("--rank", type=_nonneg_int, default=None, metavar="R")
+    t.add_argument("--rank", type=non_negative_int, default=None, metavar="R")
     t.add_argument("--world-size", type=positive_int, default=1, metavar="W",
                    help="without --log (default 1)")
-    t.add_argument("--cursor", type=_nonneg_int, default=0, metavar="C",
+    t.add_argument("--cursor", type=non_negative_int, default=0, metavar="C",
                    help="without --log: the cursor before step 0 (default 0)")
     _end_step_arg(t, "with --log: the step the run reached (steps from it on are marked "
                      "'not reached'; default: the last segment's end is unknown)")
@@ -86,7 +83,7 @@ def add_trace_parsers(sub) -> None:
 
 
 def _end_step_arg(p, help_text: str) -> None:
-    p.add_argument("--end-step", type=_nonneg_int, default=None, metavar="S", help=help_text)
+    p.add_argument("--end-step", type=non_negative_int, default=None, metavar="S", help=help_text)
 
 
 def _common_args(p, *, order: bool) -> None:
