@@ -413,6 +413,12 @@ def test_a_source_added_by_an_appended_stage_survives_every_later_resume(sources
     assert len(stream) == 32 + 24 + 24 + 16 + 8 + 32
     whole = [p for b in _loader(grown, steps=len(stream) // B) for p in _pairs(b)]
     assert stream == whole
+    # A checkpoint written before the fix recorded None for the added source: it resumes.
+    old = json.loads(state["mixture"])
+    old["schedule"]["sources"][2]["epoch_size"] = None
+    more, _ = _resume(grown, {**state, "mixture": json.dumps(old)}, steps=2)
+    assert more == [p for b in _loader(grown, steps=len(stream) // B + 2) for p in _pairs(b)][
+        len(stream):]
 
 
 def test_stages_in_steps_resume_with_any_global_batch_any_number_of_times(sources) -> None:
