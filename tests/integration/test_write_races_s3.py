@@ -320,3 +320,20 @@ def test_a_command_that_loses_the_lock_exits_1_with_one_line(s3_bucket, corpora,
             assert "holds" in err and LOCK_NAME in err and len(err.strip().splitlines()) == 1
         lock.check()   # still ours
     _verified(url, so)
+
+
+def test_the_store_honours_the_conditional_writes_the_lock_relies_on(s3_bucket):
+    """If-None-Match on PUT, If-Match on PUT and DELETE: a store (or a SeaweedFS upgrade) that
+    ignored one would make the take-over or the release unsafe; this names which."""
+    st = Storage(f"{s3_bucket.url}/cond", storage_options=s3_bucket.storage_options)
+    assert st.create_exclusive("k", b"one") and not st.create_exclusive("k", b"two")
+    data, etag = st.read_with_etag("k")
+    assert data == b"one"
+    assert not st.replace_if_match("k", b"x", '"0123456789abcdef0123456789abcdef"')
+    assert st.replace_if_match("k", b"three", etag)
+    assert not st.replace_if_match("k", b"four", etag)   # the ETag it was judged by is gone
+    assert st.read_file("k") == b"three"
+    assert not st.delete_if_match("k", etag) and st.exists("k")
+    assert st.delete_if_match("k", st.read_with_etag("k")[1]) and not st.exists("k")
+    assert not st.replace_if_match("k", b"five", etag) and not st.exists("k")
+    assert not st.delete_if_match("k", etag)
