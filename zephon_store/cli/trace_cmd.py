@@ -147,9 +147,12 @@ class _Context:
             raise UsageError(str(exc)) from None
         if mixture:
             # A mixture file: its sources' manifests; each segment's schedule comes from
-            # the log.
+            # the log, so stages in steps that a checkpoint fixed (and that would not be in
+            # order at the first segment's batch) are not an error here (as for a loader
+            # that resumes).
             with _answers(None):
-                self.mix = open_mixture(args.dataset, global_batch=self.global_batch)
+                self.mix = open_mixture(args.dataset, global_batch=self.global_batch,
+                                        defer_stage_order=self.segments is not None)
             self.manifest = None
             self.dataset_id = self.mix.dataset_id
         else:
