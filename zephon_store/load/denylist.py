@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.hashing import xxh3_hex
+from .._util.regular import NotRegularFileError, read_regular
 from ..errors import DenyListError
 
 __all__ = ["DenyList", "DenyListError", "MASK_KEY", "blank_denied", "blank_value",
@@ -130,16 +130,12 @@ def provenance_ids(manifest, inputs: list[str]) -> np.ndarray:
 
 def _read_regular(path: str, what: str) -> str:
     """The text of the regular file ``path``; anything else (a FIFO, a device, a folder) is
-    refused before a byte is read. ``O_NONBLOCK`` makes opening a FIFO return at once
-    instead of waiting for a writer; it changes nothing for a regular file."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    refused before a byte is read (:func:`~zephon_store._util.regular.read_regular`)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DenyListError(f"{what} {path}: not a regular file; pass a JSON or text file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read()
-    finally:
-        os.close(fd)
+        data = read_regular(path)
+    except NotRegularFileError:
+        raise DenyListError(f"{what} {path}: not a regular file; pass a JSON or text file") \
+            from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

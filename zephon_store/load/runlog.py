@@ -48,11 +48,11 @@ import dataclasses
 import datetime
 import json
 import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._util.regular import NotRegularFileError, read_regular
 from ..errors import ZephonError
 from ..order.order import OrderOptions
 from .denylist import DENY_MODE, IDENTITY_RE, DenyListError
@@ -324,17 +324,15 @@ def read_run_log(path: str, *, dataset_id: str | None = None) -> list[RunSegment
     already logged and is an error (a resume from an older checkpoint: start a new log, or
     cut the lines after that checkpoint's segment).
     """
+    # A FIFO would block and a device read without end: a run log is a regular file (as
+    # manifests and shards are).
     try:
-        mode = os.stat(path).st_mode
+        raw = read_regular(path)
+    except NotRegularFileError:
+        raise RunLogError(f"{path} is not a regular file (a FIFO, socket, device or "
+                          "folder); pass the run log the loader wrote") from None
     except OSError as exc:
         raise RunLogError(f"{path}: cannot read the run log ({exc.strerror or exc})") from None
-    # Opening a FIFO blocks until a writer comes, and a device reads without end: a run
-    # log is a regular file (as manifests and shards are).
-    if not stat.S_ISREG(mode):
-        raise RunLogError(f"{path} is not a regular file (a FIFO, socket, device or "
-                          "folder); pass the run log the loader wrote")
-    with open(path, "rb") as f:
-        raw = f.read()
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
