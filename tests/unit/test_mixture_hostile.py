@@ -113,9 +113,11 @@ def test_an_integer_of_5000_digits_is_one_line(urls, tmp_path, capsys) -> None:
     big = "1" * 5000
     _every_surface(_write(tmp_path, "big.toml", _toml(urls, weight_a=big)), capsys,
                    key="weight")
-    doc = json.dumps({"sources": [{"name": "a", "url": urls["a"], "weight": 7},
+    # A placeholder, not a digit: the temporary paths in the urls hold digits too.
+    doc = json.dumps({"sources": [{"name": "a", "url": urls["a"], "weight": "BIG"},
                                   {"name": "b", "url": urls["b"], "weight": 1}]})
-    _every_surface(_write(tmp_path, "big.json", doc.replace("7", big)), capsys, key="weight")
+    _every_surface(_write(tmp_path, "big.json", doc.replace('"BIG"', big)), capsys,
+                   key="weight")
 
 
 def test_a_stage_start_beyond_int64_is_one_line(urls, tmp_path, capsys) -> None:
@@ -143,3 +145,25 @@ def test_a_weight_string_of_ordinary_size_still_parses(urls, tmp_path, capsys) -
     assert main(["info", path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["stages"][0]["weights"] == {"a": "1/2", "b": "1/2"}
+
+
+def test_a_fifo_as_a_mixture_file_is_refused_without_blocking(tmp_path) -> None:
+    """A FIFO named mix.toml would block ``info``, ``plan`` and the loader until a writer
+    came (the deny list and the run log already refuse one): one line, at once. Run in a
+    subprocess with a timeout, so the old behaviour fails the test instead of hanging it."""
+    path = str(tmp_path / "mix.toml")
+    os.mkfifo(path)
+    code = ("import sys\nfrom zephon_store.cli.main import main\n"
+            f"sys.exit(main(['info', {path!r}]))\n")
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("zephon info blocked on a FIFO given as a mixture file")
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert path in lines[0] and "regular file" in lines[0], run.stderr
+    from zephon_store.format.mixture_file import load_mixture_file
+
+    with pytest.raises(MixtureError, match="not a regular file"):
+        load_mixture_file(path)

@@ -44,6 +44,7 @@ from importlib import resources
 from typing import Any
 
 from .._util import weights as _w
+from .._util.regular import NotRegularFileError, read_regular
 from ..errors import MixtureError
 
 __all__ = ["MixtureSpec", "SourceSpec", "StageSpec", "load_mixture_file", "mixture_json_schema",
@@ -292,15 +293,20 @@ def load_mixture_file(path: str | os.PathLike) -> MixtureSpec:
     """
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_FILE_BYTES + 1)
+        data = read_regular(path, max_bytes=MAX_FILE_BYTES)
     except FileNotFoundError:
         raise MixtureError(f"mixture file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except NotRegularFileError as exc:
+        raise MixtureError(f"mixture file {exc}; pass a .toml or .json file") from None
+    except OSError as exc:
         raise MixtureError(f"mixture file {path} could not be read: {exc}") from None
-    if len(text) > MAX_FILE_BYTES:
+    if len(data) > MAX_FILE_BYTES:
         raise MixtureError(f"mixture file {path} is larger than {MAX_FILE_BYTES >> 20} MiB; "
                            "a mixture file names sources and weights (a few KB)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MixtureError(f"mixture file {path} could not be read: {exc}") from None
     ext = os.path.splitext(path)[1].lower()
     fmt = {".toml": "toml", ".json": "json"}.get(ext)
     return parse_mixture(text, fmt=fmt, origin=path,
