@@ -1,0 +1,74 @@
+"""No function or method in the package is longer than 80 lines (issue 30 item 7).
+
+A function's length is ``end_lineno - lineno + 1`` of its ``def`` node: from the ``def`` line
+to its last line, docstring, comments and blank lines inside it included, decorators above it
+not. A nested function counts inside its parent and is also checked on its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
+LIMIT = 80
+
+# Functions still over the limit, each named with its length when listed. Only functions in
+# files being shortened in the same round belong here; the entry goes when the function is
+# split, and a listed function that has grown fails too (the number is its ceiling).
+ALLOWED: dict[str, int] = {
+    # Outside this slice, being shortened by the loader and CLI engineers (issue 30 items 1, 2, 4):
+    "cli/main.py::build_parser": 107,
+    "cli/mixture_cmd.py::plan_mixture": 109,
+    "load/pipeline.py::BatchPipeline._steps": 114,
+    "load/simulate.py::simulate": 87,
+    "load/state.py::check_state": 85,
+    "torch/loader.py::ZephonLoader.__init__": 90,
+    # In this slice, each leaves with its split:
+    "load/audit.py::audit_run": 96,
+    "read/verify.py::_check_shard": 85,
+    "testing/live_worker.py::main": 87,
+    "write/convert.py::convert": 88,
+    "write/publish.py::publish_manifest": 81,
+}
+
+
+def _long_functions() -> dict[str, int]:
+    """``{"load/pipeline.py::BatchPipeline._steps": 114, ...}`` for every function over LIMIT."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, rel: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                length = child.end_lineno - child.lineno + 1
+                if length > LIMIT:
+                    found[f"{rel}::{name}"] = length
+                visit(child, rel, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, rel, prefix + child.name + ".")
+            else:
+                visit(child, rel, prefix)
+
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        visit(ast.parse(path.read_text(encoding="utf-8")), rel, "")
+    return found
+
+
+def test_no_function_over_80_lines():
+    over = {
+        name: length for name, length in _long_functions().items()
+        if length > ALLOWED.get(name, LIMIT)
+    }
+    assert not over, (
+        f"functions over {LIMIT} lines (split them into named helpers): "
+        + ", ".join(f"{name} ({length})" for name, length in sorted(over.items()))
+    )
+
+
+def test_allowlist_is_current():
+    """An allowlisted function that is now short (or gone) leaves the list."""
+    long_now = _long_functions()
+    stale = sorted(name for name in ALLOWED if name not in long_now)
+    assert not stale, f"no longer over {LIMIT} lines, remove from ALLOWED: {stale}"
