@@ -29,7 +29,6 @@ ALLOWED: dict[str, int] = {
     "read/verify.py::_check_shard": 85,
     "testing/live_worker.py::main": 87,
     "write/convert.py::convert": 88,
-    "write/publish.py::publish_manifest": 81,
 }
 
 

@@ -169,28 +169,7 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
     """Write the side tables, then ``manifest.json`` (after :func:`check_referenced` and
     ``lock.check()``, a :class:`~zephon_store.write.lock.HeldLock`), then remove what only a
     replaced manifest referenced."""
-    sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
-    rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
-    row_start, rg_index = 0, 0
-    for k, (cut, info) in enumerate(zip(cuts, infos)):
-        assert info is not None and info.rows == cut.rows
-        sh_cols["name"].append(info.name)
-        sh_cols["bytes"].append(info.bytes)
-        sh_cols["rows"].append(info.rows)
-        sh_cols["row_start"].append(row_start)
-        sh_cols["first_row_group"].append(rg_index)
-        sh_cols["num_row_groups"].append(len(info.row_groups))
-        sh_cols["footer_offset"].append(info.footer_offset)
-        sh_cols["footer_xxh3"].append(bytes.fromhex(info.footer_xxh3))
-        for rg in info.row_groups:
-            rg_cols["shard"].append(k)
-            rg_cols["rows"].append(rg.rows)
-            rg_cols["row_start"].append(row_start)
-            rg_cols["offset"].append(rg.offset)
-            rg_cols["length"].append(rg.length)
-            rg_cols["xxh3"].append(bytes.fromhex(rg.xxh3))
-            row_start += rg.rows
-            rg_index += 1
+    sh_cols, rg_cols, row_start, rg_index = _index_columns(cuts, infos)
     root = _common_root([f.url for f in files])
     prov = _provenance(files, metas, cuts, root)
     tables = {
@@ -198,26 +177,14 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
         "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
         "provenance": prov,
     }
-    refs, blobs = {}, {}
-    for kind, table in tables.items():
-        data = table_to_ipc(table)
-        h = xxh3_hex(data)
-        rel = f"{INDEX_DIR}/{h}.arrow"
-        blobs[rel] = (data, h)
-        refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
-    skipped = {kind: 0 for kind in SKIP_KINDS}
-    skipped["empty_inputs"] = 0
-    for m in metas:
-        for kind in SKIP_KINDS:
-            skipped[kind] += int(m.stats.get(kind, 0))
-        skipped["empty_inputs"] += int(m.rows == 0)
+    refs, blobs = _encode_tables(tables)
     doc = Manifest.build_doc(
         schema=schema, writer=options.to_dict(),
         totals={"num_samples": row_start, "num_shards": len(cuts), "num_row_groups": rg_index,
                 "total_bytes": int(sum(sh_cols["bytes"]))},
         table_refs=refs,
         inputs=inputs_doc(files),
-        skipped=skipped,
+        skipped=_skipped(metas),
         # How inputs were read is recorded but not hashed: the shard bytes it produced are,
         # and a new (defaulted) reader option must not change the id of identical data.
         created_by={"library": f"zephon_store {__version__}", "pyarrow": pa.__version__,
@@ -245,6 +212,58 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
     if old_owned is not None:
         _delete_owned(out, old_owned - m.referenced_paths(), lock)
     return m
+
+
+def _index_columns(cuts, infos) -> tuple[dict, dict, int, int]:
+    """The shard and row-group side tables' columns, in shard order, with the total rows and
+    row groups."""
+    sh_cols = {k: [] for k in SHARD_TABLE_SCHEMA.names}
+    rg_cols = {k: [] for k in ROW_GROUP_TABLE_SCHEMA.names}
+    row_start, rg_index = 0, 0
+    for k, (cut, info) in enumerate(zip(cuts, infos)):
+        assert info is not None and info.rows == cut.rows
+        sh_cols["name"].append(info.name)
+        sh_cols["bytes"].append(info.bytes)
+        sh_cols["rows"].append(info.rows)
+        sh_cols["row_start"].append(row_start)
+        sh_cols["first_row_group"].append(rg_index)
+        sh_cols["num_row_groups"].append(len(info.row_groups))
+        sh_cols["footer_offset"].append(info.footer_offset)
+        sh_cols["footer_xxh3"].append(bytes.fromhex(info.footer_xxh3))
+        for rg in info.row_groups:
+            rg_cols["shard"].append(k)
+            rg_cols["rows"].append(rg.rows)
+            rg_cols["row_start"].append(row_start)
+            rg_cols["offset"].append(rg.offset)
+            rg_cols["length"].append(rg.length)
+            rg_cols["xxh3"].append(bytes.fromhex(rg.xxh3))
+            row_start += rg.rows
+            rg_index += 1
+    return sh_cols, rg_cols, row_start, rg_index
+
+
+def _encode_tables(tables: dict) -> tuple[dict, dict]:
+    """Each side table as Arrow IPC bytes at ``index/<xxh3>.arrow``: the manifest's table refs
+    and ``{path: (bytes, xxh3)}`` to write."""
+    refs, blobs = {}, {}
+    for kind, table in tables.items():
+        data = table_to_ipc(table)
+        h = xxh3_hex(data)
+        rel = f"{INDEX_DIR}/{h}.arrow"
+        blobs[rel] = (data, h)
+        refs[kind] = {"path": rel, "xxh3": h, "bytes": len(data), "rows": table.num_rows}
+    return refs, blobs
+
+
+def _skipped(metas) -> dict[str, int]:
+    """The manifest's ``skipped`` counts, summed over the inputs' read stats."""
+    skipped = {kind: 0 for kind in SKIP_KINDS}
+    skipped["empty_inputs"] = 0
+    for m in metas:
+        for kind in SKIP_KINDS:
+            skipped[kind] += int(m.stats.get(kind, 0))
+        skipped["empty_inputs"] += int(m.rows == 0)
+    return skipped
 
 
 def _refuse(out: Storage, old: dict | ZephonError, old_owned: set[str] | None,
