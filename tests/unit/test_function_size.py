@@ -28,7 +28,6 @@ ALLOWED: dict[str, int] = {
     "load/audit.py::audit_run": 96,
     "read/verify.py::_check_shard": 85,
     "testing/live_worker.py::main": 87,
-    "write/convert.py::convert": 88,
 }
 
 

@@ -170,13 +170,20 @@ def convert(
                 os.close(active)  # the staged work stays for a rerun
             raise
         area.finish_job(active)
+    return _result(output, result, files, metas, reuse, executor, stages, t0)
+
+
+def _result(output: str, manifest, files, metas, reuse, executor: Executor,
+            stages: dict[str, float], t0: float) -> ConvertResult:
+    """What :func:`convert` returns: the published manifest's totals, what was reused and
+    skipped, and the time each stage took (``t0``: when the call began)."""
     inputs_reused, shards_reused = reuse
     return ConvertResult(
-        url=output, dataset_id=result.dataset_id, num_samples=result.num_samples,
-        num_shards=result.num_shards, num_row_groups=result.num_row_groups,
-        total_bytes=result.total_bytes, input_files=len(files),
+        url=output, dataset_id=manifest.dataset_id, num_samples=manifest.num_samples,
+        num_shards=manifest.num_shards, num_row_groups=manifest.num_row_groups,
+        total_bytes=manifest.total_bytes, input_files=len(files),
         input_bytes=sum(f.size for f in files), shards_reused=shards_reused,
-        inputs_reused=inputs_reused, skipped=result.skipped,
+        inputs_reused=inputs_reused, skipped=manifest.skipped,
         skip_examples=[e for m in metas for e in m.stats.get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3), engine=_engine_name(executor),
         workers=executor.workers,
