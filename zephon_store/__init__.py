@@ -42,46 +42,91 @@ from .errors import (  # noqa: E402
 # The public API: every name a user needs, importable from here. Internal modules live in
 # the layer folders (docs/design.md) and may move; these names do not.
 _LAZY = {
+    "AuditReport": ("load.audit", "AuditReport"),
+    "BatchOptions": ("load.options", "BatchOptions"),
     "ChunkCache": ("io.cache", "ChunkCache"),
-    "DecodedDiskCache": ("read.decoded_disk", "DecodedDiskCache"),
     "CoalesceOptions": ("io.coalesce", "CoalesceOptions"),
+    "ConsumedStep": ("load.audit", "ConsumedStep"),
     "Dataset": ("read.dataset", "Dataset"),
+    "DecodedDiskCache": ("read.decoded_disk", "DecodedDiskCache"),
+    "DenyList": ("load.denylist", "DenyList"),
+    "Executor": ("write.executors", "Executor"),
+    "FillReport": ("read.fill", "FillReport"),
+    "InputFile": ("ingest.options", "InputFile"),
     "InputOptions": ("ingest.options", "InputOptions"),
+    "InputStats": ("ingest.options", "InputStats"),
     "LoaderState": ("load.state", "LoaderState"),
+    "LocalExecutor": ("write.executors", "LocalExecutor"),
     "MixedDataset": ("load.mixed", "MixedDataset"),
     "MixtureSchedule": ("order.mixture", "MixtureSchedule"),
     "MixtureSpec": ("format.mixture_file", "MixtureSpec"),
     "Order": ("order.order", "Order"),
     "OrderOptions": ("order.order", "OrderOptions"),
     "PackingOptions": ("write.packing", "PackingOptions"),
+    "ReadAheadOptions": ("load.options", "ReadAheadOptions"),
     "RetryPolicy": ("io.retry", "RetryPolicy"),
+    "RunSegment": ("load.runlog", "RunSegment"),
+    "StopOptions": ("load.options", "StopOptions"),
+    "Storage": ("io.storage", "Storage"),
     "Topology": ("order.topology", "Topology"),
+    "WorkerOptions": ("load.options", "WorkerOptions"),
     "WriteOptions": ("write.shardwriter", "WriteOptions"),
-    "cache_clear": ("io.cache", "cache_clear"),
+    "audit_run": ("load.audit", "audit_run"),
     "audit_stream": ("load.audit", "audit_stream"),
+    "cache_clear": ("io.cache", "cache_clear"),
     "cache_info": ("io.cache", "cache_info"),
     "check_state": ("load.state", "check_state"),
+    "conform_batch": ("ingest.schema", "conform_batch"),
     "convert": ("write.convert", "convert"),
+    "expand_inputs": ("ingest.files", "expand_inputs"),
+    "fill_decoded_cache": ("read.fill", "fill_decoded_cache"),
     "gc": ("write.gc", "gc"),
+    "load_deny_list": ("load.denylist", "load_deny_list"),
     "load_mixture_file": ("format.mixture_file", "load_mixture_file"),
+    "make_executor": ("write.executors", "make_executor"),
     "open_dataset": ("read.dataset", "open_dataset"),
     "open_mixture": ("load.mixed", "open_mixture"),
+    "packing_convert_kwargs": ("write.packing", "packing_convert_kwargs"),
+    "positions_for_participant": ("order.assign", "positions_for_participant"),
+    "positions_for_rank": ("order.assign", "positions_for_rank"),
+    "read_input": ("ingest.read", "read_input"),
+    "read_run_log": ("load.runlog", "read_run_log"),
+    "step_cursor": ("order.assign", "step_cursor"),
+    "trace": ("load.audit", "trace"),
+    "unify_schemas": ("ingest.schema", "unify_schemas"),
     "verify": ("read.verify", "verify"),
+    "where": ("load.audit", "where"),
+}
+
+# The torch front ends, also in zephon_store.torch: reachable here, lazily, but left out of
+# __all__ so that `from zephon_store import *` never imports torch (nor needs it installed).
+_LAZY_TORCH = {
+    "LiveZephonLoader": ("torch", "LiveZephonLoader"),
+    "ZephonLoader": ("torch", "ZephonLoader"),
 }
 
 __all__ = [
     "AccessDeniedError",
+    "AuditReport",
+    "BatchOptions",
     "ChunkCache",
     "CoalesceOptions",
+    "ConsumedStep",
     "Dataset",
     "DecodedDiskCache",
+    "DenyList",
     "DiskFullError",
+    "Executor",
+    "FillReport",
     "InputError",
+    "InputFile",
     "InputNotFoundError",
     "InputOptions",
+    "InputStats",
     "IntegrityError",
     "LiveTopologyError",
     "LoaderState",
+    "LocalExecutor",
     "ManifestError",
     "MissingExtraError",
     "MixedDataset",
@@ -94,42 +139,62 @@ __all__ = [
     "OutputLockedError",
     "PackingOptions",
     "RayAddressError",
+    "ReadAheadOptions",
     "RetriesExhaustedError",
     "RetryPolicy",
+    "RunSegment",
     "SeqOutOfRangeError",
     "ShardNotFoundError",
     "SourceExhaustedError",
     "StateMismatchError",
+    "StopOptions",
+    "Storage",
     "StorageError",
     "StorageOptionsError",
     "Topology",
     "UnsafePathError",
     "WorkerLostError",
+    "WorkerOptions",
     "WriteOptions",
     "ZephonError",
     "__version__",
+    "audit_run",
     "audit_stream",
     "cache_clear",
     "cache_info",
     "check_state",
+    "conform_batch",
     "convert",
+    "expand_inputs",
+    "fill_decoded_cache",
     "gc",
+    "load_deny_list",
     "load_mixture_file",
+    "make_executor",
     "open_dataset",
     "open_mixture",
+    "packing_convert_kwargs",
+    "positions_for_participant",
+    "positions_for_rank",
+    "read_input",
+    "read_run_log",
+    "step_cursor",
+    "trace",
+    "unify_schemas",
     "verify",
+    "where",
 ]
-
 
 def __getattr__(name: str):
     # Lazy so `import zephon_store` stays cheap and free of optional dependencies.
-    if name in _LAZY:
+    where = _LAZY.get(name) or _LAZY_TORCH.get(name)
+    if where is not None:
         import importlib
 
-        mod, attr = _LAZY[name]
+        mod, attr = where
         return getattr(importlib.import_module(f"{__name__}.{mod}"), attr)
     raise AttributeError(f"module 'zephon_store' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return list(__all__)
+    return sorted([*__all__, *_LAZY_TORCH])

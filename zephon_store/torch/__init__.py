@@ -21,7 +21,8 @@ require("torch", "torch")
 
 from ..load.state import STATE_VERSION, LoaderState, check_state  # noqa: E402
 from .dataset import ZephonIterableDataset  # noqa: E402
+from .live import LiveZephonLoader  # noqa: E402
 from .loader import ZephonLoader  # noqa: E402
 
-__all__ = ["ZephonLoader", "ZephonIterableDataset", "LoaderState", "check_state",
-           "STATE_VERSION"]
+__all__ = ["ZephonLoader", "ZephonIterableDataset", "LiveZephonLoader", "LoaderState",
+           "check_state", "STATE_VERSION"]
