@@ -7,16 +7,19 @@ dataset into the decoded cache ahead of a job (on each node, while the job start
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 from .common import UsageError, add_storage_options, emit
 
 
-def _decoded(directory: str | None, budget: int | None = None):
-    from ..read.decoded_disk import DecodedDiskCache, default_decoded_dir
+def _decoded_dir(directory: str | None) -> str | None:
+    """``DIR/decoded`` for ``--dir DIR``; None (the default folder) without it."""
+    return os.path.join(directory, "decoded") if directory else None
 
-    return DecodedDiskCache(os.path.join(directory, "decoded") if directory
-                            else default_decoded_dir(), budget_bytes=budget)
+
+def _decoded(directory: str | None):
+    from ..read.decoded_disk import DecodedDiskCache
+
+    return DecodedDiskCache(_decoded_dir(directory))
 
 
 def add_cache_parser(sub) -> None:
@@ -49,78 +52,34 @@ def _budget(text: str) -> int:
     return budget
 
 
-def _how_jobs_read(cache, budget_flag: int | None) -> tuple[dict[str, str], bool, str | None]:
-    """The environment a job needs to read ``cache`` (a default loader reads a decoded
-    cache only where ``$ZEPHON_DECODED_CACHE_DIR`` names it), whether a job started from
-    this environment would, and a warning when it would not."""
-    from ..read.decoded_disk import ENV_BUDGET, ENV_DIR
-
-    env = {ENV_DIR: cache.directory}
-    if budget_flag is not None:
-        # A job with a smaller budget would evict part of what was filled.
-        env[ENV_BUDGET] = str(budget_flag)
-    here = os.environ.get(ENV_DIR)
-    usage = (f"set {ENV_DIR}={cache.directory} in the job's environment or pass "
-             f"decoded_cache={cache.directory!r} to ZephonLoader/open_dataset")
-    if not here:
-        return env, False, (f"${ENV_DIR} is not set here, so a job started from this "
-                            f"environment reads no decoded cache; {usage}")
-    here = os.path.abspath(os.path.expanduser(here))
-    if os.path.realpath(here) != os.path.realpath(cache.directory):
-        return env, False, (f"${ENV_DIR} here names {here}, so a job started from this "
-                            f"environment reads that folder, not {cache.directory} filled "
-                            f"now; {usage}")
-    return env, True, None
-
-
 def cmd_fill(args) -> int:
-    """Decode the row groups of ``args.url`` into the decoded cache, in order, until all are
-    there or 90% of the budget is filled (beyond it, eviction would undo the fill), and say
-    how a job reads it."""
+    """Print what :func:`~zephon_store.read.fill.fill_decoded_cache` did with ``args.url``
+    and how a job reads it."""
     import sys
 
-    from ..read.dataset import open_dataset
+    from ..read.fill import fill_decoded_cache
 
     budget = _budget(args.budget) if args.budget is not None else None
-    cache = _decoded(args.dir, budget)
-    limit = int(cache.budget_bytes * 0.9)
-    done = size = 0
-    # One decode per core: more threads than cores cost far more system time than they
-    # overlap (docs/benchmarks.md, section 14).
-    threads = min(4, os.cpu_count() or 1)
-    # cache=False: a remote dataset's compressed bytes are not kept beside the decoded ones.
-    with open_dataset(args.url, storage_options=args.storage_options, cache=False,
-                      decoded_cache=cache) as ds, ThreadPoolExecutor(threads) as pool:
-        rgs = ds.row_groups
-        n = ds.manifest.num_row_groups
-        while done < n and size <= limit:
-            batch = range(done, min(n, done + threads))
-            size += sum(t.nbytes for t in pool.map(lambda rg: rgs.read(rg, keep=False), batch))
-            done += len(batch)
-        cached = sum(cache.contains(rgs.decoded_key(rg)) for rg in range(n))
-    job_env, read_here, warning = _how_jobs_read(cache, budget)
-    out = {"url": args.url, "decoded_dir": cache.directory, "row_groups": n,
-           "filled": cached, "decoded": cache.stats.misses, "present": cache.stats.hits,
-           "dropped": cache.stats.corrupt, "bytes": size, "budget": cache.budget_bytes,
-           "complete": cached == n, "job_env": job_env, "jobs_here_read_it": read_here,
-           "warning": warning}
+    report = fill_decoded_cache(args.url, _decoded_dir(args.dir), budget_bytes=budget,
+                                storage_options=args.storage_options)
     if args.json:
-        emit(out)
+        emit(report.to_dict())
         return 0
-    print(f"{cached} of {n} row groups of {args.url} in {cache.directory} "
-          f"({cache.stats.misses} decoded now, {cache.stats.hits} already there, "
-          f"{size / 1e6:.1f} MB decoded"
-          + (f", {cache.stats.corrupt} damaged or misplaced entries replaced"
-             if cache.stats.corrupt else "") + ")")
+    cached, n = report.filled, report.row_groups
+    print(f"{cached} of {n} row groups of {args.url} in {report.decoded_dir} "
+          f"({report.decoded} decoded now, {report.present} already there, "
+          f"{report.bytes / 1e6:.1f} MB decoded"
+          + (f", {report.dropped} damaged or misplaced entries replaced"
+             if report.dropped else "") + ")")
     if cached < n:
-        print(f"stopped at 90% of the budget ({cache.budget_bytes} bytes): the rest "
+        print(f"stopped at 90% of the budget ({report.budget} bytes): the rest "
               "would evict what was filled; pass a larger --budget")
     print("a job reads it only with "
-          + " ".join(f"{k}={v}" for k, v in job_env.items())
-          + f" in its environment, or with decoded_cache={cache.directory!r} passed to "
+          + " ".join(f"{k}={v}" for k, v in report.job_env.items())
+          + f" in its environment, or with decoded_cache={report.decoded_dir!r} passed to "
           "ZephonLoader or open_dataset; without either, the loader reads no decoded cache")
-    if warning:
-        print(f"zephon cache fill: warning: {warning}", file=sys.stderr)
+    if report.warning:
+        print(f"zephon cache fill: warning: {report.warning}", file=sys.stderr)
     return 0
 
 
