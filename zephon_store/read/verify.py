@@ -195,7 +195,6 @@ def _load_tables(st: Storage, doc: dict, murl: str, add) -> dict | None:
 
 
 def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
-    out: list[Finding] = []
     name = m.shard_name(s)
     try:
         rel = shard_path(name)
@@ -209,6 +208,32 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
         return [Finding(name, "missing_shard", f"{url} is missing")]
     except OSError as exc:
         return [Finding(name, "read_error", f"{url}: {exc}")]
+    out: list[Finding] = []
+    sound = _check_shard_bytes(m, s, name, url, data, out)
+    footer = _read_footer(m, s, name, url, data, out)
+    if footer is None:
+        return out
+    md, schema = footer
+    _check_footer_counts(m, s, name, url, md, sound, out)
+    try:
+        want = m.storage_schema
+    except ManifestError as exc:
+        out.append(Finding(name, "schema_mismatch", f"{url}: {exc}"))
+        return out
+    if not schema.equals(want, check_metadata=False):
+        what = "storage schema" if m.storage else "schema"
+        out.append(Finding(name, "schema_mismatch", f"{url}: schema {schema} differs from the "
+                           f"manifest's {what} {want}"))
+    if deep and md.num_row_groups == int(m.shard_num_rgs[s]) and schema.equals(
+            want, check_metadata=False):
+        _decode_row_groups(m, name, url, data, md, sound, out)
+    return out
+
+
+def _check_shard_bytes(m: Manifest, s: int, name: str, url: str, data: bytes,
+                       out: list[Finding]) -> set[int]:
+    """Shard ``s``'s size, its hash against its name and each row group's hash; returns the
+    row groups (local indices) whose bytes match their hash: the only ones decoded."""
     want_size = int(m.shard_bytes[s])
     if len(data) != want_size:
         out.append(Finding(name, "size_mismatch",
@@ -218,7 +243,7 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
     if actual != name:
         out.append(Finding(name, "hash_mismatch", f"{url}: xxh3 {actual} does not match its name"))
     first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
-    sound = set()   # row groups whose bytes match their hash: the only ones decoded
+    sound = set()
     for local in range(n):
         rg = first + local
         off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
@@ -229,56 +254,66 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
                                f"manifest says {m.rg_xxh3(rg)}"))
         else:
             sound.add(local)
+    return sound
+
+
+def _read_footer(m: Manifest, s: int, name: str, url: str, data: bytes,
+                 out: list[Finding]) -> tuple[pq.FileMetaData, pa.Schema] | None:
+    """Shard ``s``'s Parquet footer and its Arrow schema, parsed only when the footer's bytes
+    match their hash; ``None`` (with a finding) when they do not or it does not parse."""
+    want_size = int(m.shard_bytes[s])
     fo = int(m.footer_offset[s])
     if len(data) != want_size or xxh3_hex(data[fo:want_size]) != m.shard_footer_xxh3(s):
         # Damaged bytes are never parsed or decoded: Arrow's Parquet reader is not made
         # for hostile input (a fuzzed flip crashed the process).
         out.append(Finding(name, "footer_hash", f"{url}: footer bytes {fo}.. do not match "
                            "their xxh3; its row groups were not decoded"))
-        return out
+        return None
     try:
         md = pq.read_metadata(pa.BufferReader(b"PAR1" + data[fo:want_size]))
         schema = md.schema.to_arrow_schema()
     except PARSE_ERRORS as exc:
         out.append(Finding(name, "footer_unreadable", f"{url}: Parquet footer unreadable: {exc}"))
-        return out
+        return None
+    return md, schema
+
+
+def _check_footer_counts(m: Manifest, s: int, name: str, url: str, md: pq.FileMetaData,
+                         sound: set[int], out: list[Finding]) -> None:
+    """The footer's row and row-group counts and each column chunk's byte range against the
+    manifest; a row group whose chunks reach outside its range leaves ``sound``."""
+    first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
     if md.num_rows != int(m.shard_rows[s]):
         out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_rows} rows, manifest "
                            f"says {int(m.shard_rows[s])}"))
     if md.num_row_groups != n:
         out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_row_groups} row "
                            f"groups, manifest says {n}"))
-    else:
-        for local in range(n):
-            got, want = md.row_group(local).num_rows, int(m.rg_rows[first + local])
-            if got != want:
-                out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
-                                   f" manifest says {want}"))
-            problem = chunk_range_problem(m, first + local, md.row_group(local))
-            if problem is not None:
-                out.append(Finding(name, "row_group_range", f"{url}: {problem}"))
-                sound.discard(local)
-    try:
-        want = m.storage_schema
-    except ManifestError as exc:
-        out.append(Finding(name, "schema_mismatch", f"{url}: {exc}"))
-        return out
-    if not schema.equals(want, check_metadata=False):
-        what = "storage schema" if m.storage else "schema"
-        out.append(Finding(name, "schema_mismatch", f"{url}: schema {schema} differs from the "
-                           f"manifest's {what} {want}"))
-    if deep and md.num_row_groups == n and schema.equals(want, check_metadata=False):
-        pf = pq.ParquetFile(pa.BufferReader(data), metadata=md)
-        for local in sorted(sound):
-            try:
-                # use_threads=False: Arrow's own CPU pool, once started, aborted some
-                # processes at exit ("terminate called without an active exception", exit
-                # 134) after a correct report; the shards are already checked in parallel.
-                m.to_logical(pf.read_row_group(local, use_threads=False))
-            except (ZephonError, *PARSE_ERRORS) as exc:
-                out.append(Finding(name, "decode_error", f"{url}: row group {local} does not "
-                                   f"decode: {exc}"))
-    return out
+        return
+    for local in range(n):
+        got, want = md.row_group(local).num_rows, int(m.rg_rows[first + local])
+        if got != want:
+            out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
+                               f" manifest says {want}"))
+        problem = chunk_range_problem(m, first + local, md.row_group(local))
+        if problem is not None:
+            out.append(Finding(name, "row_group_range", f"{url}: {problem}"))
+            sound.discard(local)
+
+
+def _decode_row_groups(m: Manifest, name: str, url: str, data: bytes, md: pq.FileMetaData,
+                       sound: set[int], out: list[Finding]) -> None:
+    """``verify --deep``: decode each sound row group into the logical schema."""
+    pf = pq.ParquetFile(pa.BufferReader(data), metadata=md)
+    for local in sorted(sound):
+        try:
+            # use_threads=False: Arrow's own CPU pool, once started, aborted some
+            # processes at exit ("terminate called without an active exception", exit
+            # 134) after a correct report; the shards are already checked in parallel.
+            m.to_logical(pf.read_row_group(local, use_threads=False))
+        except (ZephonError, *PARSE_ERRORS) as exc:
+            out.append(Finding(name, "decode_error", f"{url}: row group {local} does not "
+                               f"decode: {exc}"))
 
 
 __all__ = ["Finding", "VerifyReport", "verify", "manifest_json_schema", "schema_from_json"]
