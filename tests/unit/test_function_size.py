@@ -24,10 +24,8 @@ ALLOWED: dict[str, int] = {
     "cli/mixture_cmd.py::plan_mixture": 109,
     "load/pipeline.py::BatchPipeline._steps": 114,
     "load/simulate.py::simulate": 87,
-    "load/state.py::check_state": 85,
     "torch/loader.py::ZephonLoader.__init__": 90,
     # In this slice, each leaves with its split:
-    "load/audit.py::audit_run": 96,
     "testing/live_worker.py::main": 87,
 }
 

@@ -311,7 +311,34 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                           f"not {dataset_id}")
     for k in range(1, len(segs)):
         events += _boundary_events(segs[k - 1], segs[k], spans[k - 1][2])
-    # Position intervals each segment consumed.
+    intervals = _segment_intervals(spans, order_for, deny_for, dataset_id, n)
+    last_seg, _, last_stop = spans[-1]
+    start, end = first.cursor, last_seg.cursor_at(last_stop)
+    if end_step is None:
+        notes.append(f"the last segment (line {last_seg.line}, from step "
+                     f"{last_seg.first_step}) has no recorded end: pass end_step (--end-step) "
+                     "to audit its steps")
+    epochs_out: list[EpochExposure] = []
+    unlisted = 0
+    if intervals and _is_mixture_order(ref):
+        epochs_out, unlisted = _mixture_epochs(intervals, ref, start, end, chunk)
+    elif intervals:
+        epochs_out, unlisted = _dataset_epochs(intervals, ref, start, end, chunk, workers)
+    if unlisted:
+        notes.append(f"{unlisted} more whole epochs (of the dataset, or of a mixture's "
+                     "sources) were never read by any segment (a cursor gap): every sample "
+                     "of each skipped; not listed one by one")
+    total_steps = sum(b - a for _, a, b in spans)
+    return RunAudit(steps=total_steps, first_step=first.first_step,
+                    end_step=spans[-1][2], positions=sum(hi - lo for lo, hi, _, _ in intervals),
+                    epochs=tuple(epochs_out), events=tuple(events), segments=len(segs),
+                    notes=tuple(notes), unlisted_skipped_epochs=unlisted)
+
+
+def _segment_intervals(spans, order_for: OrderFor, deny_for, dataset_id: str | None,
+                       n: int) -> list[tuple[int, int, Any, Any]]:
+    """``(lo, hi, order, deny)``: the positions each segment consumed, with the order it read
+    (None for a segment of another dataset) and its deny list (or None)."""
     intervals = []
     for seg, a, b in spans:
         if b <= a:
@@ -324,58 +351,49 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                               f"epoch, the first segment's {n}")
         deny = deny_for(seg) if deny_for is not None and readable else None
         intervals.append((lo, hi, order, deny))
-    last_seg, _, last_stop = spans[-1]
-    start, end = first.cursor, last_seg.cursor_at(last_stop)
-    if end_step is None:
-        notes.append(f"the last segment (line {last_seg.line}, from step "
-                     f"{last_seg.first_step}) has no recorded end: pass end_step (--end-step) "
-                     "to audit its steps")
+    return intervals
+
+
+def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int,
+                    workers: int | None) -> tuple[list[EpochExposure], int]:
+    """``(epochs, whole epochs not listed)`` of a single dataset's run: each listed epoch's
+    exposures recomputed from the intervals that reach it, checked against ``ref`` where the
+    run's span ``[start, end)`` covers only part of the epoch."""
+    n = int(ref.num_samples)
     epochs_out: list[EpochExposure] = []
-    unlisted = 0
-    if intervals and _is_mixture_order(ref):
-        epochs_out, unlisted = _mixture_epochs(intervals, ref, start, end, chunk)
-    elif intervals:
-        # The epochs a segment read, and those of the run's span [start, end): the time is
-        # bounded by the positions the log's steps reach, whatever its cursors say.
-        read = [(lo, hi) for lo, hi, order, _ in intervals if order is not None and hi > lo]
-        listed, unlisted = _epochs_to_list(read, start, end, n)
-        exp = Exposures(n)
-        pool = ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1),
-                                  thread_name_prefix="zephon-audit")
-        try:
-            for e in listed:
-                e_lo, e_hi = e * n, (e + 1) * n
-                for lo, hi, order, deny in intervals:
-                    a, b = max(lo, e_lo), min(hi, e_hi)
-                    if order is None or a >= b:
-                        continue
+    # The epochs a segment read, and those of the run's span [start, end): the time is
+    # bounded by the positions the log's steps reach, whatever its cursors say.
+    read = [(lo, hi) for lo, hi, order, _ in intervals if order is not None and hi > lo]
+    listed, unlisted = _epochs_to_list(read, start, end, n)
+    exp = Exposures(n)
+    pool = ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1),
+                              thread_name_prefix="zephon-audit")
+    try:
+        for e in listed:
+            e_lo, e_hi = e * n, (e + 1) * n
+            for lo, hi, order, deny in intervals:
+                a, b = max(lo, e_lo), min(hi, e_hi)
+                if order is None or a >= b:
+                    continue
 
-                    def ids_of(c: int, order=order, b=b) -> tuple[np.ndarray, np.ndarray]:
-                        pos = np.arange(c, min(c + chunk, b), dtype=np.int64)
-                        return pos, order.sample_at(pos)
+                def ids_of(c: int, order=order, b=b) -> tuple[np.ndarray, np.ndarray]:
+                    pos = np.arange(c, min(c + chunk, b), dtype=np.int64)
+                    return pos, order.sample_at(pos)
 
-                    # numpy releases the GIL in sample_at's passes: chunks run side by side.
-                    for pos, ids in pool.map(ids_of, range(a, b, chunk)):
-                        # One order, one epoch, distinct positions: distinct ids.
-                        exp.add(pos, ids, None if deny is None else deny.masked(ids),
-                                distinct=True)
-                cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
-                expected = None
-                if (cov_lo, cov_hi) != (e_lo, e_hi):
-                    expected = (ref.sample_at(np.arange(cov_lo, cov_hi, dtype=np.int64))
-                                if cov_hi > cov_lo else np.zeros(0, dtype=np.int64))
-                epochs_out.append(exp.close(e, expected))
-        finally:
-            pool.shutdown()
-    if unlisted:
-        notes.append(f"{unlisted} more whole epochs (of the dataset, or of a mixture's "
-                     "sources) were never read by any segment (a cursor gap): every sample "
-                     "of each skipped; not listed one by one")
-    total_steps = sum(b - a for _, a, b in spans)
-    return RunAudit(steps=total_steps, first_step=first.first_step,
-                    end_step=spans[-1][2], positions=sum(hi - lo for lo, hi, _, _ in intervals),
-                    epochs=tuple(epochs_out), events=tuple(events), segments=len(segs),
-                    notes=tuple(notes), unlisted_skipped_epochs=unlisted)
+                # numpy releases the GIL in sample_at's passes: chunks run side by side.
+                for pos, ids in pool.map(ids_of, range(a, b, chunk)):
+                    # One order, one epoch, distinct positions: distinct ids.
+                    exp.add(pos, ids, None if deny is None else deny.masked(ids),
+                            distinct=True)
+            cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
+            expected = None
+            if (cov_lo, cov_hi) != (e_lo, e_hi):
+                expected = (ref.sample_at(np.arange(cov_lo, cov_hi, dtype=np.int64))
+                            if cov_hi > cov_lo else np.zeros(0, dtype=np.int64))
+            epochs_out.append(exp.close(e, expected))
+    finally:
+        pool.shutdown()
+    return epochs_out, unlisted
 
 
 def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: int, *,
