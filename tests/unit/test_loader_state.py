@@ -259,3 +259,20 @@ def test_cursor_not_a_multiple_of_the_global_batch_resumes_exactly(ds, reference
                        global_batch=B)
     assert [s.cursor for s in run.steps] == [0, 4, 8, 20, 32, 44, 56]
     assert_matches_reference(run.steps, reference)
+
+
+def test_step_is_a_field_of_the_state_checked_with_the_rest() -> None:
+    """One owner for the checkpoint (issue 30 item 5): ``step`` is parsed and validated by
+    check_state; a state saved before steps were counted still loads (no step)."""
+    from zephon_store.load.state import LoaderState, check_state
+
+    state = LoaderState("xxh3:00", OPTIONS, 24, step=2).to_dict()
+    assert list(state) == ["version", "dataset_id", "seed", "order", "cursor", "step"]
+    st_ = check_state(state, dataset_id="xxh3:00", order=OPTIONS)
+    assert (st_.cursor, st_.step, st_.step_or(B)) == (24, 2, 2)
+    old = {k: v for k, v in state.items() if k != "step"}
+    st_ = check_state(old, dataset_id="xxh3:00", order=OPTIONS)
+    assert (st_.step, st_.step_or(B)) == (None, 2)
+    for bad in (-1, True, 1.5, "3"):
+        with pytest.raises(StateMismatchError, match="'step' must be an int >= 0"):
+            check_state({**state, "step": bad}, dataset_id="xxh3:00", order=OPTIONS)

@@ -11,14 +11,12 @@ import os
 import pytest
 from stateful_helper import small_dataset
 
-from zephon_store.errors import StateMismatchError
 from zephon_store.load.runlog import (
     RunLogError,
     RunSegment,
     append_segment,
     read_run_log,
     segment_steps,
-    split_step,
 )
 from zephon_store.order import OrderOptions
 
@@ -122,12 +120,6 @@ def test_damaged_lines_name_the_line(tmp_path, line, message) -> None:
     empty.write_text("")
     with pytest.raises(RunLogError, match="holds no segment"):
         read_run_log(str(empty))
-
-
-def test_state_step_is_checked() -> None:
-    assert split_step({"cursor": 3}, 8) == ({"cursor": 3}, None)
-    with pytest.raises(StateMismatchError, match="'step' must be an int >= 0"):
-        split_step({"cursor": 3, "step": -1}, 8)
 
 
 def test_the_loader_writes_one_line_per_segment_from_rank_0(url, tmp_path) -> None:

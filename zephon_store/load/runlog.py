@@ -58,7 +58,7 @@ from ..order.order import OrderOptions
 from .denylist import DENY_MODE, IDENTITY_RE, DenyListError
 
 __all__ = ["RunLogError", "RunSegment", "append_segment", "read_run_log", "segment_steps",
-           "split_step", "with_step", "KEY_STEP", "MAX_GLOBAL_BATCH", "MAX_POSITION",
+           "MAX_GLOBAL_BATCH", "MAX_POSITION",
            "MAX_WORLD_SIZE", "RUNLOG_KIND", "RUNLOG_VERSION", "RUNLOG_NAME"]
 
 RUNLOG_KIND = "zephon-runlog"
@@ -77,37 +77,6 @@ _INT_FIELDS = ("first_step", "cursor", "global_batch", "world_size", "num_worker
 MAX_POSITION = 1 << 62
 MAX_WORLD_SIZE = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 24
-
-
-# The loader state's step count, beside the keys of load/state.py: global steps consumed
-# since the run began.
-KEY_STEP = "step"
-
-
-def with_step(state: dict, step: int) -> dict:
-    """The loader state with its step count (the run log's step numbers)."""
-    return {**state, KEY_STEP: int(step)}
-
-
-def split_step(state: dict, global_batch: int) -> tuple[dict, int | None]:
-    """``(state without "step", step or None)``; a state saved before steps were counted
-    has none, and the loader then counts from ``cursor // global_batch``.
-
-    >>> split_step({"cursor": 8, "step": 1}, 8)
-    ({'cursor': 8}, 1)
-    """
-    if not isinstance(state, dict) or KEY_STEP not in state:
-        return state, None
-    rest = {k: v for k, v in state.items() if k != KEY_STEP}
-    step = state[KEY_STEP]
-    if hasattr(step, "item") and callable(step.item):
-        step = step.item()   # DCP may hand back a 0-d tensor
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        from ..errors import StateMismatchError
-
-        raise StateMismatchError(f"loader state 'step' must be an int >= 0, got {step!r}; the "
-                                 "checkpoint is corrupted")
-    return rest, step
 
 
 class RunLogError(ZephonError, ValueError):

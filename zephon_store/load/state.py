@@ -1,4 +1,4 @@
-"""The loader checkpoint: ``{version, dataset_id, seed, order, cursor}``, nothing else.
+"""The loader checkpoint: ``{version, dataset_id, seed, order, cursor, step}``, nothing else.
 
 Identical on every rank, so a distributed checkpoint stores it once and any world size can
 load it. ``cursor`` counts samples the training loop consumed, across epochs.
@@ -9,6 +9,10 @@ boundary (:mod:`zephon_store.load.mixed`), as one JSON string. A string, not a n
 ``torch.distributed.checkpoint`` loads in place into a template made by the loader being
 resumed, whose schedule may have a stage more than the checkpoint's; one string value
 loads whatever its length. Version 1 states (single datasets) load as before.
+
+``step`` counts the global steps consumed since the run began (the run log numbers its
+segments by it, independently of the cursor); a state saved before steps were counted has
+none, and a resume then counts from ``cursor // global_batch``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ KEY_DATASET_ID = "dataset_id"
 KEY_SEED = "seed"
 KEY_ORDER = "order"
 KEY_CURSOR = "cursor"
+KEY_STEP = "step"   # optional: states written before steps were counted have none
 STATE_KEYS = (KEY_VERSION, KEY_DATASET_ID, KEY_SEED, KEY_ORDER, KEY_CURSOR)
 MIXTURE_STATE_VERSION = 2
 KEY_MIXTURE = "mixture"
@@ -43,6 +48,7 @@ class LoaderState:
     order: OrderOptions
     cursor: int
     mixture: dict | None = None   # a mixture's sources and schedule (version 2)
+    step: int | None = None       # global steps consumed (None: a state saved before them)
 
     def to_dict(self) -> dict:
         out = {KEY_VERSION: STATE_VERSION, KEY_DATASET_ID: self.dataset_id,
@@ -51,7 +57,13 @@ class LoaderState:
         if self.mixture is not None:
             out[KEY_VERSION] = MIXTURE_STATE_VERSION
             out[KEY_MIXTURE] = json.dumps(self.mixture, sort_keys=True, separators=(",", ":"))
+        if self.step is not None:
+            out[KEY_STEP] = int(self.step)
         return out
+
+    def step_or(self, global_batch: int) -> int:
+        """The state's step, or for a state saved without one ``cursor // global_batch``."""
+        return self.cursor // global_batch if self.step is None else self.step
 
 
 def _plain(v):
@@ -76,16 +88,46 @@ def _check_algorithm(what: str, saved, current: int) -> None:
         "resume with the zephon_store version that wrote the checkpoint (or start a new run)")
 
 
+def _check_step(state: dict) -> int | None:
+    """The state's ``step`` (None when it has none), or StateMismatchError."""
+    if KEY_STEP not in state:
+        return None
+    step = _plain(state[KEY_STEP])   # DCP may hand back a 0-d tensor
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise StateMismatchError(f"loader state 'step' must be an int >= 0, got {step!r}; the "
+                                 "checkpoint is corrupted")
+    return step
+
+
+def _check_keys(state: dict, version, *, dataset_id: str, mixture: bool) -> None:
+    """The state is of the kind the loader reads (one dataset or a mixture) and holds
+    exactly its keys (``step`` optional)."""
+    if (version == MIXTURE_STATE_VERSION) != mixture:
+        saved = ("a mixture" if version == MIXTURE_STATE_VERSION
+                 else f"dataset {state.get(KEY_DATASET_ID)}")
+        reads = "a mixture" if mixture else f"dataset {dataset_id}"
+        raise StateMismatchError(f"checkpoint (state version {version}) is for {saved}, but "
+                                 f"the loader reads {reads}; point the loader at what the run "
+                                 "started with")
+    keys = MIXTURE_STATE_KEYS if mixture else STATE_KEYS
+    missing = [k for k in keys if k not in state]
+    extra = [k for k in state if k not in keys and k != KEY_STEP]
+    if missing or extra:
+        raise StateMismatchError(f"loader state keys: missing {missing}, unexpected {extra}; "
+                                 f"expected exactly {list(keys)}")
+
+
 def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
                 mixture: bool = False) -> LoaderState:
     """Validate a state dict against the data and options it is loaded into.
 
-    Every key is checked; the error names the first wrong one and what to do. Options
+    Every key is checked (``step`` too, when the state has one: the returned state's
+    ``step`` is None when it has not); the error names the first wrong one and what to do. Options
     with ``lanes="auto"`` accept the checkpoint's lane count (the returned state's
     ``order`` is the checkpoint's, which a resume must use). With
     ``mixture=True`` the state must be a mixture's (version 2); its ``mixture`` entry comes
     back parsed, and its sources and schedule are checked by
-    :func:`zephon_store.load.mixed.resume_schedule` (the mixture's ``dataset_id`` changes
+    :meth:`zephon_store.load.mixed.MixedDataset.resumed` (the mixture's ``dataset_id`` changes
     when a stage is appended, so it is not compared here).
 
     >>> check_state({"version": 1, "dataset_id": "xxh3:00", "seed": 0,
@@ -97,24 +139,13 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
     """
     if not isinstance(state, dict):
         raise StateMismatchError(f"loader state must be a dict, got {type(state).__name__}")
+    step = _check_step(state)
     version = _plain(state.get(KEY_VERSION))
     if version not in (STATE_VERSION, MIXTURE_STATE_VERSION):
         raise StateMismatchError(f"loader state version {version!r} is not supported "
                                  f"(this zephon_store reads versions {STATE_VERSION} and "
                                  f"{MIXTURE_STATE_VERSION})")
-    if (version == MIXTURE_STATE_VERSION) != mixture:
-        saved = ("a mixture" if version == MIXTURE_STATE_VERSION
-                 else f"dataset {state.get(KEY_DATASET_ID)}")
-        reads = "a mixture" if mixture else f"dataset {dataset_id}"
-        raise StateMismatchError(f"checkpoint (state version {version}) is for {saved}, but "
-                                 f"the loader reads {reads}; point the loader at what the run "
-                                 "started with")
-    keys = MIXTURE_STATE_KEYS if mixture else STATE_KEYS
-    missing = [k for k in keys if k not in state]
-    extra = [k for k in state if k not in keys]
-    if missing or extra:
-        raise StateMismatchError(f"loader state keys: missing {missing}, unexpected {extra}; "
-                                 f"expected exactly {list(keys)}")
+    _check_keys(state, version, dataset_id=dataset_id, mixture=mixture)
     mix = None
     if mixture:
         try:
@@ -160,4 +191,4 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
         raise StateMismatchError(f"loader state 'cursor' must be an int in [0, 2**63), got "
                                  f"{cursor!r}; the checkpoint is corrupted")
     return LoaderState(dataset_id=state[KEY_DATASET_ID] if mixture else dataset_id,
-                       order=saved, cursor=cursor, mixture=mix)
+                       order=saved, cursor=cursor, mixture=mix, step=step)

@@ -61,7 +61,6 @@ from ..load.live import (
 )
 from ..load.mixed import is_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
-from ..load.runlog import split_step, with_step
 from ..load.state import LoaderState, check_state
 from ..order.order import OrderOptions
 from ..read.dataset import Dataset, as_dataset
@@ -235,8 +234,8 @@ class LiveZephonLoader:
     def state_dict(self) -> dict:
         """``{version, dataset_id, seed, order, cursor, step}``: the committed cursor and
         step count, identical on every rank (``ZephonLoader``'s state)."""
-        return with_step(LoaderState(self.dataset_id, self.order,
-                                     self._cursor.position).to_dict(), self._cursor.step)
+        return LoaderState(self.dataset_id, self.order, self._cursor.position,
+                           step=self._cursor.step).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a checkpoint, or the quorum's state transfer).
@@ -244,13 +243,12 @@ class LiveZephonLoader:
         With a torchft manager, load the manager's own state first: the cursor counts
         commits from the manager's step at the time of the load.
         """
-        state, step = split_step(state, self.global_batch)
         st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order)
         if st.order != self.order:     # "auto" lanes: the checkpoint's count
             self.order = st.order
             old, self.share = self.share, LiveShare(self.dataset, st.order, **self._share_args)
             old.close()
-        self._cursor.load(st.cursor, step)
+        self._cursor.load(st.cursor, st.step)
 
     def commit(self, ok: bool = True) -> None:
         """The step served last committed (``ok``) or not; only without a commit counter."""

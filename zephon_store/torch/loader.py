@@ -37,7 +37,7 @@ from ..load.engine import ShareEngine
 from ..load.mixed import MixedDataset, is_mixture, open_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
-from ..load.runlog import RunSegment, append_segment, split_step, with_step
+from ..load.runlog import RunSegment, append_segment
 from ..load.state import MAX_CURSOR, LoaderState, check_state
 from ..load.stream import RankStream
 from ..order.assign import step_cursor
@@ -272,8 +272,8 @@ class ZephonLoader:
         mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md). ``step``
         counts the global steps consumed since the run began (the run log's step numbers)."""
         mixture = self.dataset.state_entry() if self.is_mixture else None
-        state = LoaderState(self.dataset_id, self.order, self.cursor, mixture=mixture).to_dict()
-        return with_step(state, self.step)
+        return LoaderState(self.dataset_id, self.order, self.cursor, mixture=mixture,
+                           step=self.step).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
@@ -283,14 +283,13 @@ class ZephonLoader:
         raises StopIteration), so it can never hand out a batch of the old stream or move
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
-        state, step = split_step(state, self.topology.global_batch)
         st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
                          mixture=self.is_mixture)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
                 f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
-        step = st.cursor // self.topology.global_batch if step is None else step
+        step = st.step_or(self.topology.global_batch)
         if self.is_mixture:
             # The checkpoint's schedule up to the cursor, then this loader's later stages
             # (an appended stage continues each source where it stopped; one given in steps
