@@ -36,7 +36,7 @@ bench: $(STAMP)
 	# so pip picks the boto3 that matches it instead of upgrading botocore past that pin.
 	$(PY) -m pip install -q lightning-utilities obstore tifffile filelock boto3 \
 		"botocore==$$($(PY) -c 'import botocore; print(botocore.__version__)')"
-	$(PY) benchmarks/run_all.py
+	$(PY) -m benchmarks.run_all
 
 # Peers (MosaicML Streaming, LitData, HF datasets) live in their own venv, .venv-bench.
 bench-peers:

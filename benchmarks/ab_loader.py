@@ -5,7 +5,7 @@ Each run spawns the case once per tree, alternating (before, after, before, ...)
 background load hits both alike; the figure of merit is the ratio of medians.
 
     cp -r zephon_store /tmp/before/            # (or a git worktree of the old commit)
-    python benchmarks/ab_loader.py --before /tmp/before --mb 300 --runs 5 \\
+    python -m benchmarks.ab_loader --before /tmp/before --mb 300 --runs 5 \\
         --cases zephon_seq,zephon_shuffled --corpus all --json
 """
 
@@ -15,24 +15,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import corpora  # noqa: E402
+from . import corpora
+from .harness import run_child
 
 
 def _child(pkg: str, case: str, kind: str, mb: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=pkg, ZEPHON_BENCH_PKG=pkg,
-               LITDATA_DISABLE_VERSION_CHECK="1")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "bench_loader.py"), "--child", case,
-                          "--kind", kind, "--mb", str(mb)], capture_output=True, text=True,
-                         env=env, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"{case} ({pkg}) failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    env = dict(os.environ, ZEPHON_BENCH_PKG=pkg, LITDATA_DISABLE_VERSION_CHECK="1")
+    return run_child("bench_loader", "--child", case, "--kind", kind, "--mb", str(mb),
+                     pkg=pkg, env=env)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ stands in for a dataset of that shape.
 - where: ``Order.positions_of`` for one id in one epoch (cold: the epoch's O(num_blocks)
   table is built; warm: cached), and for 1,000 ids x 10 epochs in one call.
 
-    python benchmarks/bench_audit.py --blocks 100000 --rows 1000 --positions 300000000 --json
+    python -m benchmarks.bench_audit --blocks 100000 --rows 1000 --positions 300000000 --json
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from zephon_store.load.audit import audit_run  # noqa: E402
-from zephon_store.load.runlog import RunSegment  # noqa: E402
-from zephon_store.order import Order, OrderOptions  # noqa: E402
+from zephon_store.load.audit import audit_run
+from zephon_store.load.runlog import RunSegment
+from zephon_store.order import Order, OrderOptions
 
 
 def run_log(order: Order, positions: int) -> tuple[list[RunSegment], int]:

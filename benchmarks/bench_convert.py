@@ -16,7 +16,7 @@ The figure of merit is the ratio zephon / baseline MB/s (input bytes before comp
 per worker, timed inside each subprocess after its imports (interpreter start and imports
 are reported separately as ``median_s_with_imports``: they are a fixed cost per process). Usage:
 
-    python benchmarks/bench_convert.py --copies 4 --runs 3 --json
+    python -m benchmarks.bench_convert --copies 4 --runs 3 --json
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from .harness import ROOT
 
 BASELINE = r"""
 import time

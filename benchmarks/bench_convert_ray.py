@@ -9,14 +9,14 @@ the timed runs; each conversion runs in a fresh driver subprocess, timed after i
 so a Ray figure includes connecting the driver to the cluster (``stages.start``) and task
 scheduling. Every output is checked to be byte-identical to the first one. Usage:
 
-    python benchmarks/bench_convert_ray.py --copies 2 --files 8 --json
+    python -m benchmarks.bench_convert_ray --copies 2 --files 8 --json
 
 ``--driver`` measures instead what the driver itself does whatever the engine, for the scale
 plan (docs/scale.md): the cut (``Cutter`` over ``--rows`` per-row sizes, rows/s) and the
 publish of a manifest for ``--shards`` shards of 32 row groups from ``--inputs`` inputs
 (seconds and peak RSS growth), with synthetic but well-formed shard records:
 
-    python benchmarks/bench_convert_ray.py --driver --rows 20000000 --shards 30000 --json
+    python -m benchmarks.bench_convert_ray --driver --rows 20000000 --shards 30000 --json
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from .harness import ROOT
 
 DRIVER = r"""
 import time

@@ -15,7 +15,7 @@ in a fresh ``child.py`` process, the cases interleaved in every run:
 Every input, including the cache folder, is read once right before each child (this VM's
 DAMON ``pageout`` evicts page cache idle for seconds; ``run.warm``)::
 
-    .venv-bench/bin/python benchmarks/bench_decoded_cache.py --runs 5
+    .venv-bench/bin/python -m benchmarks.bench_decoded_cache --runs 5
 
 ``resume`` is the peers benchmark's: a fresh dataset and loader, ``load_state_dict`` at 50%
 of the data in the default (shuffled) order, the first batch, in ms (median of the warm
@@ -122,6 +122,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--node-ranks", type=int, default=0,
                     help="instead: one shuffled epoch read by this many ranks of one node")
+    ap.add_argument("--json", action="store_true", help="end with the results as one JSON line")
     a = ap.parse_args()
     results: dict = {}
     if a.node_ranks:
@@ -178,6 +179,8 @@ def main() -> int:
                       for c in ("cache cold", "cache warm")]
             print(f"| {kind} | {metric} | " + " | ".join(cells) + " | "
                   + " | ".join(str(r) for r in ratios) + " |")
+    if a.json:
+        print(json.dumps(results))
     return 0
 
 

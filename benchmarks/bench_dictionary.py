@@ -12,7 +12,7 @@ measurement (first-touch page faults are part of a real pass), it times
 ``str`` conversion of the text column ("python"). Cases run interleaved round-robin,
 ``--runs`` times each; the table reports medians and the ratio of decode times.
 
-    python benchmarks/bench_dictionary.py --mb 100 --runs 5
+    python -m benchmarks.bench_dictionary --mb 100 --runs 5
 """
 
 from __future__ import annotations
@@ -25,17 +25,13 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from bench_encoding import row_groups  # noqa: E402
+from zephon_store.testing.corpus import stdlib_sources
+from zephon_store.write.shardwriter import WriteOptions, write_shard
 
-from zephon_store.testing.corpus import stdlib_sources  # noqa: E402
-from zephon_store.write.shardwriter import WriteOptions, write_shard  # noqa: E402
+from .bench_encoding import row_groups
 
 DOC_BYTES = 16 << 10
 

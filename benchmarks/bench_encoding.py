@@ -10,7 +10,7 @@ full decode of every row group to the logical ``fixed_size_list<int32>`` column:
 :func:`zephon_store.format.encoding.to_logical` (the only reader change). Cases run interleaved
 round-robin, ``--runs`` times each; the table reports the best and the median.
 
-    python benchmarks/bench_encoding.py --mb 300 --runs 5 --json
+    python -m benchmarks.bench_encoding --mb 300 --runs 5 --json
 """
 
 from __future__ import annotations
@@ -23,19 +23,16 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from corpora import WINDOW, token_windows  # noqa: E402
+from zephon_store.format.encoding import storage_encodings, to_logical
+from zephon_store.write.layout import Cutter
+from zephon_store.write.rowsize import table_row_nbytes
+from zephon_store.write.shardwriter import WriteOptions, write_shard
 
-from zephon_store.format.encoding import storage_encodings, to_logical  # noqa: E402
-from zephon_store.write.layout import Cutter  # noqa: E402
-from zephon_store.write.rowsize import table_row_nbytes  # noqa: E402
-from zephon_store.write.shardwriter import WriteOptions, write_shard  # noqa: E402
+from .corpora import WINDOW, token_windows
 
 LAYOUTS = ("list", "binary")
 

@@ -31,8 +31,8 @@ down to a step), ``--resume-reps`` times each: open the dataset (a fresh decode 
 page cache is warm), build a ``ZephonLoader`` (default shuffled order), then time
 ``load_state_dict(state)`` + ``next(iter(loader))``. Median over the reps.
 
-    python benchmarks/bench_loader.py --quick --json      # 60 MB corpora
-    python benchmarks/bench_loader.py --mb 300 --runs 3   # the full run
+    python -m benchmarks.bench_loader --quick --json      # 60 MB corpora
+    python -m benchmarks.bench_loader --mb 300 --runs 3   # the full run
 """
 
 from __future__ import annotations
@@ -41,15 +41,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import corpora  # noqa: E402  (puts this checkout, or $ZEPHON_BENCH_PKG, on sys.path)
+from . import corpora
+from .harness import run_child
 
 BATCH = {"text": 256, "tokens": 32}
 CASES = ["raw_rows", "arrow_scan", "arrow_scan_decoded", "litdata_seq", "litdata_shuffle",
@@ -247,12 +243,9 @@ def child_main(argv: list[str]) -> None:
 
 
 def _spawn(args: list[str], timeout: float = 1800) -> dict:
-    env = dict(os.environ, PYTHONPATH=corpora.PKG_ROOT, LITDATA_DISABLE_VERSION_CHECK="1")
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
-                         capture_output=True, text=True, env=env, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"child {args} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # The child reads with $ZEPHON_BENCH_PKG's zephon_store when set (corpora.PKG_ROOT).
+    return run_child("bench_loader", *args, pkg=corpora.PKG_ROOT, timeout=timeout,
+                     env=dict(os.environ, LITDATA_DISABLE_VERSION_CHECK="1"))
 
 
 def bench_corpus(kind: str, mb: int, runs: int, cases: list[str], resume_reps: int,

@@ -12,7 +12,7 @@ per rank per step, one epoch.
    nodes (``--resume-nodes``, ranges like ``1-1024``): the aggregate amplification over the
    nodes, its worst ``M'``, and the bound ``1 + M'/P + 1/K`` it is checked against.
 
-    python benchmarks/bench_locality.py --json
+    python -m benchmarks.bench_locality --json
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ options, cold cache) with this tree and, given ``--before DIR`` (a directory hol
 older ``zephon_store/``, e.g. ``git archive 598b993 zephon_store | tar -x -C DIR``),
 with that tree, alternating, ``--runs`` times each; samples/s medians and their ratio.
 
-    python benchmarks/bench_locality_s3.py --before /tmp/before --json
+    python -m benchmarks.bench_locality_s3 --before /tmp/before --json
 """
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from .harness import ROOT, run_child
+
 BUCKET = "bench"
 ROWS = 20            # rows per row group, as in issue 21's datasets
 RANKS_PER_NODE = 8
@@ -112,13 +111,9 @@ def child_main(argv: list[str]) -> None:
 
 
 def _spawn(pkg: str, cache_dir: str, *args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=pkg, ZEPHON_CACHE_DIR=cache_dir)
+    env = dict(os.environ, ZEPHON_CACHE_DIR=cache_dir)
     env.pop("ZEPHON_CACHE_BUDGET", None)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
-                         capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"{args} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child("bench_locality_s3", *args, pkg=pkg, env=env)
 
 
 def _write_input(directory: str, row_groups: int, record_bytes: int) -> None:

@@ -6,7 +6,7 @@ group each, 10,000 samples per shard = 10^10 samples), then in a fresh subproces
 open time and peak RSS of `load_manifest`, and `locate` lookups/s on 10M random sequence
 numbers (and sorted ones).
 
-    python benchmarks/bench_manifest.py --shards 1000000 --json
+    python -m benchmarks.bench_manifest --shards 1000000 --json
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from zephon_store._util.hashing import xxh3_hex  # noqa: E402
-from zephon_store.format.manifest import (  # noqa: E402
+from zephon_store._util.hashing import xxh3_hex
+from zephon_store.format.manifest import (
     MANIFEST_NAME,
     PROVENANCE_TABLE_SCHEMA,
     ROW_GROUP_TABLE_SCHEMA,
@@ -33,7 +31,9 @@ from zephon_store.format.manifest import (  # noqa: E402
     Manifest,
     table_to_ipc,
 )
-from zephon_store.write.shardwriter import WriteOptions  # noqa: E402
+from zephon_store.write.shardwriter import WriteOptions
+
+from .harness import ROOT
 
 
 def make(root: str, shards: int, rows_per_shard: int) -> None:
@@ -108,8 +108,7 @@ def main() -> None:
         t0 = time.perf_counter()
         make(root, a.shards, a.rows_per_shard)
         made = time.perf_counter() - t0
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))))
+        env = dict(os.environ, PYTHONPATH=ROOT)
         out = subprocess.run([sys.executable, "-c", CHILD, root], capture_output=True, text=True,
                              env=env, check=True)
         res = json.loads(out.stdout)

@@ -21,7 +21,7 @@ them with weights proportional to their sizes, in two stages (the second from sa
 Batch: 32 windows (tokens) or 256 documents (text), ``num_workers=0``. All data is local and
 read once before the first timed run (page cache warm).
 
-    python benchmarks/bench_mixture.py --kind tokens --mb 100 --runs 3 --json
+    python -m benchmarks.bench_mixture --kind tokens --mb 100 --runs 3 --json
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import corpora  # noqa: E402  (puts this checkout on sys.path)
+from . import corpora
+from .harness import run_child
 
 BATCH = {"text": 256, "tokens": 32}
 SEED = 7
@@ -134,11 +130,9 @@ def _child(args) -> None:
 
 
 def _run_child(args, what: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--kind", args.kind, "--mb", str(args.mb),
-           "--resume-reps", str(args.resume_reps), "--epochs", str(args.epochs),
-           "--child", what]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("bench_mixture", "--kind", args.kind, "--mb", str(args.mb),
+                     "--resume-reps", str(args.resume_reps), "--epochs", str(args.epochs),
+                     "--child", what)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ Two stages (the second starts at 10**11, so positions at 10**12 lie in it), weig
 once from a fixed seed; the 0 vs 10**12 comparison uses the second stage's weights alone. Every figure
 is the median of ``--runs`` repetitions in this process, after a warm-up call.
 
-    python benchmarks/bench_mixture_math.py --json
+    python -m benchmarks.bench_mixture_math --json
 """
 
 from __future__ import annotations

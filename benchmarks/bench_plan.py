@@ -18,7 +18,7 @@ count is capped at ``num_row_groups // window_blocks`` and then rounded down to 
 the requested count: with lanes=5040 a few hundred row groups give 30 lanes, which no W > 1
 here divides, while 16,000 give 1680 lanes, which W = 8 and 48 divide (64 does not).
 
-    python benchmarks/bench_plan.py --json
+    python -m benchmarks.bench_plan --json
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import corpora  # noqa: E402
+from . import corpora
 
 WORLD_SIZES = (1, 8, 48, 64)
 # The default OrderOptions().lanes, the earlier default 5040, plain slicing (1), and lanes

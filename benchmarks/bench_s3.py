@@ -25,7 +25,7 @@ dataset and reports the requests and bytes of each epoch (target: none in the se
 The server, client and loader share this machine's CPUs: loopback S3 has no network
 limit, so these figures measure CPU cost per byte, not a network's bandwidth.
 
-    python benchmarks/bench_s3.py --quick --json
+    python -m benchmarks.bench_s3 --quick --json
 """
 
 from __future__ import annotations
@@ -36,15 +36,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import corpora  # noqa: E402
+from . import corpora
+from .harness import run_child
 
 BUCKET = "bench"
 BATCH = 256
@@ -160,14 +157,10 @@ def child_main(argv: list[str]) -> None:
 
 
 def _spawn(case: str, url: str, so: dict, cache_dir: str, *, epochs: int = 1) -> dict:
-    env = dict(os.environ, PYTHONPATH=corpora.PKG_ROOT, ZEPHON_CACHE_DIR=cache_dir)
+    env = dict(os.environ, ZEPHON_CACHE_DIR=cache_dir)
     env.pop("ZEPHON_CACHE_BUDGET", None)   # default 10 GiB: holds the dataset
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", case,
-                          "--url", url, "--so", json.dumps(so), "--epochs", str(epochs)],
-                         capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"{case} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child("bench_s3", "--child", case, "--url", url, "--so", json.dumps(so),
+                     "--epochs", str(epochs), pkg=corpora.PKG_ROOT, env=env)
 
 
 def _summary(results: list[dict], mb_of) -> dict:

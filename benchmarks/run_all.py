@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Run every benchmark and write ``.bench/results.json`` (with the machine and versions).
+"""Run every benchmark suite and write ``.bench/results.json`` (with the machine and versions).
 
-    python benchmarks/run_all.py            # full: 300 MB corpora, 3 runs each (~30 min)
-    python benchmarks/run_all.py --quick    # 60 MB corpora, smaller convert/manifest runs
+    python -m benchmarks.run_all            # full: 300 MB corpora, the runs docs/benchmarks.md cites
+    python -m benchmarks.run_all --quick    # smaller corpora and fewer runs: every suite, same code
+    python -m benchmarks.run_all --only loader,s3 --before /path/to/old/tree
+    python -m benchmarks.run_all --list     # the suites and the command each runs
 
-Each benchmark runs as its own process with ``--json``; one that fails is recorded with its
-error and the others still run. ``docs/benchmarks.md`` explains every figure.
+Each suite runs as its own process (``python -m benchmarks.<module> ... --json``); one that
+fails is recorded with its error and the others still run. ``ab_loader`` (before/after)
+runs only with ``--before``; ``decoded_cache`` reads the peers' corpora
+(``make bench-peers`` first). ``docs/benchmarks.md`` explains every figure.
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from .harness import ROOT
 
 
 def machine() -> dict:
@@ -65,19 +68,18 @@ def versions() -> dict:
     return v
 
 
-def run(name: str, args: list[str], log) -> dict:
-    cmd = [sys.executable, os.path.join(HERE, args[0]), *args[1:], "--json"]
-    log(f"== {name}: {' '.join(cmd[1:])}")
+def run(name: str, module: str, args: list[str], log) -> dict:
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", *args, "--json"]
+    shown = "python " + " ".join(cmd[1:])
+    log(f"== {name}: {shown}")
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = round(time.perf_counter() - t0, 1)
     if out.returncode != 0:
         log(f"   failed ({out.returncode}) after {wall} s")
-        return {"command": " ".join(cmd[1:]), "wall_s": wall, "error": out.stderr[-4000:]}
+        return {"command": shown, "wall_s": wall, "error": out.stderr[-4000:]}
     log(f"   done in {wall} s")
-    return {"command": "python " + " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT)
-                                            else c for c in cmd[1:]),
-            "wall_s": wall, "result": _last_json(out.stdout)}
+    return {"command": shown, "wall_s": wall, "result": _last_json(out.stdout)}
 
 
 def _last_json(stdout: str):
@@ -89,27 +91,64 @@ def _last_json(stdout: str):
         return json.loads(text)
 
 
+def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
+    """Every suite: name -> (module of this package, arguments); ``quick`` picks the small
+    runs. Each module's docstring says what it measures."""
+    def pick(full: list[str], small: list[str]) -> list[str]:
+        return small if quick else full
+
+    plan = {
+        "loader": ("bench_loader", pick([], ["--quick"])),
+        "plan": ("bench_plan", pick([], ["--quick"])),
+        "s3": ("bench_s3", pick([], ["--quick"])),
+        "convert": ("bench_convert", ["--copies", pick(["3"], ["1"])[0], "--runs", "3"]),
+        "manifest": ("bench_manifest", ["--shards", pick(["1000000"], ["100000"])[0]]),
+        "convert_ray": ("bench_convert_ray", ["--copies", pick(["4"], ["1"])[0]]),
+        "encoding": ("bench_encoding", pick(["--mb", "300", "--runs", "5"],
+                                            ["--mb", "60", "--runs", "3"])),
+        "dictionary": ("bench_dictionary", pick(["--mb", "100", "--runs", "5"],
+                                                ["--mb", "30", "--runs", "3"])),
+        "audit": ("bench_audit", pick(["--positions", "200000000"],
+                                      ["--blocks", "10000", "--positions", "20000000",
+                                       "--runs", "3"])),
+        "locality": ("bench_locality", pick([], ["--row-groups", "2000", "--worlds", "8,64",
+                                                 "--start-nodes", "2,8",
+                                                 "--resume-nodes", "1-64"])),
+        "locality_s3": ("bench_locality_s3",
+                        pick([], ["--row-groups", "200", "--nodes", "2", "--runs", "1"])
+                        + (["--before", before] if before else [])),
+        "mixture": ("bench_mixture", pick(["--kind", "tokens", "--mb", "300", "--runs", "5"],
+                                          ["--kind", "tokens", "--mb", "60", "--runs", "1",
+                                           "--resume-reps", "2", "--epochs", "1"])),
+        "mixture_math": ("bench_mixture_math", ["--runs", pick(["7"], ["2"])[0]]),
+        "decoded_cache": ("bench_decoded_cache", pick(["--runs", "5"],
+                                                      ["--runs", "1", "--kinds", "tokens"])),
+    }
+    if before:
+        plan["ab_loader"] = ("ab_loader", ["--before", before,
+                                           *pick(["--runs", "5"], ["--mb", "60", "--runs", "1"])])
+    return plan
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated: loader,plan,s3,convert,convert_ray,manifest,encoding,dictionary")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--quick", action="store_true", help="small corpora and few runs")
+    ap.add_argument("--only", default="", help="comma-separated suite names (see --list)")
+    ap.add_argument("--before", default=None,
+                    help="an older tree holding zephon_store/: adds ab_loader, and "
+                         "locality_s3's before/after")
+    ap.add_argument("--list", action="store_true", help="print the suites and exit")
     ap.add_argument("--out", default=os.path.join(ROOT, ".bench", "results.json"))
     a = ap.parse_args()
-    q = ["--quick"] if a.quick else []
-    plan = {
-        "loader": ["bench_loader.py", *q],
-        "plan": ["bench_plan.py", *q],
-        "s3": ["bench_s3.py", *q],
-        "convert": ["bench_convert.py", "--copies", "1" if a.quick else "3",
-                    "--runs", "3"],
-        "manifest": ["bench_manifest.py", "--shards", "100000" if a.quick else "1000000"],
-        "convert_ray": ["bench_convert_ray.py", "--copies", "1" if a.quick else "4", "--json"],
-        "encoding": ["bench_encoding.py", "--mb", "60" if a.quick else "300",
-                     "--runs", "3" if a.quick else "5"],
-        "dictionary": ["bench_dictionary.py", "--mb", "30" if a.quick else "100",
-                       "--runs", "3" if a.quick else "5"],
-    }
+    plan = suites(a.quick, a.before)
+    if a.list:
+        for name, (module, args) in plan.items():
+            print(f"{name:14} python -m benchmarks.{module} {' '.join(args)}".rstrip())
+        return
     only = [s for s in a.only.split(",") if s]
+    unknown = sorted(set(only) - set(plan))
+    if unknown:
+        ap.error(f"unknown suite(s) {', '.join(unknown)}; --list names them")
     if only:
         plan = {k: v for k, v in plan.items() if k in only}
 
@@ -124,8 +163,8 @@ def main() -> None:
         # (each entry records its own date, machine load and versions).
         with open(a.out) as f:
             results["benchmarks"] = json.load(f).get("benchmarks", {})
-    for name, args in plan.items():
-        entry = run(name, args, log)
+    for name, (module, args) in plan.items():
+        entry = run(name, module, args, log)
         entry.update(date=now, loadavg_at_start=results["machine"]["loadavg_at_start"],
                      versions=results["versions"])
         results["benchmarks"][name] = entry
