@@ -341,6 +341,12 @@ class Manifest:
                 raise UnsafePathError(f"{self.url}: tables.{kind}: {exc}") from None
         return paths
 
+    def table_sizes(self) -> dict[str, int]:
+        """``{root-relative path: bytes}`` of the side tables (checked as by
+        :meth:`referenced_paths`)."""
+        self.referenced_paths()
+        return {ref["path"]: int(ref["bytes"]) for ref in self.doc["tables"].values()}
+
     def unreferenced(self, listdir: Callable[[str], list[str]]) -> list[str]:
         """Root-relative paths under ``shards/`` and ``index/`` this manifest does not name
         (orphans): ``listdir(folder)`` gives a folder's root-relative paths, e.g.

@@ -128,7 +128,7 @@ def check_referenced(out: Storage, m: Manifest) -> None:
     recorded size: the manifest must never name a file that is not there (one listing of
     ``shards/`` and ``index/``, not a request per file)."""
     want = {m.shard_path(s): int(m.shard_bytes[s]) for s in range(m.num_shards)}
-    want.update((ref["path"], int(ref["bytes"])) for ref in m.doc["tables"].values())
+    want.update(m.table_sizes())
     have = {**out.sizes(SHARD_DIR), **out.sizes(INDEX_DIR)}
     for rel, nbytes in sorted(want.items()):
         size = have.get(rel)
