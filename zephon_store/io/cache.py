@@ -285,7 +285,7 @@ class ChunkCache:
 
     def _write_usage(self, usage: int) -> None:
         # Padded to a fixed width, so one pwrite replaces the old value without an ftruncate
-        # (docs/benchmarks.md, section 14).
+        # (docs/benchmarks.md, "The decoded cache").
         fd = os.open(self._usage_path(), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, f"{max(usage, 0):<24d}".encode(), 0)

@@ -1,7 +1,7 @@
 """A node-local disk cache of *decoded* row groups: Arrow IPC files, memory-mapped.
 
 The shards stay compressed (zstd by default), and every pass over them pays the decode
-again: on a 2-core machine that is most of a pass's CPU (docs/benchmarks.md section 13).
+again: on a 2-core machine that is most of a pass's CPU (docs/benchmarks.md, "Loader").
 With a :class:`DecodedDiskCache`, the first decode of a row group on a node also writes the
 table, uncompressed, as an Arrow IPC file; every later read of it, by any rank, worker or
 epoch of the node, maps that file and hands out zero-copy views of it (no decompression,
@@ -15,7 +15,7 @@ and a re-converted dataset can never be served an old table.
 The decoded bytes are not the bytes the manifest vouches for, so each entry carries its own
 check: a 56-byte trailer (magic, the xxh3-128 of the IPC bytes, the key and the row count,
 then the IPC length, the key and the row count) written with it, and every read hashes the
-mapped bytes against it before using them (its cost: docs/benchmarks.md, section 14). The
+mapped bytes against it before using them (cost: docs/benchmarks.md, "The decoded cache"). The
 key in the trailer binds the entry to its name: an entry file copied onto another key's
 name (an rsync or restore slip, two caches merged) hashes correctly but names another key,
 and is refused. Every read also checks the table's schema and its row count against the
@@ -251,7 +251,7 @@ class DecodedDiskCache:
         once is decoded by one of them and mapped by the others (a first epoch decodes once
         per node, not once per rank). The entry is written in the calling thread: a
         background writer that skipped entries when behind was tried and measured slower on
-        both one and two ranks (docs/benchmarks.md, section 14).
+        both one and two ranks (docs/benchmarks.md, "The decoded cache").
 
         >>> import pyarrow as pa
         >>> dc, t = DecodedDiskCache(tmp), pa.table({"a": [1]})

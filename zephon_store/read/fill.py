@@ -89,7 +89,7 @@ def fill_decoded_cache(url: str, decoded_dir: str | None = None, *,
     limit = int(cache.budget_bytes * 0.9)
     done = size = 0
     # One decode per core: more threads than cores cost far more system time than they
-    # overlap (docs/benchmarks.md, section 14).
+    # overlap (docs/benchmarks.md, "The decoded cache").
     threads = threads if threads is not None else min(4, os.cpu_count() or 1)
     # cache=False: a remote dataset's compressed bytes are not kept beside the decoded ones.
     with open_dataset(url, storage_options=storage_options, cache=False,

@@ -34,7 +34,7 @@ class WriteOptions:
     ``target_shard_bytes`` and ``row_group_bytes`` are measured on the values before
     compression (see :mod:`zephon_store.write.rowsize`), so cuts are a pure function of the data.
     ``fixed_size_lists``: ``"binary"`` stores fixed-size lists of numbers as fixed-size
-    binary (decoded without Parquet's list levels; docs/benchmarks.md section 6, and
+    binary (decoded without Parquet's list levels; docs/benchmarks.md, "Storage encodings", and
     :mod:`zephon_store.format.encoding`); ``"list"`` keeps Parquet's list layout, which can
     hold null elements.
     ``use_dictionary``: ``"auto"`` (the default) dictionary-encodes every column except
