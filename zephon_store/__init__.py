@@ -43,6 +43,7 @@ from .errors import (  # noqa: E402
 # the layer folders (docs/design.md) and may move; these names do not.
 _LAZY = {
     "AuditReport": ("load.audit", "AuditReport"),
+    "AuditRequestError": ("load.audit", "AuditRequestError"),
     "BatchOptions": ("load.options", "BatchOptions"),
     "ChunkCache": ("io.cache", "ChunkCache"),
     "CoalesceOptions": ("io.coalesce", "CoalesceOptions"),
@@ -66,6 +67,7 @@ _LAZY = {
     "PackingOptions": ("write.packing", "PackingOptions"),
     "ReadAheadOptions": ("load.options", "ReadAheadOptions"),
     "RetryPolicy": ("io.retry", "RetryPolicy"),
+    "RunContext": ("load.accounting", "RunContext"),
     "RunSegment": ("load.runlog", "RunSegment"),
     "StopOptions": ("load.options", "StopOptions"),
     "Storage": ("io.storage", "Storage"),
@@ -111,6 +113,7 @@ _LAZY_TORCH = {
 __all__ = [
     "AccessDeniedError",
     "AuditReport",
+    "AuditRequestError",
     "BatchOptions",
     "ChunkCache",
     "CoalesceOptions",
@@ -146,6 +149,7 @@ __all__ = [
     "ReadAheadOptions",
     "RetriesExhaustedError",
     "RetryPolicy",
+    "RunContext",
     "RunSegment",
     "SeqOutOfRangeError",
     "ShardNotFoundError",

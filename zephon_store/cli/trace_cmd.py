@@ -5,6 +5,8 @@ shard byte is read, except by ``trace --show`` (the records themselves). Without
 ``trace`` and ``where`` take the order options as ``zephon plan`` does, plus
 ``--global-batch``, ``--world-size`` and ``--cursor`` for ``trace``; a mixture file's seed
 and stages come from the file, by the loader's own rule (:mod:`zephon_store.load.order_inputs`).
+Which order and deny list each log segment used is the library's answer
+(:class:`zephon_store.load.accounting.RunContext`); this module parses and prints.
 See docs/audit.md.
 """
 
@@ -14,12 +16,9 @@ import contextlib
 import sys
 import time
 
-import numpy as np
-
 from .common import (
     UsageError,
     add_storage_options,
-    build_options,
     dumps,
     emit,
     non_negative_int,
@@ -119,235 +118,24 @@ def _answers(log: str | None):
         raise
 
 
-class _Context:
-    """The manifest, the orders per options, deny lists and provenance, loaded once."""
+def _context(args):
+    """The run's :class:`~zephon_store.load.accounting.RunContext` from the arguments."""
+    from ..load.accounting import RunContext
 
-    def __init__(self, args) -> None:
-        from ..errors import MixtureError
-        from ..format.manifest import load_manifest
-        from ..io.storage import Storage
-        from ..load.mixed import is_mixture, open_mixture
-        from ..load.order_inputs import run_global_batch
-        from ..load.runlog import read_run_log
-
-        self.args = args
-        self.mix = None
-        self.segments = None
-        self._orders: dict = {}
-        self._deny: dict = {}
-        mixture = is_mixture(args.dataset)
-        if getattr(args, "log", None) and mixture:
-            self.segments = read_run_log(args.log)
-        try:
-            # The loader's rule: the log's global batch (or --global-batch without a log)
-            # places the stage starts in steps; a disagreeing flag is refused.
-            self.global_batch = run_global_batch(getattr(args, "global_batch", None),
-                                                 self.segments, log=args.log)
-        except MixtureError as exc:
-            raise UsageError(str(exc)) from None
-        if mixture:
-            # A mixture file: its sources' manifests; each segment's schedule comes from
-            # the log, so stages in steps that a checkpoint fixed (and that would not be in
-            # order at the first segment's batch) are not an error here (as for a loader
-            # that resumes).
-            with _answers(None):
-                self.mix = open_mixture(args.dataset, global_batch=self.global_batch,
-                                        defer_stage_order=self.segments is not None)
-            self.manifest = None
-            self.dataset_id = self.mix.dataset_id
-        else:
-            self.manifest = load_manifest(Storage(args.dataset,
-                                                  storage_options=args.storage_options))
-            self.dataset_id = self.manifest.dataset_id
-        if getattr(args, "log", None):
-            if self.segments is None:
-                self.segments = read_run_log(args.log, dataset_id=self.dataset_id)
-                try:
-                    run_global_batch(args.global_batch, self.segments, log=args.log)
-                except MixtureError as exc:
-                    raise UsageError(str(exc)) from None
-            if self.mix is not None:
-                self._check_mixture_log()
-            self._check_order_flags()
-
-    def _check_order_flags(self) -> None:
-        """With a log, the order flags may only repeat what every segment recorded."""
-        a = self.args
-        given = {"seed": getattr(a, "seed", None),
-                 "shuffle": False if getattr(a, "no_shuffle", False) else None,
-                 "window_blocks": getattr(a, "window_blocks", None),
-                 "lanes": getattr(a, "lanes", None)}
-        for seg in self.segments:
-            logged = seg.order.to_dict()
-            for key, value in given.items():
-                if value is not None and logged.get(key) != value:
-                    shown = ("--no-shuffle" if key == "shuffle"
-                             else f"--{key.replace('_', '-')} {value}")
-                    raise UsageError(f"{shown} disagrees with {a.log} line {seg.line}, which "
-                                     f"records {key} {logged.get(key)!r}; leave it out (the "
-                                     "log's order is used)")
-
-    def _check_mixture_log(self) -> None:
-        from ..load.runlog import RunLogError
-
-        ids = [s.dataset_id for s in self.mix.sources]
-        for seg in self.segments:
-            logged = [str(s.get("dataset_id")) for s in (seg.mixture or {}).get("sources", [])]
-            if seg.mixture is None or logged[:len(ids)] != ids[:len(logged)]:
-                raise RunLogError(
-                    f"{self.args.log} line {seg.line}: the segment is for "
-                    + (f"dataset {seg.dataset_id}" if seg.mixture is None else
-                       f"a mixture of sources {logged}")
-                    + f", not this mixture's sources {ids}; pass the mixture the run read")
-
-    @property
-    def num_samples(self) -> int:
-        return self.mix.num_samples if self.mix is not None else self.manifest.num_samples
-
-    def order(self, options, schedule: dict | None = None):
-        import json
-
-        from ..load.mixed import MixedOrder
-        from ..order.mixture import MixtureSchedule
-        from ..order.order import Order
-
-        key = (options, None if schedule is None else json.dumps(schedule, sort_keys=True))
-        got = self._orders.get(key)
-        if got is None:
-            if self.mix is None:
-                got = Order(self.manifest.rg_rows, options)
-            else:
-                mix = self.mix if schedule is None else self.mix.with_schedule(
-                    MixtureSchedule.from_dict(schedule))
-                got = MixedOrder(mix, options)
-            self._orders[key] = got
-        return got
-
-    def order_for(self, seg):
-        if self.mix is not None:
-            return self.order(seg.order, (seg.mixture or {}).get("schedule"))
-        if seg.mixture is not None:
-            raise UsageError(f"line {seg.line} of {self.args.log} is a mixture's segment; "
-                             "pass the mixture file, not a dataset")
-        if seg.dataset_id != self.dataset_id:
-            from ..load.runlog import RunLogError
-
-            raise RunLogError(f"{self.args.log} line {seg.line}: that segment read dataset "
-                              f"{seg.dataset_id}, not {self.dataset_id}; its samples cannot "
-                              "be recomputed from this dataset (zephon audit reports the swap)")
-        return self.order(seg.order)
-
-    def source_index(self, name: str) -> int:
-        names = list(self.mix.names)
-        if name in names:
-            return names.index(name)
-        if name.isdigit() and int(name) < len(names):
-            return int(name)
-        raise UsageError(f"mixture source {name!r} is not one of {names}")
-
-    def deny_for(self, seg):
-        """The deny list segment ``seg`` honoured: the run log's copy of it (named by its
-        identity, load/denylist.py), never the list file as it is now, which a takedown
-        edits in place. A log written before copies were kept names only the file: it is
-        read and must still hash to the logged identity."""
-        from ..errors import DenyListError
-        from ..load.denylist import load_deny_list, load_logged_copy
-        from ..load.runlog import RunLogError
-
-        entry = seg.deny_list
-        if not entry:
-            return None
-        got = self._deny.get(entry["id"])
-        if got is None:
-            at = f"{self.args.log} line {seg.line}"
-            path = entry.get("path") or ""
-            if self.manifest is None:
-                raise RunLogError(f"{at}: deny lists of mixtures are not supported")
-            try:
-                got = load_logged_copy(self.args.log, entry, self.manifest.num_samples)
-                if got is None:   # the copy checks its own identity; the file cannot
-                    got = load_deny_list(path, self.manifest)
-                    if got.identity != entry["id"]:
-                        raise RunLogError(
-                            f"{at}: its deny list has no copy beside the log, and {path} now "
-                            f"has identity {got.identity}, the run used {entry['id']}; "
-                            "restore the file the run read")
-            except DenyListError as exc:
-                raise DenyListError(f"{at}: {exc}") from None
-            except OSError as exc:
-                raise RunLogError(f"{at}: its deny list has no copy beside the log and "
-                                  f"cannot be read at {path!r} ({exc.strerror or exc}); "
-                                  "restore that file") from None
-            if int(got.ids.size) != entry["count"]:
-                raise RunLogError(f"{at}: the deny list {entry['id']} holds {got.ids.size} ids, "
-                                  f"the line says {entry['count']}; the line is damaged")
-            self._deny[entry["id"]] = got
-        return got
-
-    def options_from_args(self):
-        from ..errors import MixtureError
-        from ..load.order_inputs import mixture_seed
-        from ..order.order import OrderOptions
-
-        seed = 0 if self.args.seed is None else self.args.seed
-        if self.mix is not None:
-            # The loader's seed rule: the file's seed unless --seed; a disagreeing one refused.
-            try:
-                seed = mixture_seed(self.mix.seed, self.args.seed, origin=self.args.dataset)
-            except MixtureError as exc:
-                raise UsageError(str(exc)) from None
-        kw = {"seed": seed, "shuffle": not self.args.no_shuffle}
-        if self.args.window_blocks is not None:
-            kw["window_blocks"] = self.args.window_blocks
-        if self.args.lanes is not None:
-            kw["lanes"] = self.args.lanes
-        return build_options(OrderOptions, **kw)
-
-    def provenance(self, manifest):
-        """``(starts, names, row starts)`` of the provenance pieces, sorted by sample."""
-        table = manifest.tables["provenance"]
-        starts = table.column("row_start").to_numpy()
-        rows = table.column("num_rows").to_numpy()
-        keep = rows > 0
-        order = np.argsort(starts[keep], kind="stable")
-        names = np.array(table.column("input").to_pylist(), dtype=object)[keep][order]
-        return (starts[keep][order], names,
-                table.column("input_row_start").to_numpy()[keep][order])
-
-    def origin(self, ids: list[int], sources: list[str] | None = None) -> list[dict]:
-        """Each id's input file and record index (a mixture: in its source)."""
-        out = []
-        for j, i in enumerate(ids):
-            manifest = (self.manifest if sources is None
-                        else self.mix.sources[self.source_index(sources[j])].manifest)
-            starts, names, input_rows = self.provenance(manifest)
-            k = int(np.searchsorted(starts, i, side="right") - 1)
-            out.append({"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])})
-        return out
-
-    def records(self, ids: list[int], sources: list[str] | None = None, *,
-                hide: list[bool] | None = None) -> list[dict | None]:
-        """The records themselves (reads their row groups); None, unread, where ``hide``
-        (a deny list's mask) is true."""
-        if sources is None:
-            from ..read.dataset import open_dataset
-
-            keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
-            with open_dataset(self.args.dataset,
-                              storage_options=self.args.storage_options) as ds:
-                got = iter(ds.take(keep).to_pylist() if keep else [])
-            return [None if hide and hide[j] else next(got) for j in range(len(ids))]
-        return [self.mix.sources[self.source_index(src)].take([i]).to_pylist()[0]
-                for i, src in zip(ids, sources)]
+    with _answers(None):
+        return RunContext(args.dataset, getattr(args, "log", None),
+                          global_batch=getattr(args, "global_batch", None),
+                          seed=getattr(args, "seed", None),
+                          shuffle=False if getattr(args, "no_shuffle", False) else None,
+                          window_blocks=getattr(args, "window_blocks", None),
+                          lanes=getattr(args, "lanes", None),
+                          storage_options=args.storage_options)
 
 
 def cmd_trace(args) -> int:
-    from ..load.audit import trace
-    from ..load.runlog import RunSegment
-
     if (args.step is None) == (args.steps is None):
         raise UsageError("pass --step S or --steps A:B")
-    ctx = _Context(args)
+    ctx = _context(args)
     # A range, taken lazily: trace refuses more ids than one answer holds.
     steps = [args.step] if args.step is not None else range(*args.steps)
     logged = ctx.segments is not None
@@ -357,14 +145,12 @@ def cmd_trace(args) -> int:
                              "and the order options as for zephon plan)")
         if args.end_step is not None:
             raise UsageError("--end-step needs --log (the step the logged run reached)")
-        seg = build_options(RunSegment, first_step=0, cursor=args.cursor,
-                            global_batch=args.global_batch, world_size=args.world_size,
-                            num_workers=0, dataset_id=ctx.dataset_id,
-                            order=ctx.options_from_args())
-        ctx.segments = [seg]
+        with _answers(None):
+            planned = [ctx.planned_segment(global_batch=args.global_batch,
+                                           world_size=args.world_size, cursor=args.cursor)]
     with _answers(args.log):
-        traced = trace(ctx.segments, ctx.order_for, steps, rank=args.rank,
-                       deny_for=ctx.deny_for, end_step=args.end_step)
+        traced = ctx.trace(steps, rank=args.rank, end_step=args.end_step,
+                           segments=None if logged else planned)
     out = []
     for t in traced:
         d = t.to_dict()
@@ -414,21 +200,16 @@ def cmd_trace(args) -> int:
 
 
 def cmd_where(args) -> int:
-    from ..load.audit import where
-
-    ctx = _Context(args)
+    ctx = _context(args)
     wanted = _parse_seqs(ctx, args.seqs)
-    if ctx.segments is not None:
-        order = ctx.order_for(ctx.segments[0])
-    else:
-        order = ctx.order(ctx.options_from_args())
+    with _answers(None):
+        ctx.base_order()   # built (and refused) before the clock starts
     t0 = time.perf_counter()
     found = []
     with _answers(args.log):
         for source, ids in wanted:
-            found += where(order, ids, range(args.epochs), segments=ctx.segments,
-                           order_for=ctx.order_for if ctx.segments else None,
-                           end_step=args.end_step, source=source)
+            found += ctx.where(ids, range(args.epochs), source=source,
+                               end_step=args.end_step)
     elapsed = time.perf_counter() - t0
     if args.json:
         emit({"dataset_id": ctx.dataset_id, "num_samples": ctx.num_samples, "where": found,
@@ -463,7 +244,8 @@ def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:
             i = int(sid)
         except ValueError:
             raise UsageError(f"{text!r} is not a sample id") from None
-        k = ctx.source_index(source) if source else None
+        with _answers(None):
+            k = ctx.source_index(source) if source else None
         n = ctx.manifest.num_samples if k is None else ctx.mix.sources[k].num_samples
         if not 0 <= i < n:
             raise UsageError(f"sample id {i} is outside [0, {n})"
@@ -472,42 +254,19 @@ def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:
     return list(groups.items())
 
 
-def _deny_lists(ctx, end_step: int) -> list[dict]:
-    """Per segment, the deny list it honoured: identity, count and path as logged, and the
-    copy beside the log that trace and audit read (None: a log from before copies)."""
-    import os
-
-    from ..load.denylist import logged_copy_path
-    from ..load.runlog import segment_steps
-
-    out = []
-    for seg, a, b in segment_steps(ctx.segments, end_step):
-        entry = seg.deny_list or {}
-        copy = entry and logged_copy_path(ctx.args.log, entry["id"])
-        out.append({"line": seg.line, "first_step": a, "end_step": b,
-                    "id": entry.get("id"), "count": int(entry.get("count", 0)),
-                    "path": entry.get("path"),
-                    "copy": copy if copy and os.path.isfile(copy) else None})
-    return out
-
-
 def _step_span(d: dict) -> str:
     a, b = d["first_step"], d["end_step"]
     return f"steps {a}-{b - 1}" if b > a else f"from step {a}, not audited"
 
 
 def cmd_audit(args) -> int:
-    from ..load.audit import audit_run
-
-    ctx = _Context(args)
+    ctx = _context(args)
     t0 = time.perf_counter()
     with _answers(args.log):
-        report = audit_run(ctx.segments, ctx.order_for, end_step=args.end_step,
-                           dataset_id=None if ctx.mix is not None else ctx.dataset_id,
-                           deny_for=ctx.deny_for)
+        report = ctx.audit(end_step=args.end_step)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
-    out["deny_lists"] = _deny_lists(ctx, report.end_step)
+    out["deny_lists"] = ctx.deny_lists(report.end_step)
     out["seconds"] = elapsed
     out["positions_per_second"] = report.positions / elapsed if elapsed > 0 else None
     if args.json:

@@ -1,0 +1,339 @@
+"""Run accounting: which order and which deny list each segment of a run log used.
+
+A :class:`RunContext` is built from what a user names (a dataset URL or a mixture file, the
+run log or None, the order options given, storage options) and loads the manifest (or the
+mixture's), the log's segments and what each segment honoured, once. It answers the
+questions :mod:`zephon_store.load.audit` asks: ``order_for(segment)`` (the stream order the
+segment read: the loader's own :class:`~zephon_store.order.order.Order` or, for a mixture,
+:class:`~zephon_store.load.mixed.MixedOrder` rebuilt from the schedule the log recorded) and
+``deny_for(segment)`` (the deny list it honoured: the run log's copy, never the file as it
+is now). ``zephon trace``, ``where`` and ``audit`` only parse their arguments, call it and
+print; the demo's audit calls it too.
+
+Checks made on construction, each an error naming the log line: the log's segments read
+this dataset (or this mixture's sources); order options given may only repeat what every
+segment recorded; a ``global_batch`` given disagrees with none of the log's. A question the
+log cannot answer as asked is an :class:`~zephon_store.load.audit.AuditRequestError` (the
+CLI's usage error); a damaged log a :class:`~zephon_store.load.runlog.RunLogError`.
+
+>>> ctx = RunContext(tiny_dataset, seed=3)
+>>> ctx.num_samples, ctx.segments is None
+(100, True)
+>>> ctx.order(ctx.order_options()).options.seed
+3
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .audit import AuditRequestError
+
+
+class RunContext:
+    """The manifest (or mixture), the log's segments, the orders per options, deny lists
+    and provenance of one run, loaded once.
+
+    ``dataset``: a dataset URL or a mixture file; ``log``: the run log's path (None: the
+    order comes from ``seed``/``shuffle``/``window_blocks``/``lanes``, as for ``zephon
+    plan``; a mixture file's seed and stages from the file). ``global_batch`` places a
+    mixture's stage starts in steps without a log; with one, the log's is used and another
+    refused. ``shuffle=None`` means not given (with a log: the log's; without: shuffled).
+
+    >>> ctx = RunContext(tiny_dataset)
+    >>> order = ctx.order(ctx.order_options())
+    >>> sorted(order.sample_at(np.arange(100)).tolist()) == list(range(100))
+    True
+    """
+
+    def __init__(self, dataset: str, log: str | None = None, *,
+                 global_batch: int | None = None, seed: int | None = None,
+                 shuffle: bool | None = None, window_blocks: int | None = None,
+                 lanes: int | str | None = None, storage_options: dict | None = None) -> None:
+        from ..errors import MixtureError
+        from ..format.manifest import load_manifest
+        from ..io.storage import Storage
+        from .mixed import is_mixture, open_mixture
+        from .order_inputs import run_global_batch
+        from .runlog import read_run_log
+
+        self.dataset, self.log, self.storage_options = dataset, log, storage_options
+        self._given = {"seed": seed, "shuffle": shuffle, "window_blocks": window_blocks,
+                       "lanes": lanes}
+        self.mix = None
+        self.segments = None
+        self._orders: dict = {}
+        self._deny: dict = {}
+        mixture = is_mixture(dataset)
+        if log and mixture:
+            self.segments = read_run_log(log)
+        try:
+            # The loader's rule: the log's global batch (or global_batch without a log)
+            # places the stage starts in steps; a disagreeing one is refused.
+            self.global_batch = run_global_batch(global_batch, self.segments, log=log)
+        except MixtureError as exc:
+            raise AuditRequestError(str(exc)) from None
+        if mixture:
+            # A mixture file: its sources' manifests; each segment's schedule comes from
+            # the log, so stages in steps that a checkpoint fixed (and that would not be in
+            # order at the first segment's batch) are not an error here (as for a loader
+            # that resumes).
+            self.mix = open_mixture(dataset, global_batch=self.global_batch,
+                                    defer_stage_order=self.segments is not None)
+            self.manifest = None
+            self.dataset_id = self.mix.dataset_id
+        else:
+            self.manifest = load_manifest(Storage(dataset, storage_options=storage_options))
+            self.dataset_id = self.manifest.dataset_id
+        if log:
+            if self.segments is None:
+                self.segments = read_run_log(log, dataset_id=self.dataset_id)
+                try:
+                    run_global_batch(global_batch, self.segments, log=log)
+                except MixtureError as exc:
+                    raise AuditRequestError(str(exc)) from None
+            if self.mix is not None:
+                self._check_mixture_log()
+            self._check_order_flags()
+
+    def _check_order_flags(self) -> None:
+        """With a log, the order options given may only repeat what every segment recorded."""
+        given = {**self._given, "shuffle": False if self._given["shuffle"] is False else None}
+        for seg in self.segments:
+            logged = seg.order.to_dict()
+            for key, value in given.items():
+                if value is not None and logged.get(key) != value:
+                    shown = ("--no-shuffle" if key == "shuffle"
+                             else f"--{key.replace('_', '-')} {value}")
+                    raise AuditRequestError(
+                        f"{shown} disagrees with {self.log} line {seg.line}, which records "
+                        f"{key} {logged.get(key)!r}; leave it out (the log's order is used)")
+
+    def _check_mixture_log(self) -> None:
+        from .runlog import RunLogError
+
+        ids = [s.dataset_id for s in self.mix.sources]
+        for seg in self.segments:
+            logged = [str(s.get("dataset_id")) for s in (seg.mixture or {}).get("sources", [])]
+            if seg.mixture is None or logged[:len(ids)] != ids[:len(logged)]:
+                raise RunLogError(
+                    f"{self.log} line {seg.line}: the segment is for "
+                    + (f"dataset {seg.dataset_id}" if seg.mixture is None else
+                       f"a mixture of sources {logged}")
+                    + f", not this mixture's sources {ids}; pass the mixture the run read")
+
+    @property
+    def num_samples(self) -> int:
+        return self.mix.num_samples if self.mix is not None else self.manifest.num_samples
+
+    def order(self, options, schedule: dict | None = None):
+        """The stream order for ``options`` (a mixture: over ``schedule``, a schedule's
+        dict as a run log records it; None: the file's), built once per inputs."""
+        from ..order.mixture import MixtureSchedule
+        from ..order.order import Order
+        from .mixed import MixedOrder
+
+        key = (options, None if schedule is None else json.dumps(schedule, sort_keys=True))
+        got = self._orders.get(key)
+        if got is None:
+            if self.mix is None:
+                got = Order(self.manifest.rg_rows, options)
+            else:
+                mix = self.mix if schedule is None else self.mix.with_schedule(
+                    MixtureSchedule.from_dict(schedule))
+                got = MixedOrder(mix, options)
+            self._orders[key] = got
+        return got
+
+    def order_for(self, seg):
+        """The order segment ``seg`` of the log read (the ``order_for`` of
+        :func:`~zephon_store.load.audit.audit_run`, ``trace`` and ``where``)."""
+        if self.mix is not None:
+            return self.order(seg.order, (seg.mixture or {}).get("schedule"))
+        if seg.mixture is not None:
+            raise AuditRequestError(f"line {seg.line} of {self.log} is a mixture's segment; "
+                                    "pass the mixture file, not a dataset")
+        if seg.dataset_id != self.dataset_id:
+            from .runlog import RunLogError
+
+            raise RunLogError(f"{self.log} line {seg.line}: that segment read dataset "
+                              f"{seg.dataset_id}, not {self.dataset_id}; its samples cannot "
+                              "be recomputed from this dataset (zephon audit reports the swap)")
+        return self.order(seg.order)
+
+    def base_order(self):
+        """The first logged segment's order, or without a log the one the options give."""
+        if self.segments is not None:
+            return self.order_for(self.segments[0])
+        return self.order(self.order_options())
+
+    def source_index(self, name: str) -> int:
+        """A mixture source's index from its name or its index as text."""
+        names = list(self.mix.names)
+        if name in names:
+            return names.index(name)
+        if name.isdigit() and int(name) < len(names):
+            return int(name)
+        raise AuditRequestError(f"mixture source {name!r} is not one of {names}")
+
+    def deny_for(self, seg):
+        """The deny list segment ``seg`` honoured: the run log's copy of it (named by its
+        identity, load/denylist.py), never the list file as it is now, which a takedown
+        edits in place. A log written before copies were kept names only the file: it is
+        read and must still hash to the logged identity."""
+        from ..errors import DenyListError
+        from .denylist import load_deny_list, load_logged_copy
+        from .runlog import RunLogError
+
+        entry = seg.deny_list
+        if not entry:
+            return None
+        got = self._deny.get(entry["id"])
+        if got is None:
+            at = f"{self.log} line {seg.line}"
+            path = entry.get("path") or ""
+            if self.manifest is None:
+                raise RunLogError(f"{at}: deny lists of mixtures are not supported")
+            try:
+                got = load_logged_copy(self.log, entry, self.manifest.num_samples)
+                if got is None:   # the copy checks its own identity; the file cannot
+                    got = load_deny_list(path, self.manifest)
+                    if got.identity != entry["id"]:
+                        raise RunLogError(
+                            f"{at}: its deny list has no copy beside the log, and {path} now "
+                            f"has identity {got.identity}, the run used {entry['id']}; "
+                            "restore the file the run read")
+            except DenyListError as exc:
+                raise DenyListError(f"{at}: {exc}") from None
+            except OSError as exc:
+                raise RunLogError(f"{at}: its deny list has no copy beside the log and "
+                                  f"cannot be read at {path!r} ({exc.strerror or exc}); "
+                                  "restore that file") from None
+            if int(got.ids.size) != entry["count"]:
+                raise RunLogError(f"{at}: the deny list {entry['id']} holds {got.ids.size} ids, "
+                                  f"the line says {entry['count']}; the line is damaged")
+            self._deny[entry["id"]] = got
+        return got
+
+    def deny_lists(self, end_step: int) -> list[dict]:
+        """Per segment, the deny list it honoured: identity, count and path as logged, and
+        the copy beside the log that trace and audit read (None: a log from before copies)."""
+        from .denylist import logged_copy_path
+        from .runlog import segment_steps
+
+        out = []
+        for seg, a, b in segment_steps(self.segments, end_step):
+            entry = seg.deny_list or {}
+            copy = entry and logged_copy_path(self.log, entry["id"])
+            out.append({"line": seg.line, "first_step": a, "end_step": b,
+                        "id": entry.get("id"), "count": int(entry.get("count", 0)),
+                        "path": entry.get("path"),
+                        "copy": copy if copy and os.path.isfile(copy) else None})
+        return out
+
+    def order_options(self):
+        """The order options given (without a log): seed 0 unless given; a mixture file's
+        seed unless given, and a disagreeing one refused (the loader's rule)."""
+        from ..errors import MixtureError
+        from ..order.order import OrderOptions
+        from .order_inputs import mixture_seed
+
+        given = self._given
+        seed = 0 if given["seed"] is None else given["seed"]
+        if self.mix is not None:
+            try:
+                seed = mixture_seed(self.mix.seed, given["seed"], origin=self.dataset)
+            except MixtureError as exc:
+                raise AuditRequestError(str(exc)) from None
+        kw = {"seed": seed, "shuffle": given["shuffle"] is not False}
+        if given["window_blocks"] is not None:
+            kw["window_blocks"] = given["window_blocks"]
+        if given["lanes"] is not None:
+            kw["lanes"] = given["lanes"]
+        try:
+            return OrderOptions(**kw)
+        except (ValueError, TypeError) as exc:
+            raise AuditRequestError(str(exc)) from exc
+
+    def planned_segment(self, *, global_batch: int, world_size: int = 1, cursor: int = 0):
+        """Without a log: one segment from step 0 at ``cursor``, in the order the options
+        give, as a run with these figures would log it (``trace`` without ``--log``)."""
+        from .runlog import RunSegment
+
+        options = self.order_options()
+        try:
+            return RunSegment(first_step=0, cursor=cursor, global_batch=global_batch,
+                              world_size=world_size, num_workers=0,
+                              dataset_id=self.dataset_id, order=options)
+        except (ValueError, TypeError) as exc:
+            raise AuditRequestError(str(exc)) from exc
+
+    def provenance(self, manifest):
+        """``(starts, names, row starts)`` of the provenance pieces, sorted by sample."""
+        table = manifest.tables["provenance"]
+        starts = table.column("row_start").to_numpy()
+        rows = table.column("num_rows").to_numpy()
+        keep = rows > 0
+        order = np.argsort(starts[keep], kind="stable")
+        names = np.array(table.column("input").to_pylist(), dtype=object)[keep][order]
+        return (starts[keep][order], names,
+                table.column("input_row_start").to_numpy()[keep][order])
+
+    def origin(self, ids: Sequence[int], sources: Sequence[str] | None = None) -> list[dict]:
+        """Each id's input file and record index (a mixture: in its source)."""
+        out = []
+        for j, i in enumerate(ids):
+            manifest = (self.manifest if sources is None
+                        else self.mix.sources[self.source_index(sources[j])].manifest)
+            starts, names, input_rows = self.provenance(manifest)
+            k = int(np.searchsorted(starts, i, side="right") - 1)
+            out.append({"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])})
+        return out
+
+    def records(self, ids: Sequence[int], sources: Sequence[str] | None = None, *,
+                hide: Sequence[bool] | None = None) -> list[dict | None]:
+        """The records themselves (reads their row groups); None, unread, where ``hide``
+        (a deny list's mask) is true."""
+        if sources is None:
+            from ..read.dataset import open_dataset
+
+            keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
+            with open_dataset(self.dataset, storage_options=self.storage_options) as ds:
+                got = iter(ds.take(keep).to_pylist() if keep else [])
+            return [None if hide and hide[j] else next(got) for j in range(len(ids))]
+        return [self.mix.sources[self.source_index(src)].take([i]).to_pylist()[0]
+                for i, src in zip(ids, sources)]
+
+    # The audit questions, with this context's orders and deny lists.
+
+    def audit(self, end_step: int | None = None):
+        """:func:`~zephon_store.load.audit.audit_run` of the log (what ``zephon audit`` runs)."""
+        from .audit import audit_run
+
+        return audit_run(self.segments, self.order_for, end_step=end_step,
+                         dataset_id=None if self.mix is not None else self.dataset_id,
+                         deny_for=self.deny_for)
+
+    def trace(self, steps: Iterable[int], *, rank: int | None = None,
+              end_step: int | None = None, segments: Sequence[Any] | None = None):
+        """:func:`~zephon_store.load.audit.trace` over the log's segments (or ``segments``,
+        e.g. ``[ctx.planned_segment(...)]`` without a log)."""
+        from .audit import trace
+
+        return trace(self.segments if segments is None else segments, self.order_for, steps,
+                     rank=rank, deny_for=self.deny_for, end_step=end_step)
+
+    def where(self, ids: Sequence[int], epochs: Iterable[int], *, source: int | None = None,
+              end_step: int | None = None) -> list[dict[str, Any]]:
+        """:func:`~zephon_store.load.audit.where` with the base order, and with a log the
+        step and rank that consumed each id."""
+        from .audit import where
+
+        return where(self.base_order(), ids, epochs, segments=self.segments,
+                     order_for=self.order_for if self.segments else None,
+                     end_step=end_step, source=source)
