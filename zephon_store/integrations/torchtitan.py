@@ -65,9 +65,10 @@ except ImportError as _main_error:
 
 from ..io.cache import ChunkCache  # noqa: E402
 from ..load.denylist import MASK_KEY  # noqa: E402
-from ..load.mixed import SOURCE_KEY, MixedDataset, build_mixture, mixture_spec  # noqa: E402
+from ..load.mixed import SOURCE_KEY, build_mixture, mixture_spec  # noqa: E402
 from ..load.mixed import open_sources as open_mixture_sources  # noqa: E402
 from ..load.runlog import RUNLOG_NAME  # noqa: E402
+from ..load.source import Source  # noqa: E402
 from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
 from ..order.assign import step_cursor  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
@@ -88,11 +89,14 @@ _DEFAULT_ORDER = OrderOptions()
 IGNORE_INDEX = -100
 
 
-def dataset_seq_len(dataset: Dataset | MixedDataset) -> int:
+def dataset_seq_len(dataset: Source) -> int:
     """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema);
     of a mixture, the ``L`` all its sources share."""
-    if isinstance(dataset, MixedDataset):
-        return _common_seq_len(dataset.sources, dataset.names)
+    parts = dataset.parts()
+    return _common_seq_len([d for _, d in parts], [n for n, _ in parts])
+
+
+def _one_seq_len(dataset: Dataset) -> int:
     info = dataset.manifest.packing
     if info is not None and "seq_len" in info:
         return int(info["seq_len"])
@@ -109,7 +113,7 @@ def dataset_seq_len(dataset: Dataset | MixedDataset) -> int:
 
 
 def _common_seq_len(sources, names) -> int:
-    lens = {name: dataset_seq_len(s) for name, s in zip(names, sources)}
+    lens = {name: _one_seq_len(s) for name, s in zip(names, sources)}
     if len(set(lens.values())) != 1:
         raise ValueError(f"the mixture's sources hold windows of different lengths {lens}; "
                          "a batch needs one seq_len: re-convert them with one --seq-len")
@@ -271,11 +275,8 @@ class ZephonDataLoader(BaseDataLoader):
                                          global_batch=rows * dp_world_size,
                                          defer_stage_order=True)
             # Config.seed's default 0 means "not given": the file's seed then applies, by
-            # the loader's own rule (load/order_inputs.py); another seed is refused.
-            from ..load.order_inputs import mixture_seed
-
-            order = order.replace(seed=mixture_seed(spec.seed, config.seed or None,
-                                                    origin=url))
+            # the source's own seed rule (the loader's); another seed is refused.
+            order = order.replace(seed=self.dataset.order_seed(config.seed or None))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
             self.dataset, global_batch=rows * dp_world_size, order=order,

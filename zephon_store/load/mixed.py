@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -40,6 +39,7 @@ from .._util.hashing import xxh3_hex
 from ..errors import MixtureError, StateMismatchError
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
+from .source import MIXTURE_FILE_SUFFIXES, is_mixture  # noqa: F401  (cli's old import path)
 
 __all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture", "is_mixture",
            "mean_sample_size", "mixture_spec", "open_mixture", "open_sources",
@@ -349,7 +349,36 @@ class MixedDataset:
             table = table.cast(self.schema)
         return table
 
-    def working_set_row_groups(self, order: MixedOrder, local_batch: int) -> int:
+    # -- as a Source (load/source.py) ----------------------------------------------------
+    def order(self, options: OrderOptions) -> MixedOrder:
+        """The mixed order: the schedule picks (source, index), each source's order the sample."""
+        return MixedOrder(self, options)
+
+    def order_seed(self, given: int | None) -> int:
+        """The seed of the order: the mixture file's unless one is given; a given seed that
+        disagrees with the file's is refused (:func:`~zephon_store.load.order_inputs.mixture_seed`)."""
+        from .order_inputs import mixture_seed
+
+        return mixture_seed(self.seed, given,
+                            origin=getattr(self.spec, "origin", None) or "the mixture file")
+
+    def resolve_lanes(self, options: OrderOptions, topology) -> OrderOptions:
+        """``options`` as they are: a mixture's sources keep one lane each (Order's "auto")."""
+        return options
+
+    def end_reason(self) -> str:
+        """Why the mixture ends at :attr:`end` (the schedule's words)."""
+        return self.schedule.end_reason()
+
+    def parts(self) -> list[tuple[str, object]]:
+        """``[(name, dataset)]`` of every source, in the mixture's order."""
+        return list(zip(self.names, self.sources))
+
+    def deny_list_manifest(self):
+        raise ValueError("deny_list names one dataset's sample ids; a mixture's are "
+                         "not supported yet (docs/audit.md)")
+
+    def working_set_row_groups(self, order: MixedOrder, topology) -> int:
         """Row groups a rank reads from at once: each source's working set (every lane of
         it, since the mixture's positions are sliced plainly), at its largest share of the
         batch over the stages. A source with weight 0 throughout reads nothing."""
@@ -360,7 +389,7 @@ class MixedDataset:
                 continue
             m = s.manifest
             mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
-            step = int(np.ceil(local_batch * share / mean_rows)) + 1
+            step = int(np.ceil(topology.local_batch * share / mean_rows)) + 1
             if o.options.shuffle:
                 need = o.effective_lanes * (o.options.window_blocks + 2) + step
             else:
@@ -594,22 +623,6 @@ class MixedOrder:
 
     def __repr__(self) -> str:
         return f"MixedOrder(sources={self.mix.names}, options={self._options!r})"
-
-
-MIXTURE_FILE_SUFFIXES = (".toml", ".json")
-
-
-def is_mixture(obj) -> bool:
-    """Whether the loader should read ``obj`` as a mixture: a :class:`MixedDataset`, a
-    mixture spec or its dict, or the path of a mixture file (``.toml``/``.json``)."""
-    if isinstance(obj, (MixedDataset, dict)):
-        return True
-    if isinstance(obj, (str, os.PathLike)):
-        path = os.fspath(obj)
-        # A local file named *.toml/*.json; a dataset is a folder (or a remote URL).
-        return (path.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in path
-                and not os.path.isdir(path))
-    return type(obj).__name__ == "MixtureSpec"
 
 
 def open_mixture(mixture, *, columns: Sequence[str] | None = None,

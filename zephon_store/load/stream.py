@@ -15,17 +15,16 @@ import pyarrow as pa
 from ..order.assign import positions_for_rank, step_cursor, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
 from ..order.topology import Topology
-from .mixed import SOURCE_KEY, MixedDataset, MixedOrder
+from .mixed import SOURCE_KEY
 
 SEQ_KEY = "_seq"
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
 
 
-def make_order(dataset, order_options: OrderOptions) -> Order | MixedOrder:
-    """The order over ``dataset``'s row groups (its blocks); a mixture's mixed order."""
-    if isinstance(dataset, MixedDataset):
-        return MixedOrder(dataset, order_options)
-    return Order(dataset.manifest.rg_rows, order_options)
+def make_order(dataset, order_options: OrderOptions) -> Order:
+    """The order of a source (:class:`~zephon_store.load.source.Source`): a dataset's over
+    its row groups (its blocks), a mixture's mixed order."""
+    return dataset.order(order_options)
 
 
 class RankStream:
@@ -101,7 +100,7 @@ class RankStream:
         cursors = [step_cursor(cursor, j, t.global_batch) for j in range(steps)]
         if self.end is not None:
             cursors = [c for c in cursors if c < self.end] or [cursor]
-        if isinstance(self.dataset, MixedDataset) and self.dataset.end is not None:
+        if self.dataset.end is not None:
             # Not past a capped source's end: looking ahead must not fail a step before it.
             cursors = [c for c in cursors if c + t.global_batch <= self.dataset.end] or [cursor]
         parts = [self.positions(c) for c in cursors]
@@ -126,34 +125,16 @@ class RankStream:
         return rg[np.sort(first)]
 
     def working_set_row_groups(self) -> int:
-        """Row groups this rank reads from at the same time, in steady state.
-
-        Each one must stay decoded until its last sample is read, or it is decoded again.
-        Sequential: this step's row groups and the next's. Shuffled: every lane the rank
-        reads is shuffled inside a window of ``window_blocks`` blocks' worth of samples,
-        which straddles one more block, and meets the next window in one more. The rank
-        rule gives a rank about ``lanes / world_size`` lanes (all of them at W = 1), plus
-        one it shares with a neighbour when that does not divide.
-        """
-        m = self.dataset.manifest
-        t = self.topology
-        if isinstance(self.dataset, MixedDataset):
-            return self.dataset.working_set_row_groups(self.order, t.local_batch)
-        mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
-        step = int(np.ceil(t.local_batch / mean_rows)) + 1
-        if not self.order.options.shuffle:
-            return int(min(m.num_row_groups, 2 * step))
-        lanes = self.order.effective_lanes
-        lanes = min(lanes, -(-lanes // t.world_size) + (lanes % t.world_size != 0))
-        return int(min(m.num_row_groups, lanes * (self.order.options.window_blocks + 2) + step))
+        """Row groups this rank reads from at the same time, in steady state (each must stay
+        decoded until its last sample is read, or it is decoded again): the source's answer
+        for this order and topology."""
+        return self.dataset.working_set_row_groups(self.order, self.topology)
 
     def seq_fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """What ``with_seq`` adds to a batch of sample ``ids``: ``_seq``, the ids; for a
         mixture ``_seq`` is each source's own id and ``_source`` the source index."""
-        if isinstance(self.dataset, MixedDataset):
-            source, local = self.dataset.split_ids(ids)
-            return {SEQ_KEY: local, SOURCE_KEY: source}
-        return {SEQ_KEY: ids}
+        source, local = self.dataset.split_ids(ids)
+        return {SEQ_KEY: local} if source is None else {SEQ_KEY: local, SOURCE_KEY: source}
 
     def select(self, table: pa.Table) -> pa.Table:
         """``table`` with only the stream's ``columns`` (all when none were chosen)."""

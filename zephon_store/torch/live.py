@@ -59,11 +59,11 @@ from ..load.live import (
     check_claims,
     claim_step,
 )
-from ..load.mixed import is_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
+from ..load.source import open_source
 from ..load.state import LoaderState, check_state
 from ..order.order import OrderOptions
-from ..read.dataset import Dataset, as_dataset
+from ..read.dataset import Dataset
 from .loader import to_torch
 
 __all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
@@ -199,11 +199,11 @@ class LiveZephonLoader:
         if participants is None:
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
-        if is_mixture(dataset):
-            raise ValueError("LiveZephonLoader reads one dataset; a mixture is not supported "
-                             "live (ZephonLoader reads mixtures, docs/mixtures.md)")
-        self.dataset = as_dataset(dataset, storage_options=storage_options, cache=cache,
-                                  expect_dataset_id=expect_dataset_id)
+        self.dataset = open_source(
+            dataset, storage_options=storage_options, cache=cache,
+            expect_dataset_id=expect_dataset_id,
+            no_mixture="LiveZephonLoader reads one dataset; a mixture is not supported live "
+                       "(ZephonLoader reads mixtures, docs/mixtures.md)")
         # lanes="auto" is resolved as ZephonLoader resolves it for one node (replica groups
         # come and go, so they do not count as nodes); a resume takes the checkpoint's lanes.
         self._requested_order = order

@@ -34,16 +34,16 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.denylist import DenyList, load_deny_list, save_logged_copy
 from ..load.engine import ShareEngine
-from ..load.mixed import MixedDataset, is_mixture, open_mixture
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from ..load.runlog import RunSegment, append_segment
+from ..load.source import Source, open_source
 from ..load.state import MAX_CURSOR, LoaderState, check_state
 from ..load.stream import RankStream
 from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
-from ..read.dataset import Dataset, open_dataset
+from ..read.dataset import Dataset
 from .dataset import ZephonIterableDataset
 
 log = logging.getLogger("zephon_store")
@@ -135,7 +135,7 @@ class ZephonLoader:
     ranks (docs/loader.md, "Decoded cache").
     """
 
-    def __init__(self, dataset: str | Dataset | MixedDataset, *, global_batch: int, seed: int | None = None,
+    def __init__(self, dataset: str | Dataset | Source, *, global_batch: int, seed: int | None = None,
                  order: OrderOptions | None = None, world_size: int | None = None,
                  rank: int | None = None, num_workers: int = 0, prefetch: int = 4,
                  columns: list[str] | None = None, with_seq: bool = False,
@@ -171,33 +171,13 @@ class ZephonLoader:
         self.topology = Topology(global_batch, ws, rk if rank is None else rank,
                                  ranks_per_node=(detect_ranks_per_node(ws)
                                                  if ranks_per_node is None else ranks_per_node))
-        if is_mixture(dataset):
-            # A mixture file, its dict, a MixtureSpec or an opened MixedDataset
-            # (docs/mixtures.md): read like one dataset, checkpointed with its schedule.
-            if expect_dataset_id is not None:
-                raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
-                                 "sources by their dataset_ids (checked on resume)")
-            self.dataset = open_mixture(dataset, columns=columns, global_batch=global_batch,
-                                        cache=cache, decoded_cache=decoded_cache,
-                                        defer_stage_order=True)
-            # The one seed rule of tools and loader alike (load/order_inputs.py).
-            from ..load.order_inputs import mixture_seed
-
-            order = order.replace(seed=mixture_seed(
-                self.dataset.seed, order.seed if seed_given else None,
-                origin=getattr(self.dataset.spec, "origin", None) or "the mixture file"))
-        elif isinstance(dataset, Dataset):
-            if decoded_cache is not None:
-                raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
-                                 "is open already: open it with open_dataset(url, "
-                                 "decoded_cache=...)")
-            self.dataset = dataset
-            if expect_dataset_id is not None:
-                dataset.expect_id(expect_dataset_id)
-        else:
-            self.dataset = open_dataset(dataset, storage_options=storage_options, cache=cache,
-                                        expect_dataset_id=expect_dataset_id,
-                                        decoded_cache=decoded_cache)
+        # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py).
+        self.dataset = open_source(dataset, columns=columns, global_batch=global_batch,
+                                   storage_options=storage_options, cache=cache,
+                                   decoded_cache=decoded_cache,
+                                   expect_dataset_id=expect_dataset_id, defer_stage_order=True)
+        # The source's seed rule (a mixture file's seed applies unless one is given).
+        order = order.replace(seed=self.dataset.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,
         # from the dataset and the nodes this run starts on, and a resume takes the
         # checkpoint's lanes instead (load_state_dict).
@@ -215,13 +195,11 @@ class ZephonLoader:
         self.step = 0
         self._logged_loads: int | None = None
         if deny_list is not None:
-            if self.is_mixture:
-                raise ValueError("deny_list names one dataset's sample ids; a mixture's are "
-                                 "not supported yet (docs/audit.md)")
+            manifest = self.dataset.deny_list_manifest()
             if isinstance(deny_list, DenyList):
-                deny_list.check_for(self.dataset.manifest)
+                deny_list.check_for(manifest)
             else:
-                deny_list = load_deny_list(str(deny_list), self.dataset.manifest)
+                deny_list = load_deny_list(str(deny_list), manifest)
             self.batch_options = self.batch_options.with_deny_list(deny_list)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
@@ -236,11 +214,7 @@ class ZephonLoader:
 
     def _resolve_lanes(self, order: OrderOptions) -> OrderOptions:
         """``order`` with ``lanes="auto"`` resolved for this job (OrderOptions.resolved)."""
-        if not order.is_auto or isinstance(self.dataset, MixedDataset):
-            return order   # a mixture's sources keep one lane each (Order's "auto")
-        t = self.topology
-        return order.resolved(self.dataset.manifest.num_row_groups, self.dataset.num_samples,
-                              nodes=t.num_nodes, node_batch=t.global_batch // t.num_nodes)
+        return self.dataset.resolve_lanes(order, self.topology)
 
     def _check_working_set(self) -> None:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
@@ -263,17 +237,12 @@ class ZephonLoader:
     def dataset_id(self) -> str:
         return self.dataset.dataset_id
 
-    @property
-    def is_mixture(self) -> bool:
-        return isinstance(self.dataset, MixedDataset)
-
     def state_dict(self) -> dict:
         """``{version, dataset_id, seed, order, cursor, step}``: identical on every rank (a
         mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md). ``step``
         counts the global steps consumed since the run began (the run log's step numbers)."""
-        mixture = self.dataset.state_entry() if self.is_mixture else None
-        return LoaderState(self.dataset_id, self.order, self.cursor, mixture=mixture,
-                           step=self.step).to_dict()
+        return LoaderState(self.dataset_id, self.order, self.cursor,
+                           mixture=self.dataset.state_entry(), step=self.step).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
@@ -284,18 +253,17 @@ class ZephonLoader:
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
         st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
-                         mixture=self.is_mixture)
+                         mixture=self.dataset.state_entry() is not None)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
                 f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
         step = st.step_or(self.topology.global_batch)
-        if self.is_mixture:
-            # The checkpoint's schedule up to the cursor, then this loader's later stages
-            # (an appended stage continues each source where it stopped; one given in steps
-            # begins at that step of the run).
-            self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
-                                                global_batch=self.topology.global_batch)
+        # A mixture: the checkpoint's schedule up to the cursor, then this loader's later
+        # stages (an appended stage continues each source where it stopped; one given in
+        # steps begins at that step of the run). A dataset: itself.
+        self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
+                                            global_batch=self.topology.global_batch)
         self._loads += 1
         self._close_live()
         self.order = st.order
@@ -313,8 +281,7 @@ class ZephonLoader:
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
-        if self.is_mixture:
-            self.dataset.check_ready()
+        self.dataset.check_ready()
         n = self.stop.num_batches(start, self.topology.global_batch, self.dataset.num_samples)
         end = self._mixture_end
         if end is not None:
@@ -328,7 +295,7 @@ class ZephonLoader:
     @property
     def _mixture_end(self) -> int | None:
         """The first position the mixture cannot serve (a capped source ran out), or None."""
-        return self.dataset.end if self.is_mixture else None
+        return self.dataset.end
 
     @property
     def _stream_end(self) -> int | None:
@@ -377,7 +344,7 @@ class ZephonLoader:
                     "in a short last step" if self.drop_last and left % b else "")
             log.warning("zephon: the mixture ends at position %d, before this run's own end "
                         "(%s): %s; the loop ends there, at cursor %d%s", end, own,
-                        self.dataset.schedule.end_reason(),
+                        self.dataset.end_reason(),
                         start + (left // b * b if self.drop_last else left), tail)
         return True
 
@@ -427,8 +394,8 @@ class ZephonLoader:
         deny = self.batch_options.deny_list
         # A mixture's entry holds its schedule too: trace and audit rebuild its order from
         # the log (a resume may append stages).
-        mixture = ({"id": self.dataset_id, **self.dataset.state_entry()}
-                   if self.is_mixture else None)
+        entry = self.dataset.state_entry()
+        mixture = None if entry is None else {"id": self.dataset_id, **entry}
         if deny is not None and t.rank == 0:
             # The list's ids beside the log, before the line that names them: audit and
             # trace read this copy, so editing the list file in place (a takedown's usual

@@ -1,0 +1,146 @@
+"""What the loader reads: the :class:`Source` contract, and the one normaliser to it.
+
+A *source* is everything the engine (:mod:`zephon_store.load.stream`,
+:mod:`zephon_store.load.engine`, :mod:`zephon_store.load.pipeline`) and the loaders need
+from "what is read": its identity, the order over it and that order's seed rule, the ids of
+a position split into (source, own id), the row-group tables, reads and prefetch, the
+working set a rank keeps decoded, its entry in the checkpoint and the resume from one, and
+the end of its data. :class:`~zephon_store.read.dataset.Dataset` and
+:class:`~zephon_store.load.mixed.MixedDataset` both satisfy it; nothing downstream asks
+which one it holds.
+
+:func:`open_source` turns every spelling a loader accepts (a URL, an open ``Dataset``, a
+mixture file ``.toml``/``.json``, its dict, a ``MixtureSpec``, an open ``MixedDataset``)
+into a source; it is the one place that tells a mixture from a dataset.
+
+>>> from zephon_store import open_dataset
+>>> ds = open_source(tiny_dataset)
+>>> isinstance(ds, Source), ds.num_samples, ds.state_entry()
+(True, 100, None)
+>>> open_source(ds) is ds
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+from ..order.order import OrderOptions
+from ..order.topology import Topology
+
+__all__ = ["Source", "is_mixture", "open_source"]
+
+MIXTURE_FILE_SUFFIXES = (".toml", ".json")
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the loader reads (see the module docstring); every member is used by the engine
+    or a loader."""
+
+    url: str
+    # Row-group tables (rg_rows, rg_row_start, rg_length, ...), reads and prefetch, and
+    # whether every byte is local.
+    manifest: Any
+    row_groups: Any
+    storage: Any
+
+    @property
+    def dataset_id(self) -> str: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def schema(self) -> pa.Schema: ...
+    @property
+    def cache(self) -> Any:
+        """The disk cache remote bytes go through (None: all local; nothing to prefetch)."""
+    @property
+    def end(self) -> int | None:
+        """The first position the data cannot serve (a capped mixture source ran out)."""
+
+    def end_reason(self) -> str: ...
+
+    # -- the order -----------------------------------------------------------------------
+    def order(self, options: OrderOptions) -> Any:
+        """Position -> sample id (``sample_at``, ``num_samples``, ``effective_lanes``...)."""
+    def order_seed(self, given: int | None) -> int:
+        """The seed rule: the seed the order uses when ``given`` (None: not given)."""
+    def resolve_lanes(self, options: OrderOptions, topology: Topology) -> OrderOptions: ...
+
+    # -- ids and row groups --------------------------------------------------------------
+    def split_ids(self, ids) -> tuple[np.ndarray | None, np.ndarray]:
+        """Sample ids -> (source index, or None for one dataset; each source's own id)."""
+    def working_set_row_groups(self, order: Any, topology: Topology) -> int: ...
+    def parts(self) -> list[tuple[str, Any]]:
+        """``[(name, Dataset)]`` of every dataset read (a mixture's sources)."""
+    def deny_list_manifest(self) -> Any:
+        """The manifest a deny list is checked against, or ValueError when none applies."""
+
+    # -- checkpoint ----------------------------------------------------------------------
+    def state_entry(self) -> dict | None:
+        """The state's ``mixture`` entry (None: a version-1 state of one dataset)."""
+    def resumed(self, saved: dict | None, cursor: int, *, step: int | None = None,
+                global_batch: int | None = None) -> Source: ...
+    def check_ready(self) -> None: ...
+    def expect_id(self, dataset_id: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def is_mixture(obj) -> bool:
+    """Whether ``obj`` spells a mixture: a :class:`~zephon_store.load.mixed.MixedDataset`,
+    a mixture spec or its dict, or the path of a mixture file (``.toml``/``.json``)."""
+    from .mixed import MixedDataset
+
+    if isinstance(obj, (MixedDataset, dict)):
+        return True
+    if isinstance(obj, (str, os.PathLike)):
+        path = os.fspath(obj)
+        # A local file named *.toml/*.json; a dataset is a folder (or a remote URL).
+        return (path.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in path
+                and not os.path.isdir(path))
+    return type(obj).__name__ == "MixtureSpec"
+
+
+def open_source(spelling, *, columns: Sequence[str] | None = None,
+                global_batch: int | None = None, storage_options: dict | None = None,
+                cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
+                defer_stage_order: bool = False, no_mixture: str | None = None) -> Source:
+    """The :class:`Source` that ``spelling`` names.
+
+    A mixture (file, dict, ``MixtureSpec`` or open ``MixedDataset``; docs/mixtures.md) is
+    opened with ``columns`` selected, every source with its own storage options, remote
+    ones through ``cache`` and all through ``decoded_cache``; stage starts in steps convert
+    with ``global_batch``; ``defer_stage_order``: see
+    :func:`~zephon_store.load.mixed.build_mixture`. A mixture pins its sources by their
+    dataset_ids, so ``expect_dataset_id`` is refused for one, and ``no_mixture`` (the
+    refusal's words) refuses a mixture altogether. An open ``Dataset`` is checked against
+    ``expect_dataset_id``; it is open already, so ``decoded_cache`` is refused. A URL is
+    opened with :func:`~zephon_store.read.dataset.open_dataset`.
+    """
+    from ..read.dataset import Dataset, open_dataset
+
+    if is_mixture(spelling):
+        if no_mixture is not None:
+            raise ValueError(no_mixture)
+        if expect_dataset_id is not None:
+            raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
+                             "sources by their dataset_ids (checked on resume)")
+        from .mixed import open_mixture
+
+        return open_mixture(spelling, columns=columns, global_batch=global_batch, cache=cache,
+                            decoded_cache=decoded_cache, defer_stage_order=defer_stage_order)
+    if isinstance(spelling, Dataset):
+        if decoded_cache is not None:
+            raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
+                             "is open already: open it with open_dataset(url, "
+                             "decoded_cache=...)")
+        if expect_dataset_id is not None:
+            spelling.expect_id(expect_dataset_id)
+        return spelling
+    return open_dataset(spelling, storage_options=storage_options, cache=cache,
+                        expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
