@@ -8,7 +8,7 @@
 2. ``torchrun --nproc_per_node=3`` with ``num_workers=2`` loads it and consumes
    ``--steps2`` more (by default enough to cross the first epoch boundary);
 3. the proof is the product's audit of the run log both phases appended to
-   (:func:`zephon_store.load.audit.audit_run`, what ``zephon audit`` runs): every exposure
+   (:class:`zephon_store.RunContext`'s audit, what ``zephon audit`` runs): every exposure
    recomputed, each sample exactly once per epoch, no gap or overlap at the resume; and
    ``zephon trace`` of that log equals the ids every rank logged, step by step and rank by
    rank.
@@ -176,19 +176,16 @@ def _run(args, base, dataset, options, order, steps2, logs, ck, say) -> int:
     say(f"phase 2: torchrun W=3, num_workers=2: loaded cursor {cursors} on {len(loaded)} "
         f"ranks, {steps2} steps in {t2:.1f} s")
 
-    from zephon_store.load.audit import audit_run, trace
-    from zephon_store.load.runlog import read_run_log
-    from zephon_store.order import Order
+    from zephon_store import RunContext
 
     logged = read_steps(logs, "w4") + read_steps(logs, "w3")
-    segments = read_run_log(args.run_log, dataset_id=dataset.dataset_id)
+    # The library's run accounting (what zephon audit and trace call): each segment's
+    # order and deny list, from the log.
+    run = RunContext(args.dataset, args.run_log, storage_options=(
+        json.loads(args.storage_options) if args.storage_options else None))
     end_step = args.steps1 + steps2
-    def order_for(seg):
-        return order if seg.order == order.options else Order(dataset.manifest.rg_rows,
-                                                               seg.order)
-
-    report = audit_run(segments, order_for, end_step=end_step, dataset_id=dataset.dataset_id)
-    traced = trace(segments, order_for, range(end_step))
+    report = run.audit(end_step=end_step)
+    traced = run.trace(range(end_step))
     mismatched = [t.step for t, s in zip(traced, logged)
                   if (t.cursor, t.ranks) != (s["cursor"], s["ids"])]
     epochs = report.epochs
