@@ -7,9 +7,18 @@ sample ids each rank reads at given steps, per stage the realised proportions an
 each source consumed, where a capped source runs out, and the read figures of the simulator
 (:mod:`zephon_store.load.simulate`), through the loader's own order and seed rule.
 
->>> info = mixture_info(mix)                       # doctest: +SKIP
->>> [s["name"] for s in info["sources"]], info["mixture_id"]
-(['web', 'code'], 'mix-...')
+>>> import os
+>>> mix = os.path.join(tmp, "mix.toml")
+>>> stages = '[[stages]]\\nname = "all"\\nstart = { samples = 0 }\\n'
+>>> source = '[[sources]]\\nname = "{}"\\nurl = "{}"\\nweights = {{ all = 0.5 }}\\n'
+>>> _ = open(mix, "w").write(stages + source.format("a", tiny_dataset)
+...                          + source.format("b", tiny_dataset))
+>>> info = mixture_info(mix)
+>>> [s["name"] for s in info["sources"]], info["mixture_id"].startswith("mix:")
+(['a', 'b'], True)
+>>> plan = plan_mixture(mix, global_batch=4, world_size=2, steps=(0, 1))
+>>> [len(ids) for ids in plan.to_dict()["steps"][0]["ranks"]]
+[2, 2]
 """
 
 from __future__ import annotations
@@ -48,9 +57,8 @@ def mixture_info(path: str, global_batch: int | None = None) -> dict[str, Any]:
     with starts in steps, their start samples and ``mixture_id`` need ``global_batch``,
     and are None without it, ``mixture_id_note`` saying so).
 
-    >>> info = mixture_info("mix.toml", global_batch=512)            # doctest: +SKIP
-    >>> info["stages"][1]["start"], info["stages"][1]["start_sample"]
-    ({'steps': 1000}, 512000)
+    With the module's example file: ``mixture_info(mix, global_batch=512)["stages"][0]``
+    has ``"start": {"samples": 0}`` and ``"start_sample": 0``.
     """
     spec, mix = _open(path, global_batch)
     from .mixed import open_sources
@@ -145,9 +153,9 @@ def plan_mixture(path: str, *, global_batch: int, world_size: int, ranks_per_nod
     (a capped source runs out, exhaustion "error") ends the plan where the loader's stream
     ends: after its last full step.
 
-    >>> plan = plan_mixture("mix.toml", global_batch=8, world_size=2)  # doctest: +SKIP
-    >>> plan.to_dict()["steps"][0]["ranks"][0][:2]
-    [['web', 17], ['code', 3]]
+    With the module's example file, ``plan_mixture(mix, global_batch=4, world_size=2)
+    .to_dict()["steps"][0]["ranks"][0]`` is rank 0's ``[source, id]`` pairs at step 0, such
+    as ``[['a', 17], ['b', 3]]``.
     """
     from ..order.assign import step_cursor
     from .mixed import MixedOrder
