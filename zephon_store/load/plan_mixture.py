@@ -95,11 +95,11 @@ class MixturePlan:
     """:func:`plan_mixture`'s answer: ``to_dict()`` is ``zephon plan --mixture --json``'s
     document; ``schedule`` the mixture's :class:`~zephon_store.order.mixture.MixtureSchedule`."""
 
-    doc: dict[str, Any]
+    document: dict[str, Any]
     schedule: Any
 
     def to_dict(self) -> dict[str, Any]:
-        return self.doc
+        return self.document
 
 
 def _plan_inputs(path: str, spec, *, global_batch: int, world_size: int,
