@@ -23,9 +23,7 @@ ALLOWED: dict[str, int] = {
     "cli/main.py::build_parser": 107,
     "load/pipeline.py::BatchPipeline._steps": 114,
     "load/simulate.py::simulate": 87,
-    "torch/loader.py::ZephonLoader.__init__": 90,
     # In this slice, each leaves with its split:
-    "testing/live_worker.py::main": 87,
 }
 
 

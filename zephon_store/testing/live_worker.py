@@ -62,26 +62,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-    import torch.distributed as dist
-    from torch.distributed import ReduceOp
-    from torchft import Manager, ProcessGroupGloo
 
+    from ..torch.live import LiveZephonLoader
+
+    model = torch.zeros(3, dtype=torch.int64)
+    # The store serves the process group's rendezvous: it lives as long as the manager.
+    manager, store = _manager(args, model)
+    loader = LiveZephonLoader(args.dataset, global_batch=args.global_batch,
+                              order=_order_options(args), manager=manager, with_seq=True,
+                              epochs=args.epochs, participants=_participants(args, manager))
+    os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
+    with open(args.log, "a", encoding="utf-8") as log:
+        def write(record: dict) -> None:
+            log.write(json.dumps({"replica": args.replica_id, **record}) + "\n")
+            log.flush()
+
+        _train(args, manager, loader, model, write)
+        write({"event": "done", "step": manager.current_step(), "model": model.tolist(),
+               "state": loader.state_dict()})
+    manager.shutdown(wait=False)
+    del store
+    return 0
+
+
+def _order_options(args: argparse.Namespace):
+    """The loader's order from ``--seed``, ``--lanes`` and ``--window-blocks``."""
     from ..order import OrderOptions
-    from ..torch.live import LiveZephonLoader, manager_participants
 
     kw = {"seed": args.seed}
     if args.lanes is not None:
         kw["lanes"] = args.lanes
     if args.window_blocks is not None:
         kw["window_blocks"] = args.window_blocks
-    kill_step, kill_phase = None, None
-    if args.kill:
-        step, kill_phase = args.kill.split(":")
-        kill_step = int(step)
+    return OrderOptions(**kw)
+
+
+def _manager(args: argparse.Namespace, model):
+    """This replica's torchft ``Manager`` over gloo (``model`` travels in its state transfer),
+    and the ``TCPStore`` it rendezvouses through: the caller keeps it alive (freed, it stops
+    serving and the process group's configure times out)."""
+    import torch.distributed as dist
+    from torchft import Manager, ProcessGroupGloo
 
     timeout = timedelta(seconds=args.timeout)
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    model = torch.zeros(3, dtype=torch.int64)
 
     def load_model(sd: dict) -> None:
         model.copy_(sd["model"])
@@ -93,59 +117,68 @@ def main(argv: list[str] | None = None) -> int:
                       lighthouse_addr=args.lighthouse, timeout=timeout,
                       quorum_timeout=timeout * 3, connect_timeout=timeout,
                       use_async_quorum=not args.sync_quorum)
-    participants = None
-    if args.bad_index is not None:
-        quorum = manager_participants(manager)
+    return manager, store
 
-        def participants():
-            index, count = quorum()
-            if manager.current_step() >= args.bad_index and index is not None:
-                index = 0
-            return index, count
 
-    loader = LiveZephonLoader(args.dataset, global_batch=args.global_batch,
-                              order=OrderOptions(**kw), manager=manager, with_seq=True,
-                              epochs=args.epochs, participants=participants)
-    os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-    with open(args.log, "a", encoding="utf-8") as log:
-        def write(record: dict) -> None:
-            log.write(json.dumps({"replica": args.replica_id, **record}) + "\n")
-            log.flush()
+def _participants(args: argparse.Namespace, manager):
+    """None (the loader asks the manager), or with ``--bad-index`` the manager's answer with
+    participant index 0 claimed from that manager step on."""
+    if args.bad_index is None:
+        return None
+    from ..torch.live import manager_participants
 
-        def maybe_die(phase: str, participants: int) -> None:
-            if kill_step is not None and phase == kill_phase and \
-                    manager.current_step() >= kill_step and participants >= args.kill_quorum:
-                write({"event": "killed", "phase": phase, "step": manager.current_step()})
-                os.kill(os.getpid(), signal.SIGKILL)
+    quorum = manager_participants(manager)
 
-        batches = iter(loader)
-        while True:
-            manager.start_quorum()
-            batch = next(batches, None)
-            if batch is None:
-                break
-            claim = loader.last_step
-            step = manager.current_step()
-            ids = [int(i) for i in batch["_seq"].tolist()]
-            write({"event": "served", "step": step, "cursor": claim.cursor,
-                   "participants": claim.participants, "index": claim.index, "ids": ids})
-            maybe_die("served", claim.participants)
-            time.sleep(args.step_delay)
-            grad = torch.tensor([len(ids), sum(ids), sum(i * i for i in ids)], dtype=torch.int64)
-            manager.allreduce(grad, reduce_op=ReduceOp.SUM).wait()
-            write({"event": "reduced", "step": step, "cursor": claim.cursor,
-                   "sums": grad.tolist()})
-            maybe_die("reduced", claim.participants)
-            ok = manager.should_commit()
-            if ok:
-                model.add_(grad)
-            write({"event": "committed", "step": step, "cursor": claim.cursor, "ok": ok,
-                   "sums": grad.tolist()})
-            maybe_die("committed", claim.participants)
-        write({"event": "done", "step": manager.current_step(), "model": model.tolist(),
-               "state": loader.state_dict()})
-    manager.shutdown(wait=False)
-    return 0
+    def participants():
+        index, count = quorum()
+        if manager.current_step() >= args.bad_index and index is not None:
+            index = 0
+        return index, count
+
+    return participants
+
+
+def _train(args: argparse.Namespace, manager, loader, model, write) -> None:
+    """Each step: draw the share, allreduce its sums, add them to ``model`` if the step
+    commits; log each phase and SIGKILL this process at ``--kill``'s."""
+    import torch
+    from torch.distributed import ReduceOp
+
+    kill_step, kill_phase = None, None
+    if args.kill:
+        step, kill_phase = args.kill.split(":")
+        kill_step = int(step)
+
+    def maybe_die(phase: str, participants: int) -> None:
+        if kill_step is not None and phase == kill_phase and \
+                manager.current_step() >= kill_step and participants >= args.kill_quorum:
+            write({"event": "killed", "phase": phase, "step": manager.current_step()})
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    batches = iter(loader)
+    while True:
+        manager.start_quorum()
+        batch = next(batches, None)
+        if batch is None:
+            break
+        claim = loader.last_step
+        step = manager.current_step()
+        ids = [int(i) for i in batch["_seq"].tolist()]
+        write({"event": "served", "step": step, "cursor": claim.cursor,
+               "participants": claim.participants, "index": claim.index, "ids": ids})
+        maybe_die("served", claim.participants)
+        time.sleep(args.step_delay)
+        grad = torch.tensor([len(ids), sum(ids), sum(i * i for i in ids)], dtype=torch.int64)
+        manager.allreduce(grad, reduce_op=ReduceOp.SUM).wait()
+        write({"event": "reduced", "step": step, "cursor": claim.cursor,
+               "sums": grad.tolist()})
+        maybe_die("reduced", claim.participants)
+        ok = manager.should_commit()
+        if ok:
+            model.add_(grad)
+        write({"event": "committed", "step": step, "cursor": claim.cursor, "ok": ok,
+               "sums": grad.tolist()})
+        maybe_die("committed", claim.participants)
 
 
 if __name__ == "__main__":
