@@ -52,8 +52,10 @@ from .rangefile import RangeFile
 DEFAULT_DECODE_CACHE_BYTES = 256 << 20
 
 
-class DecodedCache:
-    """A thread-safe LRU of decoded row groups bounded by bytes (``budget <= 0``: keeps none)."""
+class DecodedLRU:
+    """A thread-safe LRU of decoded row groups in memory, bounded by bytes (``budget <= 0``:
+    keeps none); ``open_dataset(decode_cache_bytes=)`` sizes it. Not the *decoded cache*
+    (``decoded_cache=``, :class:`~zephon_store.read.decoded_disk.DecodedDiskCache`, on disk)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -110,7 +112,7 @@ class RowGroups:
         self.footers = Footers(manifest, self._fetch, self.forged)
         self._mapped = (MappedShards(manifest, lambda s: storage.url(manifest.shard_path(s)))
                         if storage.local else None)
-        self._decoded = DecodedCache(decode_cache_bytes)
+        self._lru = DecodedLRU(decode_cache_bytes)
         # Threads asking for the same row group at once (the loader's decode threads: a
         # sequential token batch is a quarter of one) wait for the one decode.
         self._decoding: OncePerKey[pa.Table] = OncePerKey()
@@ -200,15 +202,15 @@ class RowGroups:
         holds what it reads itself and drops it after its last use).
         """
         rg = int(rg)
-        t = self._decoded.get(rg)
+        t = self._lru.get(rg)
         if t is not None:
             return t
         return self._decoding.run(rg, self._decode_keep if keep else self._decode,
-                                  self._decoded.get)
+                                  self._lru.get)
 
     def _decode_keep(self, rg: int) -> pa.Table:
         t = self._decode(rg)
-        self._decoded.put(rg, t)
+        self._lru.put(rg, t)
         return t
 
     def _decode(self, rg: int) -> pa.Table:
@@ -261,7 +263,7 @@ class RowGroups:
         rgs = [int(r) for r in rgs]
         # Decoded ones are taken here: a shuffled batch touches dozens of row groups, mostly
         # decoded already, and a pool task per decoded one costs more than the batch's work.
-        out = [self._decoded.get(r) for r in rgs]
+        out = [self._lru.get(r) for r in rgs]
         missing = [i for i, t in enumerate(out) if t is None]
         if len(missing) <= 1 or self.io_threads <= 1:
             for i in missing:
@@ -291,7 +293,7 @@ class RowGroups:
             pool.shutdown(wait=True, cancel_futures=True)
         if self._mapped is not None:
             self._mapped.clear()
-        self._decoded = DecodedCache(self._decoded.budget)
+        self._lru = DecodedLRU(self._lru.budget)
 
     def _after_fork(self) -> None:
         self._owned_lock = threading.Lock()
@@ -300,7 +302,7 @@ class RowGroups:
         self._pool = None
         self._prefetchers = weakref.WeakSet()
         self.footers.after_fork()
-        self._decoded.after_fork()
+        self._lru.after_fork()
         if self._mapped is not None:
             self._mapped.after_fork()
         if self.decoded_disk is not None:
