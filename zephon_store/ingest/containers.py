@@ -85,7 +85,7 @@ class _Member:
         return self._d.decompress(buf[:_ZSTD_IN])
 
 
-def decode_errors(compression: str) -> tuple[type[BaseException], ...]:
+def decompress_errors(compression: str) -> tuple[type[BaseException], ...]:
     """What the decompressor of ``compression`` raises on damaged data."""
     if compression == "zstd":
         import zstandard
@@ -107,7 +107,7 @@ class DecompressedReader(io.RawIOBase):
         assert file.compression is not None
         self._raw, self._file = raw, file
         self._kind = file.compression
-        self._errors = decode_errors(self._kind)
+        self._errors = decompress_errors(self._kind)
         self._member: _Member | None = None
         self._members = 0
         self._pending = b""  # compressed bytes read from raw but not yet given to a member
