@@ -13,17 +13,15 @@ import pathlib
 PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
 LIMIT = 80
 
-# Functions still over the limit, each named with its length when listed. Only functions in
-# files being shortened in the same round belong here; the entry goes when the function is
-# split, and a listed function that has grown fails too (the number is its ceiling).
-# (The check that a listed function is still long returns when the list is final: the others
-# are shortening theirs in the same tree right now.)
+# Functions still over the limit when issue 30's round ended, each with its length then as a
+# ceiling (one that grows fails too). Only functions of files other engineers were shortening
+# in the same round belong here; an entry goes when its function is split. None may be added.
 ALLOWED: dict[str, int] = {
-    # Outside this slice, being shortened by the loader and CLI engineers (issue 30 items 1, 2, 4):
-    "cli/main.py::build_parser": 107,
+    # load/: the loader core's engineer is splitting the batch pipeline and the simulator.
     "load/pipeline.py::BatchPipeline._steps": 114,
     "load/simulate.py::simulate": 87,
-    # In this slice, each leaves with its split:
+    # cli/: one long argparse table (the CLI engineer's).
+    "cli/main.py::build_parser": 107,
 }
 
 
