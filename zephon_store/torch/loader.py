@@ -1,6 +1,8 @@
-"""``ZephonLoader``: batches for this rank, and a one-cursor checkpoint.
+"""``ZephonLoader``: batches for this rank as tensors, and a one-cursor checkpoint.
 
-Two ways to make batches, with the identical sequence:
+The run (source, order, cursor and step, checkpoint, run log, deny list, end of the
+stream) is :class:`~zephon_store.load.loader.Loader`'s, without torch; this shell adds the
+topology torch.distributed knows, the tensor collation and process workers. Two ways to make batches, with the identical sequence:
 
 - ``num_workers=0`` (default): a small pool of threads decodes the row groups of the
   coming steps ahead (pyarrow decodes without the GIL; :mod:`zephon_store.load.pipeline`), and
@@ -16,37 +18,23 @@ so it counts consumed samples, never prefetched ones.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import queue
-import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-from .._util.exit_close import close_at_exit
-from ..errors import StateMismatchError
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
-from ..load.denylist import DenyList, load_deny_list, save_logged_copy
 from ..load.engine import ShareEngine
+from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
-from ..load.pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
-from ..load.runlog import RunSegment, append_segment
-from ..load.source import Source, open_source
-from ..load.state import MAX_CURSOR, LoaderState, check_state
-from ..load.stream import RankStream
-from ..order.assign import step_cursor
+from ..load.source import Source
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from ..read.dataset import Dataset
 from .dataset import ZephonIterableDataset
-
-log = logging.getLogger("zephon_store")
 
 
 def detect_topology() -> tuple[int, int]:
@@ -81,7 +69,7 @@ def to_torch(batch: dict) -> dict:
                 for k, v in batch.items()}
 
 
-class ZephonLoader:
+class ZephonLoader(Loader):
     """Iterate this rank's batches of a dataset in the global, elastic order.
 
     >>> loader = ZephonLoader(tiny_dataset, global_batch=8, order=OrderOptions(seed=7),
@@ -150,324 +138,24 @@ class ZephonLoader:
                  expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
                  run_log: str | None = None,
                  deny_list=None, decoded_cache=None) -> None:
-        seed_given = seed is not None or order is not None
-        if order is None:
-            order = OrderOptions(seed=seed or 0)
-        elif seed is not None and seed != order.seed:
-            raise ValueError(f"seed={seed} disagrees with order.seed={order.seed}; pass one")
-        # The keywords travel on as named groups (load/options.py), validated here.
-        self.workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch,
-                                     multiprocessing_context=multiprocessing_context,
-                                     pin_memory=pin_memory)
-        self.stop = StopOptions(max_steps=max_steps, epochs=epochs, drop_last=drop_last)
-        self.batch_options = BatchOptions(columns=columns, with_seq=with_seq,
-                                          transform=transform)
-        self.run_log = run_log
-        self.read_ahead = ReadAheadOptions(prefetch_bytes=prefetch_bytes,
-                                           decode_ahead_bytes=decode_ahead_bytes,
-                                           coalesce=coalesce)
+        # The keywords travel on as named groups (load/options.py), validated there.
+        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch,
+                                multiprocessing_context=multiprocessing_context,
+                                pin_memory=pin_memory)
+        stop = StopOptions(max_steps=max_steps, epochs=epochs, drop_last=drop_last)
+        batch = BatchOptions(columns=columns, with_seq=with_seq, transform=transform)
+        read_ahead = ReadAheadOptions(prefetch_bytes=prefetch_bytes,
+                                      decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce)
         ws, rk = detect_topology()
         ws = ws if world_size is None else world_size
-        self.topology = Topology(global_batch, ws, rk if rank is None else rank,
-                                 ranks_per_node=(detect_ranks_per_node(ws)
-                                                 if ranks_per_node is None else ranks_per_node))
-        # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py).
-        self.dataset = open_source(dataset, columns=columns, global_batch=global_batch,
-                                   storage_options=storage_options, cache=cache,
-                                   decoded_cache=decoded_cache,
-                                   expect_dataset_id=expect_dataset_id, defer_stage_order=True)
-        # The source's seed rule (a mixture file's seed applies unless one is given).
-        order = order.replace(seed=self.dataset.order_seed(order.seed if seed_given else None))
-        # The order options asked for, and the ones in use: lanes="auto" is resolved here,
-        # from the dataset and the nodes this run starts on, and a resume takes the
-        # checkpoint's lanes instead (load_state_dict).
-        self._requested_order = order
-        self.order = self._resolve_lanes(order)
-        self.collate = collate
-        self.cursor = 0
-        self._warned_drop = False
-        # The iterator made by the last iter(); load_state_dict closes it, and every
-        # iterator made before the last load_state_dict stops (STYLE 13).
-        self._live: weakref.ref | None = None
-        self._loads = 0
-        # Global steps consumed since the run began (saved as the state's "step"): the run
-        # log numbers segments by it, independently of the cursor (load/runlog.py).
-        self.step = 0
-        self._logged_loads: int | None = None
-        if deny_list is not None:
-            manifest = self.dataset.deny_list_manifest()
-            if isinstance(deny_list, DenyList):
-                deny_list.check_for(manifest)
-            else:
-                deny_list = load_deny_list(str(deny_list), manifest)
-            self.batch_options = self.batch_options.with_deny_list(deny_list)
-        self._max_cursor = self.stop.end_position(self.dataset.num_samples)
-        self._check_working_set()
-
-    @property
-    def num_workers(self) -> int:
-        return self.workers.num_workers
-
-    @property
-    def drop_last(self) -> bool:
-        return self.stop.drop_last
-
-    def _resolve_lanes(self, order: OrderOptions) -> OrderOptions:
-        """``order`` with ``lanes="auto"`` resolved for this job (OrderOptions.resolved)."""
-        return self.dataset.resolve_lanes(order, self.topology)
-
-    def _check_working_set(self) -> None:
-        # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
-        # at once; the pipeline holds two such sets decoded. Beyond its automatic cap, row
-        # groups are decoded more than once per epoch: say so, with the numbers.
-        if self.read_ahead.decode_ahead_bytes is not None:
-            return
-        stream = RankStream(self.dataset, self.order, self.topology)
-        need = two_working_sets_bytes(stream)
-        if need > MAX_AUTO_AHEAD_BYTES:
-            log.warning(
-                "zephon: this rank's order reads from %d row groups at once (~%.1f GB decoded "
-                "for two working sets), more than the %.1f GB decoded automatically; row groups "
-                "will be decoded more than once per epoch. Pass decode_ahead_bytes=... to hold "
-                "them, or use more ranks (each reads lanes/world_size lanes).",
-                stream.working_set_row_groups(), need / 1e9, MAX_AUTO_AHEAD_BYTES / 1e9)
-
-    # -- state ---------------------------------------------------------------------------
-    @property
-    def dataset_id(self) -> str:
-        return self.dataset.dataset_id
-
-    def state_dict(self) -> dict:
-        """``{version, dataset_id, seed, order, cursor, step}``: identical on every rank (a
-        mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md). ``step``
-        counts the global steps consumed since the run began (the run log's step numbers)."""
-        return LoaderState(self.dataset_id, self.order, self.cursor,
-                           mixture=self.dataset.state_entry(), step=self.step).to_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state``; raises StateMismatchError if it is for other data/options.
-
-        Changing world size, global batch or num_workers is allowed (and logged). The state
-        applies at the next ``iter()``: an iterator still live is closed (its next ``next()``
-        raises StopIteration), so it can never hand out a batch of the old stream or move
-        the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
-        """
-        st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
-                         mixture=self.dataset.state_entry() is not None)
-        if st.cursor + self.topology.global_batch > MAX_CURSOR:
-            raise StateMismatchError(
-                f"loader state 'cursor' {st.cursor} leaves no room for a step of "
-                f"{self.topology.global_batch} positions below 2**63; the checkpoint is corrupted")
-        step = st.step_or(self.topology.global_batch)
-        # A mixture: the checkpoint's schedule up to the cursor, then this loader's later
-        # stages (an appended stage continues each source where it stopped; one given in
-        # steps begins at that step of the run). A dataset: itself.
-        self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
-                                            global_batch=self.topology.global_batch)
-        self._loads += 1
-        self._close_live()
-        self.order = st.order
-        self.cursor = st.cursor
-        self.step = step
-        n = self.dataset.num_samples
-        log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
-                 "global_batch=%d num_workers=%d", self.dataset_id, st.cursor, st.cursor // n,
-                 st.cursor % n, self.topology.world_size, self.topology.global_batch,
-                 self.num_workers)
-        if st.cursor % self.topology.global_batch:
-            log.info("zephon: cursor %d is not a multiple of global_batch %d; steps are counted "
-                     "from the cursor, so nothing is skipped or repeated", st.cursor,
-                     self.topology.global_batch)
-
-    # -- iteration -----------------------------------------------------------------------
-    def _num_batches(self, start: int) -> int | None:
-        self.dataset.check_ready()
-        n = self.stop.num_batches(start, self.topology.global_batch, self.dataset.num_samples)
-        end = self._mixture_end
-        if end is not None:
-            # A capped source ends the mixture (policy "error"), and the stream with it:
-            # the full steps before it, or with drop_last=False a short last step up to it.
-            left, b = max(0, end - start), self.topology.global_batch
-            n_end = left // b if self.drop_last else -(-left // b)
-            n = n_end if n is None else min(n, n_end)
-        return n
-
-    @property
-    def _mixture_end(self) -> int | None:
-        """The first position the mixture cannot serve (a capped source ran out), or None."""
-        return self.dataset.end
-
-    @property
-    def _stream_end(self) -> int | None:
-        """Where the stream ends: the run's own end (epochs) or the mixture's, the nearer."""
-        ends = [e for e in (self._max_cursor, self._mixture_end) if e is not None]
-        return min(ends) if ends else None
-
-    @property
-    def _end(self) -> int | None:
-        """The position the run stops at, when its last step may be short (drop_last=False)."""
-        return None if self.drop_last else self._stream_end
-
-    def _engine(self, start: int) -> ShareEngine:
-        return ShareEngine(self.dataset, self.order, self.topology, batch=self.batch_options,
-                           read_ahead=self.read_ahead, start_cursor=start,
-                           num_batches=self._num_batches(start), end=self._end)
-
-    def _warn_dropped(self, start: int) -> None:
-        if self._warn_mixture_end(start):
-            return
-        left = 0 if self._max_cursor is None else max(0, self._max_cursor - start)
-        dropped = left % self.topology.global_batch
-        if self.drop_last and dropped and not self._warned_drop:
-            self._warned_drop = True
-            log.warning(
-                "zephon: the run ends at position %d (epochs); its last %d positions are "
-                "fewer than global_batch=%d and are dropped (drop_last=True, the default). "
-                "Pass drop_last=False to read them in a short last step.",
-                self._max_cursor, dropped, self.topology.global_batch)
-
-    def _warn_mixture_end(self, start: int) -> bool:
-        """Log once that the mixture ends before the run would (it names that end, not the
-        run's own); True when the mixture's end is the one this run stops at."""
-        end, b = self._mixture_end, self.topology.global_batch
-        wanted = self.stop.num_batches(start, b, self.dataset.num_samples)
-        if end is None or (wanted is not None and wanted <= self._num_batches(start)):
-            return False
-        if not self._warned_drop:
-            self._warned_drop = True
-            own = ("endless" if wanted is None else f"max_steps={self.stop.max_steps}"
-                   if self.stop.max_steps is not None
-                   else f"epochs={self.stop.epochs} ends at position {self._max_cursor}")
-            left = max(0, end - start)
-            tail = (f"; its last {left % b} positions are fewer than global_batch={b} and are "
-                    "dropped (drop_last=True, the default): pass drop_last=False to read them "
-                    "in a short last step" if self.drop_last and left % b else "")
-            log.warning("zephon: the mixture ends at position %d, before this run's own end "
-                        "(%s): %s; the loop ends there, at cursor %d%s", end, own,
-                        self.dataset.end_reason(),
-                        start + (left // b * b if self.drop_last else left), tail)
-        return True
-
-    def _close_live(self) -> None:
-        live = self._live() if self._live is not None else None
-        self._live = None
-        if live is not None:
-            try:
-                live.close()
-            except ValueError:
-                # Running in another thread right now: it cannot be closed from here;
-                # _loads has changed, so it writes no cursor and ends at its next batch.
-                pass
-
-    def __iter__(self) -> Iterator:
-        # Closed at interpreter exit if still open (the docs' `batches = iter(loader)`):
-        # left to module teardown, its cleanup ran over cleared module globals and printed a
-        # traceback.
-        it = close_at_exit(self._batches(self.cursor, self._loads))
-        self._live = weakref.ref(it)
-        return it
-
-    def _batches(self, start: int, loads: int) -> Iterator:
-        self._warn_dropped(start)
-        engine = self._engine(start)
-        batches = self._threaded(engine) if self.num_workers == 0 else self._processes(engine)
-        b = self.topology.global_batch
-        end = self._end if self._end is not None else MAX_CURSOR
-        first_step = self.step
-        with contextlib.closing(batches):
-            for i, batch in batches:
-                if self._loads != loads:
-                    return   # a state was loaded since this iterator began: it is over
-                if i == 0 and self.run_log and self._logged_loads != loads:
-                    self._log_segment(start, first_step)
-                    self._logged_loads = loads
-                self.step = first_step + i + 1
-                # Consumed means handed to the training loop: advance before yielding so a
-                # state_dict() taken right after this batch resumes with the next one. A
-                # short last step (drop_last=False) ends the cursor exactly at the end.
-                self.cursor = min(step_cursor(start, i + 1, b), end)
-                yield self.collate(batch) if self.collate is not None else batch
-
-    def _log_segment(self, cursor: int, first_step: int) -> None:
-        """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
-        t = self.topology
-        deny = self.batch_options.deny_list
-        # A mixture's entry holds its schedule too: trace and audit rebuild its order from
-        # the log (a resume may append stages).
-        entry = self.dataset.state_entry()
-        mixture = None if entry is None else {"id": self.dataset_id, **entry}
-        if deny is not None and t.rank == 0:
-            # The list's ids beside the log, before the line that names them: audit and
-            # trace read this copy, so editing the list file in place (a takedown's usual
-            # step) never breaks the audit of this segment.
-            save_logged_copy(deny, self.run_log)
-        append_segment(self.run_log, RunSegment(
-            first_step=first_step, cursor=cursor, global_batch=t.global_batch,
-            world_size=t.world_size, num_workers=self.num_workers,
-            dataset_id=self.dataset_id, order=self.order, ranks_per_node=t.ranks_per_node,
-            mixture=mixture, deny_list=None if deny is None else deny.to_log()), rank=t.rank)
-
-    def _threaded(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
-        # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead
-        # into the disk cache (the prefetcher). Without a transform the batches are cut here,
-        # in the loop's thread: that is a numpy slice or gather (token windows, numbers) or
-        # one str per document (text), cheaper than handing each batch over from a thread
-        # (docs/benchmarks.md, "Why the code is shaped this way: loading"). A transform
-        # (tokenizing, say) can be heavy, so it runs in a thread up to `prefetch` batches
-        # ahead.
-        if self.batch_options.transform is None:
-            yield from engine.batches()
-            return
-        pre = engine.prefetcher() if self.dataset.cache is not None else None
-        ready: queue.Queue = queue.Queue(maxsize=self.workers.prefetch)
-        stop = threading.Event()
-
-        def offer(item) -> bool:
-            """Put ``item`` in the queue; False once the consumer has gone."""
-            while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        pipeline = engine.pipeline(stop=stop)
-
-        def produce() -> None:
-            try:
-                for item in pipeline:
-                    if not offer(item):
-                        return
-            except BaseException as exc:  # handed to the consumer, raised there
-                offer(_Failed(exc))
-                return
-            offer(_DONE)
-
-        producer = threading.Thread(target=produce, name="zephon-batches", daemon=True)
-        producer.start()
-        try:
-            while True:
-                item = ready.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, _Failed):
-                    raise item.exc
-                if pre is not None:
-                    pre.consumed(item[0])
-                yield item
-        finally:
-            # Not joined: the producer sees `stop` at its next step (at most one row-group
-            # decode away) and ends the pipeline, whose decodes are cancelled; closing an
-            # iterator never waits for a decode.
-            pipeline.cancel()
-            try:
-                while True:
-                    ready.get_nowait()   # a producer blocked on a full queue wakes up
-            except queue.Empty:
-                pass
-            if pre is not None:
-                pre.close()
+        topology = Topology(global_batch, ws, rk if rank is None else rank,
+                            ranks_per_node=(detect_ranks_per_node(ws)
+                                            if ranks_per_node is None else ranks_per_node))
+        super().__init__(dataset, topology=topology, seed=seed, order=order, batch=batch,
+                         read_ahead=read_ahead, stop=stop, workers=workers,
+                         storage_options=storage_options, cache=cache,
+                         decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
+                         run_log=run_log, deny_list=deny_list, collate=collate)
 
     def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
         from torch.utils.data import DataLoader
@@ -479,22 +167,6 @@ class ZephonLoader:
                         multiprocessing_context=w.multiprocessing_context, collate_fn=_identity)
         yield from dl
 
-    def __len__(self) -> int:
-        n = self._num_batches(self.cursor)
-        if n is None:
-            raise TypeError("an endless ZephonLoader has no len(); pass max_steps or epochs")
-        return n
-
 
 def _identity(x):
     return x
-
-
-_DONE = object()
-
-
-class _Failed:
-    """An exception raised by the producer thread, to be raised in the consumer's."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
