@@ -37,10 +37,10 @@ class BatchOptions:
     :class:`~zephon_store.load.denylist.DenyList`) blanks the denied rows before the
     transform and adds ``_masked`` (bool per sample)."""
 
-    columns: tuple[str, ...] | None = None
-    with_seq: bool = False
-    transform: Callable[[dict], dict] | None = None
-    deny_list: Any = None
+    columns: tuple[str, ...] | None = None            # the columns read (None: all)
+    with_seq: bool = False                            # add _seq (and a mixture's _source)
+    transform: Callable[[dict], dict] | None = None   # maps each decoded batch dict
+    deny_list: Any = None                             # a DenyList: its rows blanked, _masked
 
     def __post_init__(self) -> None:
         if self.columns is not None:
@@ -58,9 +58,9 @@ class ReadAheadOptions:
     of decoded row groups held ahead (None: two working sets of the order, see
     :mod:`zephon_store.load.pipeline`)."""
 
-    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
-    decode_ahead_bytes: int | None = None
-    coalesce: CoalesceOptions | None = None
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES   # remote bytes fetched ahead to the disk cache
+    decode_ahead_bytes: int | None = None          # decoded row groups held ahead (None: auto)
+    coalesce: CoalesceOptions | None = None        # how row groups merge into ranged GETs
 
     def __post_init__(self) -> None:
         if self.coalesce is not None and not isinstance(self.coalesce, CoalesceOptions):
@@ -73,9 +73,9 @@ class StopOptions:
     ``int(epochs * num_samples)``; None for both: endless. ``drop_last`` drops the positions
     of that end which do not fill a global batch; False reads them in a short last step."""
 
-    max_steps: int | None = None
-    epochs: float | None = None
-    drop_last: bool = True
+    max_steps: int | None = None   # steps from where the run starts (None: no bound)
+    epochs: float | None = None    # the run ends at position int(epochs * num_samples)
+    drop_last: bool = True         # False: the positions short of a step in a short last step
 
     def __post_init__(self) -> None:
         max_steps, epochs = self.max_steps, self.epochs
@@ -129,10 +129,10 @@ class WorkerOptions:
     made ahead of the loop, and the DataLoader's ``multiprocessing_context`` and
     ``pin_memory``."""
 
-    num_workers: int = 0
-    prefetch: int = 4
-    multiprocessing_context: str | None = None
-    pin_memory: bool = False
+    num_workers: int = 0                         # process workers (0: threads in this process)
+    prefetch: int = 4                            # batches made ahead of the loop
+    multiprocessing_context: str | None = None   # the DataLoader's ("fork", "spawn", ...)
+    pin_memory: bool = False                     # the DataLoader's pin_memory
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
