@@ -81,15 +81,6 @@ class _MixedManifest:
         self.num_samples = int(sum(m.num_samples for m in ms))
         self.num_shards = int(shard_base[-1])
         self.total_bytes = int(sum(m.total_bytes for m in ms))
-        # No writer options in common: the pipeline sizes decoded row groups from rg_length.
-        self.writer: dict = {}
-
-
-class _MixedStorage:
-    """What the loader asks of a dataset's storage: whether every byte is local."""
-
-    def __init__(self, local: bool) -> None:
-        self.local = local
 
 
 class _MixedPrefetcher:
@@ -211,7 +202,6 @@ class MixedDataset:
         self.schema = self._common_schema(self.columns)
         self.manifest = _MixedManifest(self.sources, self.id_offset)
         self.row_groups = _MixedRowGroups(self)
-        self.storage = _MixedStorage(all(s.storage.local for s in self.sources))
 
     def _common_schema(self, columns: list[str]) -> pa.Schema:
         fields = []
@@ -369,6 +359,17 @@ class MixedDataset:
     def end_reason(self) -> str:
         """Why the mixture ends at :attr:`end` (the schedule's words)."""
         return self.schedule.end_reason()
+
+    @property
+    def local(self) -> bool:
+        """Whether every source's bytes are read from a local path."""
+        return all(s.local for s in self.sources)
+
+    def decoded_row_group_bytes(self) -> float:
+        """Estimated decoded size of one row group: 4x the mean stored bytes of the sources'
+        row groups (the sources share no writer options to cut the estimate by)."""
+        m = self.manifest
+        return 4.0 * float(np.mean(m.rg_length)) if m.num_row_groups else 0.0
 
     def parts(self) -> list[tuple[str, object]]:
         """``[(name, dataset)]`` of every source, in the mixture's order."""

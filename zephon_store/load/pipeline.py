@@ -299,22 +299,9 @@ def _gather_text(step: _Step, decoded: list[_Decoded], name: str,
     return [lists[k][r] for k, r in zip(step.inverse.tolist(), step.rows.tolist())]
 
 
-def decoded_row_group_bytes(manifest) -> float:
-    """Estimated decoded size of one row group: the smaller of its cut size and 4x its bytes.
-
-    Row groups are cut at ``row_group_bytes`` of values before compression (plus at most
-    one row), or earlier by ``row_group_rows``; 4x the stored bytes is zstd's typical ratio.
-    """
-    if not manifest.num_row_groups:
-        return 0.0
-    stored = 4.0 * float(np.mean(manifest.rg_length))
-    rg_bytes = manifest.writer.get("row_group_bytes")
-    return min(1.25 * rg_bytes, stored) if rg_bytes else stored
-
-
 def two_working_sets_bytes(stream) -> int:
     """Decoded bytes of two working sets of ``stream``'s order (see ``default_ahead_bytes``)."""
-    per_rg = decoded_row_group_bytes(stream.dataset.manifest)
+    per_rg = stream.dataset.decoded_row_group_bytes()
     return int(2 * stream.working_set_row_groups() * per_rg)
 
 
@@ -334,7 +321,7 @@ def default_decode_threads(dataset, workers: int = 1) -> int:
     ``workers`` process workers each run a pipeline: locally each gets its share of the
     cores (at least one thread).
     """
-    if dataset.cache is not None or not dataset.storage.local:
+    if dataset.cache is not None or not dataset.local:
         return 8
     if workers > 1:
         return max(1, min(4, (os.cpu_count() or 1) // workers))
@@ -374,7 +361,7 @@ class BatchPipeline:
             f.name: f.type for f in stream.select(self.dataset.schema.empty_table()).schema}
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
-        self._per_rg = int(decoded_row_group_bytes(self.dataset.manifest))
+        self._per_rg = int(self.dataset.decoded_row_group_bytes())
         # Steps gathered together (module docstring); 1 gathers step by step.
         m = self.dataset.manifest
         rows_per_rg = max(1.0, m.num_samples / max(1, m.num_row_groups))

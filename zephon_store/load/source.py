@@ -44,11 +44,15 @@ class Source(Protocol):
     or a loader."""
 
     url: str
-    # Row-group tables (rg_rows, rg_row_start, rg_length, ...), reads and prefetch, and
-    # whether every byte is local.
+    # Row-group tables (rg_rows, rg_row_start, rg_length, ...), reads and prefetch.
     manifest: Any
     row_groups: Any
-    storage: Any
+
+    @property
+    def local(self) -> bool:
+        """Whether every byte is read from a local path (decode threads: the cores)."""
+    def decoded_row_group_bytes(self) -> float:
+        """Estimated decoded size of one row group (the decode-ahead budget's unit)."""
 
     @property
     def dataset_id(self) -> str: ...

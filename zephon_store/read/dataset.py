@@ -184,6 +184,15 @@ class Dataset:
         lanes = min(lanes, -(-lanes // t.world_size) + (lanes % t.world_size != 0))
         return int(min(m.num_row_groups, lanes * (order.options.window_blocks + 2) + step))
 
+    @property
+    def local(self) -> bool:
+        """Whether every byte is read from a local path (no network)."""
+        return self.storage.local
+
+    def decoded_row_group_bytes(self) -> float:
+        """Estimated decoded size of one row group (:func:`decoded_row_group_bytes`)."""
+        return decoded_row_group_bytes(self.manifest)
+
     def parts(self) -> list[tuple[str, Dataset]]:
         """``[(name, dataset)]`` of every dataset read: this one, named by its URL."""
         return [(self.url, self)]
@@ -265,6 +274,19 @@ class Dataset:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def decoded_row_group_bytes(manifest) -> float:
+    """Estimated decoded size of one row group: the smaller of its cut size and 4x its bytes.
+
+    Row groups are cut at ``row_group_bytes`` of values before compression (plus at most
+    one row), or earlier by ``row_group_rows``; 4x the stored bytes is zstd's typical ratio.
+    """
+    if not manifest.num_row_groups:
+        return 0.0
+    stored = 4.0 * float(np.mean(manifest.rg_length))
+    rg_bytes = manifest.writer.get("row_group_bytes")
+    return min(1.25 * rg_bytes, stored) if rg_bytes else stored
 
 
 def as_cache(cache):
