@@ -115,3 +115,21 @@ def test_only_the_normaliser_asks_whether_it_holds_a_mixture() -> None:
         if rel != "load/source.py" and ASKS.search(path.read_text(encoding="utf-8")):
             asking.add(rel)
     assert asking <= STILL_ASKING, f"asks whether it holds a mixture: {asking - STILL_ASKING}"
+
+
+def test_a_mixture_reads_and_prefetches_through_its_sources(urls, tmp_path) -> None:
+    """A mixture's row groups are read and fetched ahead by each source (no stand-ins):
+    with every source behind a disk cache the loader prefetches into it, and hands out the
+    batches it hands out without one."""
+    from zephon_store.io.cache import ChunkCache
+    from zephon_store.load.loader import Loader
+    from zephon_store.load.options import BatchOptions, StopOptions
+
+    def run(**kw) -> list[list[int]]:
+        loader = Loader(_mix_dict(urls), topology=Topology(8), seed=5,
+                        batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=6), **kw)
+        return [b["_seq"].tolist() + b["_source"].tolist() for b in loader]
+
+    cache = ChunkCache(str(tmp_path / "cache"))
+    assert run(cache=cache) == run()
+    assert any((tmp_path / "cache").rglob("*")), "the sources' bytes went through the cache"

@@ -70,7 +70,7 @@ class ShareEngine:
         if self.num_batches is not None:
             total = max(0, -(-(self.num_batches - offset) // stride))
         ra = self.read_ahead
-        return self.dataset.row_groups.prefetcher(
+        return self.dataset.prefetcher(
             rgs, budget_bytes=ra.prefetch_bytes, num_batches=total, coalesce=ra.coalesce)
 
     def pipeline(self, worker: int = 0, workers: int = 0, *,

@@ -83,8 +83,9 @@ class _MixedManifest:
         self.total_bytes = int(sum(m.total_bytes for m in ms))
 
 
-class _MixedPrefetcher:
-    """One prefetcher per remote source, each told only its own source's row groups."""
+class _SourcePrefetchers:
+    """The prefetchers of a mixture's remote sources, told together what was consumed (each
+    fetches only its own source's row groups)."""
 
     def __init__(self, parts: list) -> None:
         self.parts = parts
@@ -96,55 +97,6 @@ class _MixedPrefetcher:
     def close(self) -> None:
         for p in self.parts:
             p.close()
-
-
-class _MixedRowGroups:
-    """Virtual row group ``g`` read from (and prefetched by) the source that holds it."""
-
-    def __init__(self, mix: MixedDataset) -> None:
-        self._mix = mix
-
-    def read(self, rg: int, *, keep: bool = True) -> pa.Table:
-        k, local = self._mix.split_row_group(int(rg))
-        return self._mix.conform(k, self._mix.sources[k].row_groups.read(local, keep=keep))
-
-    def read_many(self, rgs: Iterable[int]) -> list[pa.Table]:
-        return [self.read(rg) for rg in rgs]
-
-    def prefetcher(self, step_row_groups: Callable[[int], Iterable[int]], *,
-                   budget_bytes: int, num_batches: int | None = None,
-                   coalesce=None, threads: int = 4) -> _MixedPrefetcher:
-        mix = self._mix
-        remote = [k for k, s in enumerate(mix.sources) if s.cache is not None]
-        memo: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-
-        def split(j: int) -> tuple[np.ndarray, np.ndarray]:
-            got = memo.get(j)
-            if got is None:
-                rgs = np.asarray(list(step_row_groups(j)), dtype=np.int64)
-                k = np.searchsorted(mix.rg_offset, rgs, side="right") - 1
-                got = memo[j] = (k, rgs - mix.rg_offset[k])
-                while len(memo) > 4 * (len(remote) + 1):
-                    memo.popitem(last=False)
-            return got
-
-        def of_source(k: int):
-            def rgs(j: int) -> np.ndarray:
-                src, local = split(j)
-                return local[src == k]
-            return rgs
-
-        # The budget is shared: each remote source keeps its share of it fetched ahead.
-        share = max(1, budget_bytes // max(1, len(remote)))
-        return _MixedPrefetcher([
-            mix.sources[k].row_groups.prefetcher(of_source(k), budget_bytes=share,
-                                                 num_batches=num_batches, coalesce=coalesce,
-                                                 threads=threads)
-            for k in remote])
-
-    def close(self) -> None:
-        for s in self._mix.sources:
-            s.row_groups.close()
 
 
 class MixedDataset:
@@ -201,7 +153,6 @@ class MixedDataset:
             self.sources[0].schema.names)
         self.schema = self._common_schema(self.columns)
         self.manifest = _MixedManifest(self.sources, self.id_offset)
-        self.row_groups = _MixedRowGroups(self)
 
     def _common_schema(self, columns: list[str]) -> pa.Schema:
         fields = []
@@ -252,7 +203,6 @@ class MixedDataset:
         # DataLoader worker needs (torch/dataset.py).
         out = MixedDataset.__new__(MixedDataset)
         out.__dict__.update(self.__dict__)
-        out.row_groups = _MixedRowGroups(out)
         return out
 
     # Pickling (DataLoader workers): each source pickles as a Dataset does (manifest and
@@ -338,6 +288,45 @@ class MixedDataset:
         if table.schema != self.schema:
             table = table.cast(self.schema)
         return table
+
+    # -- row groups: virtual row group g is read from (and prefetched by) its source ----
+    def read_row_group(self, rg: int, *, keep: bool = True) -> pa.Table:
+        """Virtual row group ``rg``, read by the source that holds it, as the mixture's
+        columns and schema."""
+        k, local = self.split_row_group(int(rg))
+        return self.conform(k, self.sources[k].row_groups.read(local, keep=keep))
+
+    def prefetcher(self, step_row_groups: Callable[[int], Iterable[int]], *,
+                   budget_bytes: int, num_batches: int | None = None,
+                   coalesce=None, threads: int = 4) -> _SourcePrefetchers:
+        """One prefetcher per remote source, each told only its own source's row groups of
+        each step, sharing ``budget_bytes``."""
+        remote = [k for k, s in enumerate(self.sources) if s.cache is not None]
+        memo: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+        def split(j: int) -> tuple[np.ndarray, np.ndarray]:
+            got = memo.get(j)
+            if got is None:
+                rgs = np.asarray(list(step_row_groups(j)), dtype=np.int64)
+                k = np.searchsorted(self.rg_offset, rgs, side="right") - 1
+                got = memo[j] = (k, rgs - self.rg_offset[k])
+                while len(memo) > 4 * (len(remote) + 1):
+                    memo.popitem(last=False)
+            return got
+
+        def of_source(k: int):
+            def rgs(j: int) -> np.ndarray:
+                src, local = split(j)
+                return local[src == k]
+            return rgs
+
+        # The budget is shared: each remote source keeps its share of it fetched ahead.
+        share = max(1, budget_bytes // max(1, len(remote)))
+        return _SourcePrefetchers([
+            self.sources[k].row_groups.prefetcher(of_source(k), budget_bytes=share,
+                                                  num_batches=num_batches, coalesce=coalesce,
+                                                  threads=threads)
+            for k in remote])
 
     # -- as a Source (load/source.py) ----------------------------------------------------
     def order(self, options: OrderOptions) -> MixedOrder:

@@ -393,7 +393,7 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
-        table = self.stream.select(self.dataset.row_groups.read(rg, keep=False))
+        table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
         # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
         # its rows: Python strings made in the decode threads come from those threads'

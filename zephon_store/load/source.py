@@ -44,9 +44,8 @@ class Source(Protocol):
     or a loader."""
 
     url: str
-    # Row-group tables (rg_rows, rg_row_start, rg_length, ...), reads and prefetch.
+    # Row-group tables (rg_rows, rg_row_start, rg_length, ...).
     manifest: Any
-    row_groups: Any
 
     @property
     def local(self) -> bool:
@@ -80,6 +79,11 @@ class Source(Protocol):
     def split_ids(self, ids) -> tuple[np.ndarray | None, np.ndarray]:
         """Sample ids -> (source index, or None for one dataset; each source's own id)."""
     def working_set_row_groups(self, order: Any, topology: Topology) -> int: ...
+    def read_row_group(self, rg: int, *, keep: bool = True) -> pa.Table:
+        """Row group ``rg`` decoded (``keep``: held in the decoded LRU)."""
+    def prefetcher(self, step_row_groups, *, budget_bytes: int, num_batches: int | None = None,
+                   coalesce=None, threads: int = 4) -> Any:
+        """Fetches each step's row groups ahead into the disk cache (``consumed``, ``close``)."""
     def parts(self) -> list[tuple[str, Any]]:
         """``[(name, Dataset)]`` of every dataset read (a mixture's sources)."""
     def deny_list_manifest(self) -> Any:

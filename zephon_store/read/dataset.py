@@ -193,6 +193,15 @@ class Dataset:
         """Estimated decoded size of one row group (:func:`decoded_row_group_bytes`)."""
         return decoded_row_group_bytes(self.manifest)
 
+    def read_row_group(self, rg: int, *, keep: bool = True) -> pa.Table:
+        """Row group ``rg`` decoded (:meth:`RowGroups.read <zephon_store.read.rowgroups.RowGroups.read>`)."""
+        return self.row_groups.read(rg, keep=keep)
+
+    def prefetcher(self, step_row_groups, **options):
+        """A prefetcher of each step's row groups into the disk cache
+        (:meth:`RowGroups.prefetcher <zephon_store.read.rowgroups.RowGroups.prefetcher>`)."""
+        return self.row_groups.prefetcher(step_row_groups, **options)
+
     def parts(self) -> list[tuple[str, Dataset]]:
         """``[(name, dataset)]`` of every dataset read: this one, named by its URL."""
         return [(self.url, self)]
