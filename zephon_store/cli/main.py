@@ -196,7 +196,7 @@ _ONE_DATASET = {
 def _refuse_mixture(args) -> None:
     """A mixture file given where one dataset is read: one line saying so (else the reader
     fails on ``<file>/manifest.json`` with NotADirectoryError)."""
-    from ..load.mixed import is_mixture
+    from ..load.source import is_mixture
 
     url = getattr(args, "url", None)
     if args.command not in _ONE_DATASET or url is None or not is_mixture(url):
@@ -291,7 +291,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from ..load.mixed import is_mixture
+    from ..load.source import is_mixture
     from ..read.dataset import open_dataset
 
     if is_mixture(args.url):

@@ -58,9 +58,10 @@ class RunContext:
         from ..errors import MixtureError
         from ..format.manifest import load_manifest
         from ..io.storage import Storage
-        from .mixed import is_mixture, open_mixture
+        from .mixed import open_mixture
         from .order_inputs import run_global_batch
         from .runlog import read_run_log
+        from .source import is_mixture
 
         self.dataset, self.log, self.storage_options = dataset, log, storage_options
         self._given = {"seed": seed, "shuffle": shuffle, "window_blocks": window_blocks,

@@ -39,9 +39,8 @@ from .._util.hashing import xxh3_hex
 from ..errors import MixtureError, StateMismatchError
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
-from .source import MIXTURE_FILE_SUFFIXES, is_mixture  # noqa: F401  (cli's old import path)
 
-__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture", "is_mixture",
+__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture",
            "mean_sample_size", "mixture_spec", "open_mixture", "open_sources",
            "source_order_options"]
 
