@@ -62,8 +62,11 @@ def source_order_options(options: OrderOptions, k: int) -> OrderOptions:
     return options.replace(seed=seed)
 
 
-class _MixedManifest:
-    """The manifest accessors the loader reads, over the sources' row groups concatenated."""
+class _RowGroupTables:
+    """The sources' row-group tables concatenated (virtual row group ``g`` is source ``k``'s
+    ``g - rg_offset[k]``): the tables the engine plans steps from (``rg_rows``,
+    ``rg_row_start`` in virtual ids, ``rg_length``, ``rg_offset``, ``rg_shard`` numbered
+    across sources) and their counts; a mixture's ``manifest`` in the Source contract."""
 
     def __init__(self, sources: Sequence, id_offset: np.ndarray) -> None:
         ms = [s.manifest for s in sources]
@@ -151,7 +154,7 @@ class MixedDataset:
         self.columns = list(columns) if columns is not None else list(
             self.sources[0].schema.names)
         self.schema = self._common_schema(self.columns)
-        self.manifest = _MixedManifest(self.sources, self.id_offset)
+        self.manifest = _RowGroupTables(self.sources, self.id_offset)
 
     def _common_schema(self, columns: list[str]) -> pa.Schema:
         fields = []
