@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
 
-.PHONY: env demo test lint bench bench-peers clean
+.PHONY: env demo test lint bench bench-peers bench-start clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ bench: $(STAMP)
 bench-peers:
 	bash benchmarks/peers/setup_env.sh
 	.venv-bench/bin/python benchmarks/peers/run.py
+
+# Start and resume from S3 against the same peers (docs/benchmarks_start.md): SeaweedFS behind
+# a counting, delaying and throttling proxy; the same venv as bench-peers.
+bench-start:
+	bash benchmarks/peers/setup_env.sh
+	.venv-bench/bin/python benchmarks/start/run.py
 
 clean:
 	rm -rf $(VENV) .demo .bench
