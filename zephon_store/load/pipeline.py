@@ -459,89 +459,19 @@ class BatchPipeline:
         return close_at_exit(self._steps())
 
     def _steps(self) -> Iterator[tuple[int, dict]]:
-        pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="zephon-decode")
-        slots: dict[int, _Slot] = {}
-        queued: deque[_Step] = deque()
-        it = iter(self.indices)
-        serial = 0
-        queued_steps = 0   # steps of the queued groups
-
-        planned: deque[tuple] = deque()   # (parts, ids, step_rows) of the coming groups
-
-        def plan_ahead() -> None:
-            # The first step alone (a start or resume waits only for its own ids), then
-            # the steps of PLAN_AHEAD_IDS ids at a time, in groups of `group` steps: one
-            # numpy pass plans them all.
-            t = self.stream.topology
-            count = 1 if serial == 0 else max(1, PLAN_AHEAD_IDS // max(1, t.local_batch))
-            group = 1 if serial == 0 else self.group
-            groups = []
-            indices = list(itertools.islice(it, count))
-            for g in range(0, len(indices), group):
-                parts, blocks = [], []
-                for i in indices[g:g + group]:
-                    cursor = step_cursor(self.start_cursor, i, t.global_batch)
-                    ids = self.stream.ids(cursor, ahead=serial > 0)
-                    parts.append((i, ids.size))
-                    blocks.append(ids)
-                groups.append((parts, blocks[0] if len(blocks) == 1 else np.concatenate(blocks)))
-            plans = plan_steps(self.dataset.manifest, [ids for _, ids in groups])
-            planned.extend((parts, ids, p) for (parts, ids), p in zip(groups, plans))
-
-        def queue_one() -> bool:
-            nonlocal serial, queued_steps
-            if not planned:
-                plan_ahead()
-                if not planned:
-                    return False
-            parts, ids, (rgs, runs, inverse, rows) = planned.popleft()
-            counts = ([n for _, n in runs] if runs is not None
-                      else np.bincount(inverse, minlength=len(rgs)).tolist())
-            for rg, count in zip(rgs, counts):
-                slot = slots.get(rg)
-                if slot is None:
-                    fut = pool.submit(self._decode, rg)
-                    with self._futures_lock:
-                        self._futures.add(fut)
-                    fut.add_done_callback(self._forget)
-                    slots[rg] = _Slot(fut, serial)
-                    self.decodes += 1
-                    self.max_held = max(self.max_held, len(slots))
-                else:
-                    slot.last = serial
-                slots[rg].rows += count
-            queued.append(_Step(parts, serial, ids, rgs, runs, inverse, rows))
-            queued_steps += len(parts)
-            serial += 1
-            return True
-
-        def queue_ahead() -> None:
-            nonlocal more
-            while more and not self.stop.is_set() and (
-                    not queued or (len(slots) * self._per_rg < self.ahead_bytes
-                                    and queued_steps < MAX_AHEAD_STEPS)):
-                more = queue_one()
-
+        run = _Pass(self)
         rg_rows = self.dataset.manifest.rg_rows
         try:
-            more = queue_one()   # the first step alone (see the module docstring)
+            run.queue_one()   # the first step alone (see the module docstring)
             first = True
-            while queued and not self.stop.is_set():
-                step = queued.popleft()
-                queued_steps -= len(step.parts)
-                decoded = [slots[rg].future.result() for rg in step.row_groups]
+            while run.queued and not self.stop.is_set():
+                step = run.pop()
+                decoded = [run.slots[rg].future.result() for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
-                whole = [not first and 2 * slots[rg].rows >= int(rg_rows[rg])
+                whole = [not first and 2 * run.slots[rg].rows >= int(rg_rows[rg])
                          for rg in step.row_groups]
-                if decoded:
-                    batch = self._assemble(step, decoded, whole)
-                else:   # a short last step can leave a rank no rows: an empty batch
-                    batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
-                    if self.stream.with_seq:
-                        batch.update(self.stream.seq_fields(step.ids))
-                    if self.deny_list is not None:
-                        batch[MASK_KEY] = self.deny_list.masked(step.ids)
+                batch = self._step_batch(step, decoded, whole)
                 del decoded
                 # Queue (and start decoding) ahead before a batch is handed out, so decodes
                 # run while the caller works on it (the loader's thread path calls next()
@@ -551,24 +481,135 @@ class BatchPipeline:
                 # reads again (sequential steps share row groups) is not dropped and
                 # decoded twice.
                 if not first:
-                    queue_ahead()
+                    run.queue_ahead()
                 for index, sub in split_group(batch, step.parts):
-                    if self.deny_list is not None:
-                        sub = blank_denied(sub, sub[MASK_KEY], self._payload)
-                    if self.transform is not None:
-                        sub = self._transformed(sub)
-                    yield index, sub
+                    yield index, self._handed_out(sub)
                     if self.stop.is_set():
                         break
                 batch = sub = None
                 if first:
-                    queue_ahead()
+                    run.queue_ahead()
                     first = False
-                for rg in step.row_groups:
-                    slot = slots.get(rg)
-                    if slot is not None and slot.last == step.serial:
-                        del slots[rg]
+                run.release(step)
         finally:
-            for slot in slots.values():
-                slot.future.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            run.close()
+
+    def _step_batch(self, step: _Step, decoded: list[_Decoded], whole: list[bool]) -> dict:
+        """The batch of a step (or a group of steps) from its decoded row groups."""
+        if decoded:
+            return self._assemble(step, decoded, whole)
+        # A short last step can leave a rank no rows: an empty batch.
+        batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
+        if self.stream.with_seq:
+            batch.update(self.stream.seq_fields(step.ids))
+        if self.deny_list is not None:
+            batch[MASK_KEY] = self.deny_list.masked(step.ids)
+        return batch
+
+    def _handed_out(self, sub: dict):
+        """One step's batch as the caller gets it: denied rows blanked, then transformed."""
+        if self.deny_list is not None:
+            sub = blank_denied(sub, sub[MASK_KEY], self._payload)
+        if self.transform is not None:
+            sub = self._transformed(sub)
+        return sub
+
+
+class _Pass:
+    """One pass of a :class:`BatchPipeline`: the steps planned and queued ahead, and the
+    row-group decodes they started (``slots``: row group -> its future and last reader).
+
+    Steps are planned :data:`PLAN_AHEAD_IDS` ids at a time (the first step alone, so a start
+    or resume waits only for its own ids), queued while the decoded row groups held stay
+    under ``ahead_bytes`` and the queued steps under :data:`MAX_AHEAD_STEPS`, and a row
+    group is dropped once no queued step reads it.
+    """
+
+    def __init__(self, pipe: BatchPipeline) -> None:
+        self.pipe = pipe
+        self.pool = ThreadPoolExecutor(pipe.decode_threads, thread_name_prefix="zephon-decode")
+        self.slots: dict[int, _Slot] = {}
+        self.queued: deque[_Step] = deque()
+        self.planned: deque[tuple] = deque()   # (parts, ids, step plan) of the coming groups
+        self.indices = iter(pipe.indices)
+        self.serial = 0          # groups queued so far
+        self.queued_steps = 0    # steps of the queued groups
+        self.more = True         # False once the indices are exhausted
+
+    def plan_ahead(self) -> None:
+        """Plan the next groups of steps: one numpy pass plans them all."""
+        pipe = self.pipe
+        t = pipe.stream.topology
+        count = 1 if self.serial == 0 else max(1, PLAN_AHEAD_IDS // max(1, t.local_batch))
+        group = 1 if self.serial == 0 else pipe.group
+        groups = []
+        indices = list(itertools.islice(self.indices, count))
+        for g in range(0, len(indices), group):
+            parts, blocks = [], []
+            for i in indices[g:g + group]:
+                cursor = step_cursor(pipe.start_cursor, i, t.global_batch)
+                ids = pipe.stream.ids(cursor, ahead=self.serial > 0)
+                parts.append((i, ids.size))
+                blocks.append(ids)
+            groups.append((parts, blocks[0] if len(blocks) == 1 else np.concatenate(blocks)))
+        plans = plan_steps(pipe.dataset.manifest, [ids for _, ids in groups])
+        self.planned.extend((parts, ids, p) for (parts, ids), p in zip(groups, plans))
+
+    def queue_one(self) -> bool:
+        """Queue the next group and start decoding its row groups; False at the end."""
+        if not self.planned:
+            self.plan_ahead()
+            if not self.planned:
+                self.more = False
+                return False
+        parts, ids, (rgs, runs, inverse, rows) = self.planned.popleft()
+        counts = ([n for _, n in runs] if runs is not None
+                  else np.bincount(inverse, minlength=len(rgs)).tolist())
+        for rg, count in zip(rgs, counts):
+            slot = self.slots.get(rg)
+            if slot is None:
+                slot = self.slots[rg] = _Slot(self._submit(rg), self.serial)
+            else:
+                slot.last = self.serial
+            slot.rows += count
+        self.queued.append(_Step(parts, self.serial, ids, rgs, runs, inverse, rows))
+        self.queued_steps += len(parts)
+        self.serial += 1
+        return True
+
+    def _submit(self, rg: int) -> Future:
+        pipe = self.pipe
+        fut = self.pool.submit(pipe._decode, rg)
+        with pipe._futures_lock:
+            pipe._futures.add(fut)
+        fut.add_done_callback(pipe._forget)
+        pipe.decodes += 1
+        pipe.max_held = max(pipe.max_held, len(self.slots) + 1)
+        return fut
+
+    def queue_ahead(self) -> None:
+        """Queue groups while the decode-ahead budget and the step bound allow."""
+        pipe = self.pipe
+        while self.more and not pipe.stop.is_set() and (
+                not self.queued or (len(self.slots) * pipe._per_rg < pipe.ahead_bytes
+                                    and self.queued_steps < MAX_AHEAD_STEPS)):
+            self.queue_one()
+
+    def pop(self) -> _Step:
+        """The next queued group, to be read now."""
+        step = self.queued.popleft()
+        self.queued_steps -= len(step.parts)
+        return step
+
+    def release(self, step: _Step) -> None:
+        """Drop the row groups no queued step reads after ``step``."""
+        for rg in step.row_groups:
+            slot = self.slots.get(rg)
+            if slot is not None and slot.last == step.serial:
+                del self.slots[rg]
+
+    def close(self) -> None:
+        """Cancel the decodes not started; nothing waits for running ones."""
+        for slot in self.slots.values():
+            slot.future.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)
