@@ -80,36 +80,17 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
     ids = order.sample_at(pos)
     rg = np.searchsorted(manifest.rg_row_start, ids, side="right") - 1
     nodes = ranks // t.ranks_per_node
-    rg_len = manifest.rg_length.astype(np.float64)
-    rg_rows = manifest.rg_rows.astype(np.float64)
-    per_node = []
+    per_node, distinct_per_step = [], []
     tot_fetched = tot_consumed = 0.0
-    distinct_per_step = []
     for node in range(t.num_nodes):
         sel = nodes == node
-        if not sel.any():
-            continue
-        node_rg, node_step = rg[sel], step_of[sel]
-        touched, first_idx = np.unique(node_rg, return_index=True)
-        fetched = float(rg_len[touched].sum())
-        consumed = float((rg_len[node_rg] / rg_rows[node_rg]).sum())
-        # footprint: bytes of row groups between their first and last touch, peak over steps
-        last_idx = len(node_rg) - 1 - np.unique(node_rg[::-1], return_index=True)[1]
-        first_step, last_step = node_step[first_idx], node_step[last_idx]
-        delta = np.zeros(steps + 1)
-        np.add.at(delta, first_step, rg_len[touched])
-        np.add.at(delta, last_step + 1, -rg_len[touched])
-        footprint = float(np.cumsum(delta)[:-1].max())
-        key = node_step * (manifest.num_row_groups + 1) + node_rg
-        per_step = np.bincount(np.unique(key) // (manifest.num_row_groups + 1), minlength=steps)
-        distinct_per_step.append(per_step)
-        per_node.append({"node": node, "bytes_fetched": int(fetched),
-                         "bytes_consumed": int(consumed),
-                         "read_amplification": round(fetched / consumed, 4) if consumed else 0.0,
-                         "distinct_row_groups_per_step": round(float(per_step.mean()), 2),
-                         "cache_footprint_bytes": int(footprint)})
-        tot_fetched += fetched
-        tot_consumed += consumed
+        if sel.any():
+            row, fetched, consumed, per_step = _node_stats(manifest, rg[sel], step_of[sel],
+                                                           steps)
+            per_node.append({"node": node, **row})
+            distinct_per_step.append(per_step)
+            tot_fetched += fetched
+            tot_consumed += consumed
     ranks_distinct = []
     for r in range(min(t.world_size, 64)):
         sel = ranks == r
@@ -133,3 +114,29 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
         "shuffle_quality": quality,
         "nodes": per_node,
     }
+
+
+def _node_stats(manifest, node_rg: np.ndarray, node_step: np.ndarray,
+                steps: int) -> tuple[dict, float, float, np.ndarray]:
+    """One node's row of :func:`simulate` from the row group and step of each of its
+    positions; its bytes fetched and consumed (unrounded, for the totals); its distinct
+    row groups per step."""
+    rg_len = manifest.rg_length.astype(np.float64)
+    rg_rows = manifest.rg_rows.astype(np.float64)
+    touched, first_idx = np.unique(node_rg, return_index=True)
+    fetched = float(rg_len[touched].sum())
+    consumed = float((rg_len[node_rg] / rg_rows[node_rg]).sum())
+    # footprint: bytes of row groups between their first and last touch, peak over steps
+    last_idx = len(node_rg) - 1 - np.unique(node_rg[::-1], return_index=True)[1]
+    first_step, last_step = node_step[first_idx], node_step[last_idx]
+    delta = np.zeros(steps + 1)
+    np.add.at(delta, first_step, rg_len[touched])
+    np.add.at(delta, last_step + 1, -rg_len[touched])
+    footprint = float(np.cumsum(delta)[:-1].max())
+    key = node_step * (manifest.num_row_groups + 1) + node_rg
+    per_step = np.bincount(np.unique(key) // (manifest.num_row_groups + 1), minlength=steps)
+    return {"bytes_fetched": int(fetched),
+            "bytes_consumed": int(consumed),
+            "read_amplification": round(fetched / consumed, 4) if consumed else 0.0,
+            "distinct_row_groups_per_step": round(float(per_step.mean()), 2),
+            "cache_footprint_bytes": int(footprint)}, fetched, consumed, per_step
