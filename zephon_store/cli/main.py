@@ -39,6 +39,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"zephon_store {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_convert_parser(sub)
+
+    v = sub.add_parser("verify", help="check a dataset's integrity (read-only)")
+    v.add_argument("url")
+    v.add_argument("--deep", action="store_true", help="also decode every row group")
+    v.add_argument("--workers", type=positive_int, default=4)
+    v.add_argument("--json", action="store_true")
+    add_storage_options(v)
+
+    i = sub.add_parser("info", help="describe a dataset, or a mixture file (.toml/.json)")
+    i.add_argument("url")
+    i.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
+                   help="a mixture: convert stage starts in steps to samples")
+    i.add_argument("--json", action="store_true")
+    add_storage_options(i)
+
+    g = sub.add_parser("get", help="print the records at global sequence numbers")
+    g.add_argument("url")
+    g.add_argument("seqs", nargs="+", metavar="SEQ")
+    g.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_storage_options(g)
+
+    from .cache_cmd import add_cache_parser
+    from .gc_cmd import add_gc_parser
+    from .plan_cmd import add_plan_parser
+
+    add_plan_parser(sub)
+    from .trace_cmd import add_trace_parsers
+
+    add_trace_parsers(sub)
+    add_cache_parser(sub)
+    add_gc_parser(sub)
+    return p
+
+
+def _add_convert_parser(sub) -> None:
+    """``zephon convert``: its arguments (docs/cli.md)."""
     c = sub.add_parser("convert", help="convert raw inputs into a dataset")
     c.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="files, globs, directories or URLs (JSONL[.gz|.zst|.bz2|.xz], Parquet, "
@@ -106,38 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_options(c)
     c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
                    help="storage options for the inputs (default: --storage-options)")
-
-    v = sub.add_parser("verify", help="check a dataset's integrity (read-only)")
-    v.add_argument("url")
-    v.add_argument("--deep", action="store_true", help="also decode every row group")
-    v.add_argument("--workers", type=positive_int, default=4)
-    v.add_argument("--json", action="store_true")
-    add_storage_options(v)
-
-    i = sub.add_parser("info", help="describe a dataset, or a mixture file (.toml/.json)")
-    i.add_argument("url")
-    i.add_argument("--global-batch", type=positive_int, default=None, metavar="B",
-                   help="a mixture: convert stage starts in steps to samples")
-    i.add_argument("--json", action="store_true")
-    add_storage_options(i)
-
-    g = sub.add_parser("get", help="print the records at global sequence numbers")
-    g.add_argument("url")
-    g.add_argument("seqs", nargs="+", metavar="SEQ")
-    g.add_argument("--json", action="store_true", help="one JSON object per line")
-    add_storage_options(g)
-
-    from .cache_cmd import add_cache_parser
-    from .gc_cmd import add_gc_parser
-    from .plan_cmd import add_plan_parser
-
-    add_plan_parser(sub)
-    from .trace_cmd import add_trace_parsers
-
-    add_trace_parsers(sub)
-    add_cache_parser(sub)
-    add_gc_parser(sub)
-    return p
 
 
 def _json_arg(text: str) -> dict:
