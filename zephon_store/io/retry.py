@@ -46,9 +46,16 @@ _PERMANENT_CLASS_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsErr
 # match its Content-MD5 or signed SHA-256. A re-send heals it, like an xxh3 mismatch.
 _CHECKSUM_CLASS_NAMES = frozenset({"FlexibleChecksumError"})
 _CHECKSUM_S3_CODES = frozenset({"BadDigest", "XAmzContentSHA256Mismatch"})
+# The store asking the client to slow down: retried, and reported to the node's shared
+# back-off (io/throttle.py) so every process of the node slows down, not only this one.
+_THROTTLE_S3_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded",
+    "ServiceUnavailable", "503", "429",
+})
+_THROTTLE_STATUSES = frozenset({429, 503})
 _TRANSIENT_S3_CODES = frozenset({
-    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
-    "ThrottlingException", "500", "502", "503", "504", *_CHECKSUM_S3_CODES,
+    "InternalError", "RequestTimeout", "500", "502", "504", *_THROTTLE_S3_CODES,
+    *_CHECKSUM_S3_CODES,
 })
 _TRANSIENT_ERRNOS = frozenset({
     errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
@@ -180,6 +187,23 @@ def is_checksum_error(exc: BaseException) -> bool:
     return False
 
 
+def is_throttle(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) is the store throttling: S3 ``SlowDown``, HTTP 429 or
+    503 (``Throttling``, ``TooManyRequests``, ``ServiceUnavailable``). Transient too.
+
+    >>> is_throttle(ConnectionResetError()), is_throttle(OSError("SlowDown: reduce your rate"))
+    (False, True)
+    """
+    for e in _chain(exc):
+        code, status = _s3_code(e)
+        if code in _THROTTLE_S3_CODES or status in _THROTTLE_STATUSES:
+            return True
+        # s3fs turns some ClientErrors into a plain OSError carrying only the message.
+        if type(e) in (OSError, IOError) and "SlowDown" in str(e):
+            return True
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the operation that raised ``exc`` may succeed.
 
@@ -209,14 +233,16 @@ def is_transient(exc: BaseException) -> bool:
             return False
     for e in chain:
         code, status = _s3_code(e)
-        if code in _TRANSIENT_S3_CODES or (status is not None and status >= 500):
+        if (code in _TRANSIENT_S3_CODES or status in _THROTTLE_STATUSES
+                or (status is not None and status >= 500)):
             return True
         if isinstance(e, (ConnectionError, TimeoutError)):
             return True
         if any(c.__name__ in _TRANSIENT_CLASS_NAMES | _CHECKSUM_CLASS_NAMES
                for c in type(e).__mro__):
             return True
-        if type(e) in (OSError, IOError) and e.errno in _TRANSIENT_ERRNOS:
+        if type(e) in (OSError, IOError) and (e.errno in _TRANSIENT_ERRNOS
+                                               or "SlowDown" in str(e)):
             return True
     return False
 

@@ -37,7 +37,8 @@ from ..errors import (
     ZephonError,
     require,
 )
-from .retry import RetryPolicy, call_with_retry, is_checksum_error
+from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle
+from .throttle import NodeThrottle
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -248,8 +249,10 @@ class Storage:
 
     Reads are retried per ``retry`` (a :class:`~zephon_store.io.retry.RetryPolicy`; default: the
     ``"retry"`` storage option, else ``RetryPolicy()``, a 60 s deadline) and, when an
-    ``expected_xxh3`` is given, verified. Picklable: a copy in another process opens its own
-    filesystem client.
+    ``expected_xxh3`` is given, verified. ``throttle``: the node's shared back-off
+    (:class:`~zephon_store.io.throttle.NodeThrottle`), waited on before every request and told
+    of every throttled one (None: this process backs off alone). Picklable: a copy in another
+    process opens its own filesystem client.
 
     >>> st = Storage("s3://bucket/ds", storage_options={"endpoint_url": "http://127.0.0.1:8333"})
     >>> st.url("manifest.json")
@@ -257,7 +260,7 @@ class Storage:
     """
 
     def __init__(self, root_url: str, *, storage_options: dict[str, Any] | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, throttle: NodeThrottle | None = None) -> None:
         if not isinstance(root_url, str) or not root_url:
             raise ValueError(f"root_url must be a non-empty str, got {root_url!r}")
         self.local = is_local_url(root_url)
@@ -266,6 +269,7 @@ class Storage:
         self.root_url = root_url.rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
         self.retry = retry if retry is not None else retry_policy(self.storage_options)
+        self.throttle = throttle
         self.stats = StorageStats()
         self._lock = threading.Lock()
         self._fs: Any = None
@@ -278,11 +282,11 @@ class Storage:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root_url": self.root_url, "storage_options": self.storage_options,
-                "retry": self.retry}
+                "retry": self.retry, "throttle": self.throttle}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root_url"], storage_options=state["storage_options"],
-                      retry=state["retry"])
+                      retry=state["retry"], throttle=state.get("throttle"))
 
     def __repr__(self) -> str:
         return f"Storage({self.root_url!r})"
@@ -305,6 +309,23 @@ class Storage:
         if not relpath:
             return self._root_path
         return f"{self._root_path.rstrip('/')}/{relpath}"
+
+    @property
+    def identity(self) -> str:
+        """What names this root on this node: the URL and, for an object store, the endpoint
+        (one ``s3://b/ds`` on two endpoints is two datasets). The key of the node's shared
+        copy of ``manifest.json``.
+
+        >>> Storage("s3://b/ds", storage_options={"endpoint_url": "http://h:1"}).identity
+        's3://b/ds @ http://h:1'
+        """
+        if self.local:
+            return self.root_url
+        opts = self.storage_options
+        endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get(
+            "endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL") or "")
+        return f"{self.root_url} @ {endpoint}"
 
     def url(self, relpath: str) -> str:
         """The full URL (or local path) of ``relpath``.
@@ -333,7 +354,11 @@ class Storage:
 
         ``start`` (a ``time.monotonic()`` value) is when the logical read began: re-fetches
         of one read share its retry deadline instead of each getting a fresh one."""
+        throttle = None if self.local else self.throttle
+
         def attempt() -> T:
+            if throttle is not None:
+                throttle.wait()   # the node is throttled: no process adds to it meanwhile
             self._count(requests=1)
             return fn()
 
@@ -342,6 +367,8 @@ class Storage:
 
         def on_retry(attempts: int, exc: BaseException, _delay: float) -> None:
             self._count(retries=1)
+            if throttle is not None and is_throttle(exc):
+                throttle.report()
             # Retrying quietly for a minute looks like a hang; say so once per operation.
             elapsed = time.monotonic() - first
             if not warned and elapsed >= _WARN_RETRYING_AFTER_S:
@@ -472,7 +499,7 @@ class Storage:
         def fetch() -> bytes:
             if self.local:
                 return _read_all(path)
-            return self.fs.cat_file(path)
+            return _get_whole(self.fs, path)
 
         return self._read_verified(fetch, url=url, label=what or relpath, op="GET",
                                    expected_xxh3=expected_xxh3, expected_len=None)
@@ -668,6 +695,32 @@ class Storage:
                 raise
 
         return self._call(create, url=url, label=relpath, op="PUT (if absent)")
+
+
+def _get_whole(fs: Any, path: str) -> bytes:
+    """A whole object in one request: one GET for S3, never a HEAD before it.
+
+    ``S3FileSystem.cat_file`` of some s3fs versions first asks the size (a HEAD) and then
+    splits the object into ranged GETs: two round trips for a manifest of a few KiB, and a
+    retry repeats both. Other filesystems keep their own ``cat_file``.
+    """
+    call_s3 = getattr(fs, "_call_s3", None)
+    if call_s3 is None or not hasattr(fs, "split_path"):
+        return fs.cat_file(path)
+    import fsspec.asyn
+
+    bucket, key, version = fs.split_path(path)
+
+    async def get() -> bytes:
+        extra = {"VersionId": version} if version else {}
+        resp = await call_s3("get_object", Bucket=bucket, Key=key, **extra,
+                             **getattr(fs, "req_kw", {}))
+        try:
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
+    return fsspec.asyn.sync(fs.loop, get)
 
 
 def _precondition_failed(exc: BaseException) -> bool:
