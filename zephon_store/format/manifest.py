@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import functools
 import json
 import os
@@ -630,8 +631,12 @@ def parse_manifest_json(data: bytes, url: str) -> dict:
     return doc
 
 
-def load_side_table(storage, doc: dict, kind: str, url: str) -> pa.Table:
-    """Fetch one side table named by the manifest, verified against its hash."""
+def load_side_table(storage, doc: dict, kind: str, url: str, node_cache=None) -> pa.Table:
+    """Fetch one side table named by the manifest, verified against its hash.
+
+    With ``node_cache`` (a :class:`~zephon_store.io.cache.ChunkCache`: anything with
+    ``get_or_fetch(xxh3, fetch)``) the table is fetched once per node: it is named by its
+    content hash, so the node's copy is valid forever and the others read it from disk."""
     tables = doc.get("tables")
     ref = tables.get(kind) if isinstance(tables, dict) else None
     if not isinstance(ref, dict):
@@ -641,8 +646,15 @@ def load_side_table(storage, doc: dict, kind: str, url: str) -> pa.Table:
     if path != f"{INDEX_DIR}/{ref.get('xxh3')}.arrow":
         raise UnsafePathError(f"{url}: side table {path} is not named by its hash {ref.get('xxh3')}")
     require_regular_file(storage, path, error=ManifestError)
+
+    def fetch() -> bytes:
+        return storage.read_file(path, expected_xxh3=ref["xxh3"], what=f"{kind} side table")
+
     try:
-        data = storage.read_file(path, expected_xxh3=ref["xxh3"], what=f"{kind} side table")
+        if node_cache is not None and not getattr(storage, "local", False):
+            data = node_cache.get_or_fetch(ref["xxh3"], fetch)
+        else:
+            data = fetch()
     except FileNotFoundError as exc:
         raise ManifestError(f"{url}: its {kind} side table {path} is missing ({exc}); restore "
                             "it or re-convert") from exc
@@ -652,27 +664,65 @@ def load_side_table(storage, doc: dict, kind: str, url: str) -> pa.Table:
         raise ManifestError(f"{storage.url(path)}: {exc}") from exc
 
 
-def load_manifest(storage, *, check: bool = True) -> Manifest:
+def _read_manifest_doc(storage, url: str, node_cache) -> dict:
+    """``manifest.json`` parsed: the node's recent copy when ``node_cache`` has one whose
+    ``dataset_id`` is its content's hash, else one GET (published for the node's others)."""
+    def fetch() -> bytes:
+        try:
+            return storage.read_file(MANIFEST_NAME)
+        except FileNotFoundError as exc:
+            raise ManifestError(
+                f"{url} not found: not a zephon dataset, or its conversion has not finished "
+                "(the manifest is written last); run 'zephon convert' again to finish it"
+            ) from exc
+
+    if node_cache is None or getattr(storage, "local", False):
+        return parse_manifest_json(fetch(), url)
+    name = f"{storage.identity}/{MANIFEST_NAME}"
+    raw, shared = node_cache.get_or_fetch_recent(name, fetch)
+    if shared:
+        # Another process's copy is used only if it is a manifest whose id is its hash;
+        # anything else (a damaged file) is dropped and fetched again.
+        try:
+            doc = parse_manifest_json(raw, url)
+            if doc.get("dataset_id") == compute_dataset_id(doc):
+                return doc
+        except ManifestError:
+            pass
+        node_cache.drop_recent(name)
+        raw, _ = node_cache.get_or_fetch_recent(name, fetch)
+    return parse_manifest_json(raw, url)
+
+
+def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
     """Load and validate ``manifest.json`` and its side tables through ``storage``.
 
     ``storage`` is a :class:`zephon_store.io.storage.Storage` (or anything with
     ``read_file(relpath, expected_xxh3=...)`` and ``url(relpath)``). Side tables are
     verified against the hash the manifest records before they are used.
+
+    The fewest round trips: the manifest (one GET), then both side tables at once (one GET
+    each, in parallel). ``node_cache`` (a :class:`~zephon_store.io.cache.ChunkCache` of a
+    remote dataset) shares them among the node's processes: one fetches each object, the
+    others wait for it and read its copy; the side tables by their hash (forever), the
+    manifest for a minute (``ChunkCache.get_or_fetch_recent``; docs/storage.md, "The start").
     """
     url = storage.url(MANIFEST_NAME)
     require_regular_file(storage, MANIFEST_NAME, error=ManifestError)
-    try:
-        raw = storage.read_file(MANIFEST_NAME)
-    except FileNotFoundError as exc:
-        raise ManifestError(
-            f"{url} not found: not a zephon dataset, or its conversion has not finished "
-            "(the manifest is written last); run 'zephon convert' again to finish it") from exc
-    doc = parse_manifest_json(raw, url)
-    tables = {}
-    for kind in ("shards", "row_groups"):
-        tables[kind] = load_side_table(storage, doc, kind, url)
+    doc = _read_manifest_doc(storage, url, node_cache)
+    kinds = ("shards", "row_groups")
+    if getattr(storage, "local", False):
+        tables = {kind: load_side_table(storage, doc, kind, url) for kind in kinds}
+    else:
+        # Independent objects: fetched side by side, one round trip for both.
+        with concurrent.futures.ThreadPoolExecutor(len(kinds),
+                                                   thread_name_prefix="zephon-index") as pool:
+            futures = {kind: pool.submit(load_side_table, storage, doc, kind, url, node_cache)
+                       for kind in kinds}
+            tables = {kind: f.result() for kind, f in futures.items()}
     m = Manifest(doc, tables, url=url,
-                 loader=functools.partial(load_side_table, storage, doc, url=url))
+                 loader=functools.partial(load_side_table, storage, doc, url=url,
+                                          node_cache=node_cache))
     if check:
         m.check()
     return m

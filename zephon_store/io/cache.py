@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from .._util.atomic import atomic_write
 from .._util.hashing import is_hex_hash, xxh3_hex
 from .._util.sizes import parse_size
 from ..errors import IntegrityError
@@ -50,6 +51,11 @@ LAYOUT = "v1"  # everything lives under <dir>/v1, so clear() never touches forei
 _STALE_TEMP_SECONDS = 3600.0
 _STALE_PLAN_SECONDS = 3600.0
 _TEMP_PREFIX = ".tmp-"
+# How long one process's copy of a mutable object (manifest.json) serves the node's other
+# processes. A node's ranks and workers start within seconds of each other (a minute under
+# heavy throttling), so one fetch serves them all; a process started later fetches again and
+# so sees a replaced dataset within this long (docs/storage.md, "The start").
+DEFAULT_SHARE_SECONDS = 60.0
 
 
 def default_cache_dir() -> str:
@@ -172,6 +178,7 @@ class ChunkCache:
         self._objects = os.path.join(self._root, "objects")
         self._locks = os.path.join(self._root, "locks")
         self._plans = os.path.join(self._root, "plans")
+        self._recent = os.path.join(self._root, "recent")
         self._plan: dict[str, int] = {}
         self._plan_file: str | None = None
         self._plan_finalizer: weakref.finalize | None = None
@@ -626,6 +633,62 @@ class ChunkCache:
             data = fetch_fn()
             self.put(key, data)
             return data
+
+    def get_or_fetch_recent(self, name: str, fetch_fn: Callable[[], bytes], *,
+                            max_age: float = DEFAULT_SHARE_SECONDS) -> tuple[bytes, bool]:
+        """``(bytes, shared)`` of a *mutable* object named ``name`` (e.g. a dataset's
+        ``manifest.json`` by :attr:`Storage.identity <zephon_store.io.storage.Storage.identity>`):
+        the copy another process of the node fetched less than ``max_age`` seconds ago
+        (``shared`` True), else ``fetch_fn()``, published for the others.
+
+        Content-addressed bytes use :meth:`get_or_fetch` (valid forever); this is for the one
+        object whose name does not change with its content. One process fetches at a time
+        (the same per-key lock); the others wait and read its copy. The caller verifies what
+        it gets (a manifest checks its own ``dataset_id``) and calls :meth:`drop_recent` on a
+        copy that fails. Outside the byte budget: a few small files.
+
+        >>> cache = ChunkCache(tmp)
+        >>> cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: b"{}")
+        (b'{}', False)
+        >>> cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: 1 / 0)
+        (b'{}', True)
+        """
+        key = xxh3_hex(name.encode())
+        data = self._read_recent(key, name, max_age)
+        if data is not None:
+            return data, True
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.key_lock(key))
+            except OSError as exc:
+                self._bypass("lock", exc)
+            else:
+                data = self._read_recent(key, name, max_age)
+                if data is not None:
+                    return data, True
+            data = fetch_fn()
+            try:
+                os.makedirs(self._recent, exist_ok=True)
+                atomic_write(os.path.join(self._recent, key), name.encode() + b"\n" + data)
+            except OSError as exc:
+                self._bypass("write", exc)
+            return data, False
+
+    def _read_recent(self, key: str, name: str, max_age: float) -> bytes | None:
+        path = os.path.join(self._recent, key)
+        try:
+            with open(path, "rb") as f:
+                if time.time() - os.fstat(f.fileno()).st_mtime >= max_age:
+                    return None
+                raw = f.read()
+        except OSError:
+            return None
+        head, sep, data = raw.partition(b"\n")
+        return data if sep and head == name.encode() else None
+
+    def drop_recent(self, name: str) -> None:
+        """Forget the node's copy of ``name`` (it failed its caller's check)."""
+        _unlink_quiet(os.path.join(self._recent, xxh3_hex(name.encode())))
 
     def info(self) -> dict[str, object]:
         """``{"dir", "entries", "bytes", "budget", "plans"}`` measured on disk."""

@@ -22,7 +22,8 @@ from ..errors import ManifestError
 from ..format.index import Located, as_seqs, locate
 from ..format.manifest import Manifest, load_manifest
 from ..io.cache import ChunkCache
-from ..io.storage import Storage
+from ..io.storage import Storage, is_local_url
+from ..io.throttle import NodeThrottle
 from .decoded_disk import DecodedDiskCache, as_decoded_cache
 from .rowgroups import DEFAULT_DECODE_CACHE_BYTES, RowGroups
 
@@ -54,19 +55,35 @@ class Dataset:
         self._retry = retry
         self._decode_cache_bytes = decode_cache_bytes
         self._io_threads = io_threads
-        self.storage = Storage(url, storage_options=storage_options, retry=retry)
-        self.manifest: Manifest = load_manifest(self.storage)
+        self.storage = self._storage()
+        # The node's processes share the startup objects through the disk cache.
+        self.manifest: Manifest = load_manifest(self.storage, node_cache=self._node_cache())
         self._open_row_groups()
         if expect_dataset_id is not None:
             self.expect_id(expect_dataset_id)
 
+    def _node_cache(self) -> ChunkCache | None:
+        """The node's disk cache of this dataset (None: none, e.g. a local dataset)."""
+        if getattr(self, "_node_cache_obj", False) is False:
+            # Local datasets are read in place; a disk cache only pays for remote bytes.
+            cache = self._cache_arg
+            if cache is None and not is_local_url(self.url):
+                cache = ChunkCache()
+            elif not isinstance(cache, ChunkCache):
+                cache = None
+            self._node_cache_obj = cache
+        return self._node_cache_obj
+
+    def _storage(self) -> Storage:
+        """The dataset's storage; remote, it shares the node's back-off through the cache's
+        folder (io/throttle.py) when there is a cache."""
+        cache = None if is_local_url(self.url) else self._node_cache()
+        throttle = NodeThrottle(cache.directory) if cache is not None else None
+        return Storage(self.url, storage_options=self.storage_options, retry=self._retry,
+                       throttle=throttle)
+
     def _open_row_groups(self) -> None:
-        # Local datasets are read in place; a disk cache only pays for remote bytes.
-        cache = self._cache_arg
-        if cache is None and not self.storage.local:
-            cache = ChunkCache()
-        elif not isinstance(cache, ChunkCache):
-            cache = None
+        cache = self._node_cache()
         self.row_groups = RowGroups(self.manifest, self.storage, cache=cache,
                                     decode_cache_bytes=self._decode_cache_bytes,
                                     io_threads=self._io_threads, dataset_url=self.url,
@@ -103,7 +120,7 @@ class Dataset:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.storage = Storage(self.url, storage_options=self.storage_options, retry=self._retry)
+        self.storage = self._storage()
         self._open_row_groups()
 
     # -- facts -------------------------------------------------------------------------
