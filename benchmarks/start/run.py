@@ -11,8 +11,8 @@ Run it with the benchmark environment (``bash benchmarks/peers/setup_env.sh`` ma
 
 Every system reads the same tokens corpus (``benchmarks/peers/corpus.py``: 2049-token int32
 windows, converted by each system as ``benchmarks/peers`` does) from one SeaweedFS server
-(``zephon_store.testing.s3_server``) through ``proxy.CountingProxy``, which counts every
-request (GET, HEAD, LIST, PUT) and body byte, adds a per-request latency and can answer
+(``zephon_store.testing.s3_server``) through ``zephon_store.testing.s3_proxy.CountingProxy``,
+which counts every request (GET, HEAD, LIST, PUT) and body byte, adds a per-request latency and can answer
 503 SlowDown above a request rate. Each rank is a fresh process (``child.py``); it imports
 first, then all ranks of a node start together, and the node is done when every rank has
 its first batch (its requests are those completed by then). The ranks of a node share one
@@ -49,7 +49,8 @@ sys.path.insert(0, HERE)
 import corpus as corpus_mod  # noqa: E402
 from common import BENCH as PEERS_BENCH  # noqa: E402
 from common import ROOT  # noqa: E402
-from proxy import CountingProxy, summarize  # noqa: E402
+
+from zephon_store.testing.s3_proxy import CountingProxy, summarize  # noqa: E402
 
 BENCH = os.path.join(os.path.dirname(PEERS_BENCH), "start")
 RESULTS = os.path.join(BENCH, "results.json")
