@@ -41,13 +41,13 @@ bench: $(STAMP)
 # Peers (MosaicML Streaming, LitData, HF datasets) live in their own venv, .venv-bench.
 bench-peers:
 	bash benchmarks/peers/setup_env.sh
-	.venv-bench/bin/python benchmarks/peers/run.py
+	.venv-bench/bin/python -m benchmarks.peers.run
 
 # Start and resume from S3 against the same peers (docs/benchmarks_start.md): SeaweedFS behind
 # a counting, delaying and throttling proxy; the same venv as bench-peers.
 bench-start:
 	bash benchmarks/peers/setup_env.sh
-	.venv-bench/bin/python benchmarks/start/run.py
+	.venv-bench/bin/python -m benchmarks.start.run
 
 clean:
 	rm -rf $(VENV) .demo .bench

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The node-local decoded cache against no cache and LitData, first epoch and later ones.
 
-Reads the peers benchmark's 300 MB corpora as ``benchmarks/peers/run.py`` converts them
+Reads the peers benchmark's 300 MB corpora as ``python -m benchmarks.peers.run`` converts them
 (run that first, or ``run.py --metrics read_seq`` to make the formats), each measurement
 in a fresh ``child.py`` process, the cases interleaved in every run:
 
@@ -33,12 +33,10 @@ import shutil
 import statistics
 import sys
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
-sys.path.insert(0, HERE)
-
-import corpus as corpus_mod  # noqa: E402
-from common import BATCH, BENCH, SMALL_BATCH  # noqa: E402
-from run import log, spawn, warm  # noqa: E402
+from .harness import ROOT
+from .peers import corpus as corpus_mod
+from .peers.common import BATCH, BENCH, SMALL_BATCH
+from .peers.run import log, spawn, warm
 
 CASES = ("litdata", "zephon", "cache cold", "cache warm")
 METRICS = ("read_seq", "read_shuffled", "read_seq_b8", "read_shuffled_b8", "resume")
@@ -98,7 +96,7 @@ def node_epoch(case: str, kind: str, meta: dict, cache_dir: str, ranks: int) -> 
     if case != "zephon":
         env.update(ZEPHON_DECODED_CACHE_DIR=cache_dir, ZEPHON_DECODED_CACHE_BUDGET="8GiB")
     warm(path, *([cache_dir] if case == "cache warm" else []))
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(HERE))
+    env["PYTHONPATH"] = ROOT
     start = time.time() + 6.0     # after every rank's imports
     procs = [subprocess.Popen([sys.executable, "-c", _RANK, path, kind, str(BATCH[kind]),
                                str(ranks), str(r), str(start)], env=env,
@@ -148,7 +146,7 @@ def main() -> int:
         meta = corpus_mod.ensure(kind, a.mb, log=log)
         for name in ("zephon", "litdata"):
             if not os.path.exists(os.path.join(meta["dir"], "formats", name)):
-                raise SystemExit(f"{kind}: no {name} copy; run benchmarks/peers/run.py first")
+                raise SystemExit(f"{kind}: no {name} copy; run python -m benchmarks.peers.run first")
         cache_dir = os.path.join(meta["dir"], "work", "decoded-cache")
         for metric in a.metrics.split(","):
             runs: dict = {c: [] for c in CASES}

@@ -8,7 +8,7 @@ within each run) for three cases only: raw pyarrow, Zephon from another checkout
 baseline in one run, with nothing but pyarrow, numpy and torch installed::
 
     git worktree add /tmp/before 94e38b6
-    .venv/bin/python benchmarks/peers/ab.py --before /tmp/before --mb 100 --runs 3
+    .venv/bin/python -m benchmarks.peers.ab --before /tmp/before --mb 100 --runs 3
 
 Reads use the dataset converted by "after" for both sides unless ``--own-copies``; the
 script first checks that both convert the corpus to the same ``dataset_id`` (a change
@@ -28,11 +28,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import corpus as corpus_mod  # noqa: E402
-from common import BENCH, ROOT  # noqa: E402
-from run import log, spawn, warm  # noqa: E402
+from ..harness import child_env
+from . import corpus as corpus_mod
+from .common import BENCH, ROOT
+from .run import log, spawn, warm
 
 METRICS = ("convert", "read_seq", "read_shuffled", "read_seq_b8", "read_shuffled_b8")
 
@@ -46,7 +45,7 @@ def _where(root: str) -> str:
     """The zephon_store a child started for ``root`` imports (must be ``root``'s own)."""
     code = "import zephon_store, os; print(os.path.dirname(zephon_store.__file__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=root, ZEPHON_BENCH_ROOT=root),
+                         env=child_env(root),
                          check=True, cwd="/")
     return out.stdout.strip()
 

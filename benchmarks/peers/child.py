@@ -13,12 +13,9 @@ import json
 import os
 import pickle
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import BATCH, ZEPHONS, count, import_streaming, vm_kb  # noqa: E402
+from .common import BATCH, ZEPHONS, count, import_streaming, vm_kb
 
 RANDOM_ACCESSES = 1000
 RESUME_REPS = 4   # the first is the process's first resume ("cold"), the rest are warm
@@ -55,7 +52,7 @@ def _loop(it, kind: str) -> tuple[int, float]:
 
 
 def measure(a) -> dict:
-    mod = importlib.import_module(f"sys_{a.system}")
+    mod = importlib.import_module(f"benchmarks.peers.sys_{a.system}")
     kind, path = a.kind, a.path
     if a.metric == "convert":
         t0 = time.perf_counter()

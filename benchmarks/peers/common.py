@@ -23,11 +23,6 @@ BATCH = {"text": 256, "tokens": 32}
 SMALL_BATCH = 8
 SEED = 0
 
-# ZEPHON_BENCH_ROOT imports zephon_store from another checkout (ab.py's "before" side).
-for p in (os.environ.get("ZEPHON_BENCH_ROOT", ROOT), HERE):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
 # Offline and quiet: no timed section may wait on a version check or a hub request.
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

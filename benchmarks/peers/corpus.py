@@ -26,7 +26,8 @@ import os
 import shutil
 import sys
 
-from common import BENCH
+from ..corpora import WINDOW, token_windows
+from .common import BENCH
 
 VERSION = 1
 DOC_ROOT = "/usr/share/doc"
@@ -133,10 +134,6 @@ def _write_text(inp: str, mb: int) -> dict:
 def _write_tokens(inp: str, mb: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    # benchmarks/corpora.py (the folder was once named bench/).
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from corpora import WINDOW, token_windows
-
     n = max(1, round(mb * 1_000_000 / (WINDOW * 4)))
     schema = pa.schema([("tokens", pa.list_(pa.int32(), WINDOW))])
     with pq.ParquetWriter(os.path.join(inp, "tokens.parquet"), schema,

@@ -12,7 +12,7 @@ import os
 import platform
 import subprocess
 
-from common import HERE, LABELS, ROOT, version
+from .common import HERE, LABELS, ROOT, version
 
 DOC = os.path.join(ROOT, "docs", "benchmarks_peers.md")
 NOTES = os.path.join(HERE, "notes.md")
@@ -50,7 +50,7 @@ def environment(argv: list[str], mb: int, runs: int, wall_s: float) -> dict:
                 mem_kb = int(line.split()[1])
     commit = _sh("git", "rev-parse", "--short", "HEAD")
     dirty = bool(_sh("git", "status", "--porcelain", "--", "zephon_store"))
-    return {"command": " ".join([".venv-bench/bin/python benchmarks/peers/run.py", *argv]),
+    return {"command": " ".join([".venv-bench/bin/python -m benchmarks.peers.run", *argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1),
             "kernel": platform.release(), "python": platform.python_version(),

@@ -3,10 +3,10 @@
 
 Run it with the benchmark environment (``bash benchmarks/peers/setup_env.sh`` makes it)::
 
-    .venv-bench/bin/python benchmarks/peers/run.py --quick     # 40 MB corpora, ~10 min
-    .venv-bench/bin/python benchmarks/peers/run.py             # 300 MB corpora
-    .venv-bench/bin/python benchmarks/peers/run.py --report-only   # redraw from the JSON
-    .venv-bench/bin/python benchmarks/peers/run.py --report-only --doc /tmp/q/peers.md
+    .venv-bench/bin/python -m benchmarks.peers.run --quick     # 40 MB corpora, ~10 min
+    .venv-bench/bin/python -m benchmarks.peers.run             # 300 MB corpora
+    .venv-bench/bin/python -m benchmarks.peers.run --report-only   # redraw from the JSON
+    .venv-bench/bin/python -m benchmarks.peers.run --report-only --doc /tmp/q/peers.md
 
 Zephon runs as two systems: ``zephon`` (default ``WriteOptions``, zstd) and ``zephonraw``
 (``compression="none"``, the local-NVMe profile; ``sys_zephonraw.py``); only their
@@ -31,10 +31,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import corpus as corpus_mod  # noqa: E402
-from common import BATCH, BENCH, HERE, ROOT, SMALL_BATCH, SYSTEMS, ZEPHONS  # noqa: E402
+from ..harness import BENCH_DIR, child_env
+from . import corpus as corpus_mod
+from .common import BATCH, BENCH, ROOT, SMALL_BATCH, SYSTEMS, ZEPHONS
 
 QUICK_MB, FULL_MB = 40, 300
 METRICS = ("convert", "read_seq", "read_shuffled", "read_seq_b8", "read_shuffled_b8", "random",
@@ -59,7 +58,7 @@ def spawn(system: str, metric: str, kind: str, path: str, timeout: float, *, roo
           **kw) -> dict:
     """One measurement in a fresh ``child.py`` process; ``root``: the checkout whose
     zephon_store it imports."""
-    args = [sys.executable, os.path.join(HERE, "child.py"), "--system", system,
+    args = [sys.executable, "-m", "benchmarks.peers.child", "--system", system,
             "--metric", metric, "--kind", kind, "--path", path]
     for k, v in kw.items():
         if v is not None:
@@ -67,7 +66,7 @@ def spawn(system: str, metric: str, kind: str, path: str, timeout: float, *, roo
     t0 = time.perf_counter()
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                             env=dict(os.environ, PYTHONPATH=root, ZEPHON_BENCH_ROOT=root))
+                             cwd=BENCH_DIR, env=child_env(root))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = out.stdout.strip().splitlines()
@@ -391,7 +390,7 @@ def check_env() -> None:
     except Exception as exc:  # noqa: BLE001
         sys.exit(f"run.py needs the benchmark environment ({exc!r}); make it with\n"
                  f"  bash benchmarks/peers/setup_env.sh\nand run\n"
-                 f"  .venv-bench/bin/python benchmarks/peers/run.py")
+                 f"  .venv-bench/bin/python -m benchmarks.peers.run")
 
 
 def main(argv: list[str] | None = None) -> int:

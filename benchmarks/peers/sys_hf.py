@@ -9,7 +9,7 @@ import itertools
 import os
 import shutil
 
-from common import BATCH, SEED
+from .common import BATCH, SEED
 
 
 def _quiet():

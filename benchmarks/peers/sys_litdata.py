@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from common import BATCH, SEED
+from .common import BATCH, SEED
 
 WINDOW = 2049
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from common import BATCH, import_streaming
+from .common import BATCH, import_streaming
 
 WINDOW = 2049
 COLUMNS = {"text": {"path": "str", "text": "str"},

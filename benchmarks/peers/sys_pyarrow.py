@@ -11,7 +11,8 @@ import os
 import warnings
 
 import numpy as np
-from common import BATCH, SEED
+
+from .common import BATCH, SEED
 
 WINDOW = 2049
 

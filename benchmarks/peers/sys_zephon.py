@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import BATCH, SEED
+from .common import BATCH, SEED
 
 
 def convert(kind: str, inp: str, out: str, workers: int = 1) -> None:

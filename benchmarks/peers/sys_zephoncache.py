@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-import sys_zephon
+from . import sys_zephon
 
 
 def _check() -> None:

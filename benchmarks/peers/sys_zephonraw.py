@@ -8,7 +8,7 @@ too). Only the conversion differs; every read goes through the same code as ``sy
 
 from __future__ import annotations
 
-from sys_zephon import (  # noqa: F401  (the child looks these up on this module)
+from .sys_zephon import (  # noqa: F401  (the child looks these up on this module)
     dataloader,
     random_access,
     random_access_take,

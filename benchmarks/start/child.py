@@ -21,10 +21,7 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "peers"))
-
-from common import SEED, import_streaming  # noqa: E402
+from ..peers.common import SEED, import_streaming
 
 
 def _preimport(system: str, a) -> None:

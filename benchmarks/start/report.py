@@ -10,12 +10,10 @@ import datetime
 import os
 import platform
 import subprocess
-import sys
+
+from ..peers.common import ROOT, version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "peers"))
-
-from common import ROOT, version  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "benchmarks_start.md")
 NOTES = os.path.join(HERE, "notes.md")
@@ -52,7 +50,7 @@ def environment(argv: list[str], mb: int, runs: int) -> dict:
     else:
         dirty = bool(_sh("git", "status", "--porcelain", "--", "zephon_store"))
         where = "this checkout" + (" with uncommitted changes in zephon_store/" if dirty else "")
-    return {"command": " ".join([".venv-bench/bin/python benchmarks/start/run.py", *argv]),
+    return {"command": " ".join([".venv-bench/bin/python -m benchmarks.start.run", *argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1),
             "kernel": platform.release(), "python": platform.python_version(),

@@ -4,10 +4,10 @@
 Run it with the benchmark environment (``bash benchmarks/peers/setup_env.sh`` makes it)::
 
     make bench-start                                          # both steps
-    .venv-bench/bin/python benchmarks/start/run.py            # 128 MB tokens corpus
-    .venv-bench/bin/python benchmarks/start/run.py --quick    # 32 MB, one run each
-    .venv-bench/bin/python benchmarks/start/run.py --report-only   # redraw from the JSON
-    ZEPHON_BENCH_ROOT=/tmp/head .venv-bench/bin/python benchmarks/start/run.py   # another checkout
+    .venv-bench/bin/python -m benchmarks.start.run            # 128 MB tokens corpus
+    .venv-bench/bin/python -m benchmarks.start.run --quick    # 32 MB, one run each
+    .venv-bench/bin/python -m benchmarks.start.run --report-only   # redraw from the JSON
+    ZEPHON_BENCH_PKG=/tmp/head .venv-bench/bin/python -m benchmarks.start.run   # another checkout
 
 Every system reads the same tokens corpus (``benchmarks/peers/corpus.py``: 2049-token int32
 windows, converted by each system as ``benchmarks/peers`` does) from one SeaweedFS server
@@ -41,16 +41,11 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PEERS = os.path.join(os.path.dirname(HERE), "peers")
-sys.path.insert(0, PEERS)
-sys.path.insert(0, HERE)
+from zephon_store.testing.s3_proxy import CountingProxy, summarize
 
-import corpus as corpus_mod  # noqa: E402
-from common import BENCH as PEERS_BENCH  # noqa: E402
-from common import ROOT  # noqa: E402
-
-from zephon_store.testing.s3_proxy import CountingProxy, summarize  # noqa: E402
+from .. import harness
+from ..peers import corpus as corpus_mod
+from ..peers.common import BENCH as PEERS_BENCH
 
 BENCH = os.path.join(os.path.dirname(PEERS_BENCH), "start")
 RESULTS = os.path.join(BENCH, "results.json")
@@ -85,10 +80,10 @@ def convert_all(meta: dict, systems: list[str], timeout: float) -> dict:
             continue
         log(f"converting the corpus for {system}")
         shutil.rmtree(path + ".tmp", ignore_errors=True)
-        out = subprocess.run([sys.executable, os.path.join(PEERS, "child.py"), "--system", system,
+        out = subprocess.run([sys.executable, "-m", "benchmarks.peers.child", "--system", system,
                               "--metric", "convert", "--kind", "tokens", "--path", path + ".tmp",
                               "--inp", meta["input"]], capture_output=True, text=True,
-                             timeout=timeout, env=child_env())
+                             timeout=timeout, env=child_env(), cwd=harness.BENCH_DIR)
         if out.returncode != 0:
             raise RuntimeError(f"{system} could not convert: {out.stderr[-2000:]}")
         os.replace(path + ".tmp", path)
@@ -120,8 +115,9 @@ def upload(server, fmt: dict) -> dict:
 
 
 def child_env(**extra) -> dict:
-    root = os.environ.get("ZEPHON_BENCH_ROOT", ROOT)
-    return dict(os.environ, PYTHONPATH=root, ZEPHON_BENCH_ROOT=root, **extra)
+    """A child's environment: this checkout's ``benchmarks`` and ``zephon_store``
+    (``benchmarks.harness``), plus ``extra``."""
+    return harness.child_env(os.environ.get("ZEPHON_BENCH_PKG"), **extra)
 
 
 def _free_port() -> int:
@@ -146,7 +142,7 @@ class Rank:
         # Its own process group, so that stop() can find and end what it leaves behind.
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
+                                     cwd=harness.BENCH_DIR, start_new_session=True)
         self.lines: list[str] = []
         self.err: list[str] = []
         self.cv = threading.Condition()
@@ -224,7 +220,7 @@ def run_node(system: str, url: str, proxy: CountingProxy, creds: dict, *, ranks:
     dist_port = _free_port()
     procs = []
     for r in range(ranks):
-        args = [sys.executable, os.path.join(HERE, "child.py"), "--system", system, "--url", url,
+        args = [sys.executable, "-m", "benchmarks.start.child", "--system", system, "--url", url,
                 "--endpoint", proxy.endpoint_url(r), "--cache", cache, "--rank", str(r),
                 "--world", str(ranks), "--workers", str(workers), "--batch", str(BATCH),
                 "--cursor", str(cursor), "--dist-port", str(dist_port)]
@@ -385,7 +381,7 @@ def check_env() -> None:
     except Exception as exc:  # noqa: BLE001
         sys.exit(f"run.py needs the benchmark environment ({exc!r}); make it with\n"
                  f"  bash benchmarks/peers/setup_env.sh\nand run\n"
-                 f"  .venv-bench/bin/python benchmarks/start/run.py")
+                 f"  .venv-bench/bin/python -m benchmarks.start.run")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", default=None, help="the page (default docs/benchmarks_start.md; "
                                                 "its plot goes to img/ beside it)")
     a = ap.parse_args(argv)
-    import report
+    from . import report
 
     if a.report_only:
         with open(a.results) as f:
