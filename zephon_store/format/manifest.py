@@ -678,7 +678,11 @@ def _read_manifest_doc(storage, url: str, node_cache) -> dict:
 
     if node_cache is None or getattr(storage, "local", False):
         return parse_manifest_json(fetch(), url)
-    name = f"{storage.identity}/{MANIFEST_NAME}"
+    # Keyed by its URL alone, not the endpoint: the ranks of a node may reach one store
+    # through different endpoints (proxies, one port per rank); a manifest names every other
+    # object by its content hash, so a copy from another endpoint reads the same verified
+    # bytes or fails with "not found", never other data.
+    name = url
     raw, shared = node_cache.get_or_fetch_recent(name, fetch)
     if shared:
         # Another process's copy is used only if it is a manifest whose id is its hash;

@@ -637,9 +637,9 @@ class ChunkCache:
     def get_or_fetch_recent(self, name: str, fetch_fn: Callable[[], bytes], *,
                             max_age: float = DEFAULT_SHARE_SECONDS) -> tuple[bytes, bool]:
         """``(bytes, shared)`` of a *mutable* object named ``name`` (e.g. a dataset's
-        ``manifest.json`` by :attr:`Storage.identity <zephon_store.io.storage.Storage.identity>`):
-        the copy another process of the node fetched less than ``max_age`` seconds ago
-        (``shared`` True), else ``fetch_fn()``, published for the others.
+        ``manifest.json`` by its URL): the copy another process of the node fetched less than
+        ``max_age`` seconds ago (``shared`` True), else ``fetch_fn()``, published for the
+        others.
 
         Content-addressed bytes use :meth:`get_or_fetch` (valid forever); this is for the one
         object whose name does not change with its content. One process fetches at a time

@@ -310,23 +310,6 @@ class Storage:
             return self._root_path
         return f"{self._root_path.rstrip('/')}/{relpath}"
 
-    @property
-    def identity(self) -> str:
-        """What names this root on this node: the URL and, for an object store, the endpoint
-        (one ``s3://b/ds`` on two endpoints is two datasets). The key of the node's shared
-        copy of ``manifest.json``.
-
-        >>> Storage("s3://b/ds", storage_options={"endpoint_url": "http://h:1"}).identity
-        's3://b/ds @ http://h:1'
-        """
-        if self.local:
-            return self.root_url
-        opts = self.storage_options
-        endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get(
-            "endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL") or "")
-        return f"{self.root_url} @ {endpoint}"
-
     def url(self, relpath: str) -> str:
         """The full URL (or local path) of ``relpath``.
 
