@@ -1,0 +1,215 @@
+"""The start's node-shared pieces, without a server: the shared back-off file
+(io/throttle.py), the node's recent copy of a mutable object (ChunkCache.get_or_fetch_recent)
+and the manifest loaded once per node through them (format/manifest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from zephon_store import convert
+from zephon_store.errors import RetriesExhaustedError
+from zephon_store.format.manifest import MANIFEST_NAME, load_manifest
+from zephon_store.io.cache import ChunkCache
+from zephon_store.io.retry import RetryPolicy, is_throttle, is_transient
+from zephon_store.io.storage import Storage
+from zephon_store.io.throttle import NodeThrottle
+from zephon_store.write.shardwriter import WriteOptions
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def _throttle(tmp_path, clock, **kw) -> NodeThrottle:
+    return NodeThrottle(tmp_path, clock=clock, sleep=clock.sleep, rand=lambda: 0.5, **kw)
+
+
+class _SlowDown(Exception):
+    """What botocore raises for S3's 503 SlowDown (the fields is_throttle reads)."""
+
+    def __init__(self, code="SlowDown", status=503) -> None:
+        super().__init__(code)
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+def test_throttle_is_a_transient_error_and_only_throttles_count():
+    for exc in (_SlowDown(), _SlowDown("TooManyRequests", 429), _SlowDown("Throttling", 400)):
+        assert is_throttle(exc) and is_transient(exc)
+    for exc in (ConnectionResetError(), _SlowDown("InternalError", 500), FileNotFoundError()):
+        assert not is_throttle(exc)
+
+
+def test_processes_of_a_node_share_one_pause(tmp_path):
+    clock = _Clock()
+    a, b = _throttle(tmp_path, clock), _throttle(tmp_path, clock)   # two processes' handles
+    assert b.wait() == 0.0 and clock.slept == []
+    a.report()                                  # a is throttled: b pauses too
+    assert b.state() == (pytest.approx(1000.2), 1)
+    assert b.wait() == pytest.approx(0.2 + 0.5 * 0.2)   # to the end, plus jitter
+    a.report()                                  # again within the episode: the pause doubles
+    assert a.state()[1] == 2
+    for _ in range(10):
+        a.report()
+    assert a.pause_for(a.state()[1]) == 5.0     # capped at max_delay
+    clock.now += 100                            # long after: a new episode starts at level 1
+    a.report()
+    assert a.state() == (pytest.approx(clock.now + 0.2), 1)
+
+
+def test_a_report_never_shortens_a_pause(tmp_path):
+    clock = _Clock()
+    t = _throttle(tmp_path, clock, base_delay=1.0, max_delay=4.0)
+    for _ in range(3):
+        t.report()
+    until = t.state()[0]
+    assert until == pytest.approx(1000 + 4.0)
+    clock.now += 3.9
+    t.report()                                  # level 4 is capped: 4 s from now
+    assert t.state()[0] >= until
+
+
+def test_an_unusable_folder_leaves_each_process_alone(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    t = NodeThrottle(blocker)                   # its folder is a file: no shared state
+    t.report()
+    assert t.state() == (0.0, 0) and t.wait() == 0.0
+
+
+def test_storage_waits_on_and_reports_to_the_node_throttle(tmp_path, monkeypatch):
+    clock = _Clock()
+    throttle = _throttle(tmp_path / "node", clock)
+    st = Storage("s3://bucket/ds", throttle=throttle,
+                 retry=RetryPolicy(base_delay=0.0, max_delay=0.0, deadline=3600))
+    st.local = False
+    calls = []
+
+    def flaky():
+        calls.append(clock.now)
+        if len(calls) < 3:
+            raise OSError("failed") from _SlowDown()
+        return b"ok"
+
+    monkeypatch.setattr("time.sleep", lambda s: None)   # the retry's own (zero) delays
+    assert st._call(flaky, url="s3://bucket/ds/x", label="x", op="GET") == b"ok"
+    assert throttle.reports == 2
+    # The second and third attempts waited for the node's pause (0.2 s, then 0.4 s, each
+    # with its jitter): the node slowed down, not only the attempt's own retry delay.
+    assert calls[1] - calls[0] == pytest.approx(0.3)
+    assert calls[2] - calls[1] == pytest.approx(0.6)
+    st2 = Storage("s3://bucket/ds", throttle=throttle,
+                  retry=RetryPolicy(base_delay=0.0, max_delay=0.0, max_attempts=2))
+    st2.local = False
+
+    def refused():
+        raise OSError("refused") from _SlowDown()
+
+    with pytest.raises(RetriesExhaustedError):   # the policy bounds a throttled request
+        st2._call(refused, url="s3://bucket/ds/x", label="x", op="GET")
+    assert throttle.reports == 3
+
+
+def test_recent_copy_is_fetched_once_per_node_and_expires(tmp_path):
+    cache = ChunkCache(tmp_path)
+    fetches = []
+    barrier = threading.Barrier(6)
+
+    def fetch():
+        fetches.append(1)
+        return b"manifest v1"
+
+    def one(out):
+        barrier.wait()
+        out.append(ChunkCache(tmp_path).get_or_fetch_recent("s3://b/ds/manifest.json", fetch))
+
+    outs: list = []
+    threads = [threading.Thread(target=one, args=(outs,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(fetches) == 1 and sorted(outs)[0] == (b"manifest v1", False)
+    assert sum(shared for _, shared in outs) == 5
+    # Past max_age the next process fetches again (and sees a replaced object).
+    assert cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: b"v2",
+                                     max_age=0.0) == (b"v2", False)
+    # Another name is another object; drop_recent forgets a copy.
+    assert cache.get_or_fetch_recent("s3://b/other/manifest.json", lambda: b"o") == (b"o", False)
+    cache.drop_recent("s3://b/ds/manifest.json")
+    assert cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: b"v3") == (b"v3", False)
+
+
+class _CountingStorage(Storage):
+    """A local dataset read as if it were remote, every whole-object read counted."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.local = False
+        self.reads: list[str] = []
+
+    def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
+        return os.path.join(self.root_url, relpath)
+
+    def read_file(self, relpath, *, expected_xxh3=None, what=""):
+        self.reads.append(relpath)
+        with open(self._path(relpath), "rb") as f:
+            data = f.read()
+        from zephon_store._util.hashing import xxh3_hex
+        if expected_xxh3 is not None:
+            assert xxh3_hex(data) == expected_xxh3
+        return data
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": "x" * i}) + "\n" for i in range(200)))
+    out = tmp_path / "ds"
+    convert([str(src)], str(out), options=WriteOptions(row_group_rows=10,
+                                                        target_shard_bytes="4KiB"))
+    return str(out)
+
+
+def test_manifest_and_side_tables_fetched_once_per_node(dataset, tmp_path):
+    cache = ChunkCache(tmp_path / "node")
+    first = _CountingStorage(dataset)
+    m1 = load_manifest(first, node_cache=cache)
+    # The manifest, then the shard and row-group tables (provenance only when asked for).
+    assert first.reads[0] == MANIFEST_NAME and len(first.reads) == 3
+    assert set(first.reads[1:]) < set(m1.table_sizes())
+    others = [_CountingStorage(dataset) for _ in range(3)]
+    for st in others:
+        m = load_manifest(st, node_cache=ChunkCache(tmp_path / "node"))
+        assert m.dataset_id == m1.dataset_id and (m.rg_rows == m1.rg_rows).all()
+    assert [st.reads for st in others] == [[], [], []]
+    # Without the node cache every process reads all three itself.
+    alone = _CountingStorage(dataset)
+    load_manifest(alone)
+    assert len(alone.reads) == 3
+
+
+def test_a_damaged_shared_manifest_is_fetched_again(dataset, tmp_path):
+    cache = ChunkCache(tmp_path / "node")
+    load_manifest(_CountingStorage(dataset), node_cache=cache)
+    recent = tmp_path / "node" / "v1" / "recent"
+    (entry,) = list(recent.iterdir())
+    head, _, body = entry.read_bytes().partition(b"\n")
+    doc = json.loads(body)
+    doc["totals"]["num_samples"] += 1                 # no longer matches its dataset_id
+    entry.write_bytes(head + b"\n" + json.dumps(doc).encode())
+    st = _CountingStorage(dataset)
+    m = load_manifest(st, node_cache=cache)
+    assert st.reads == [MANIFEST_NAME] and m.num_samples == 200
