@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	# One resolver run for everything: torchtitan 0.3.0 pulls datasets, which caps fsspec, and
 	# s3fs must match that fsspec; separate installs would leave them inconsistent.
-	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan,ray,live]'
+	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan,ray,live,grain]'
 	touch $(STAMP)
 
 env: $(STAMP)
