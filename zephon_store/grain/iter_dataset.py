@@ -1,0 +1,155 @@
+"""Zephon's order and rank rule as a Grain ``IterDataset`` whose state is the one cursor.
+
+:class:`ZephonIterDataset` yields this host's batches (dicts of numpy arrays) in the global,
+elastic order: step ``s`` after the cursor is global positions ``[c + s*B, c + (s+1)*B)``
+and this host reads its share of them by Zephon's rank rule. Its iterator's ``get_state()``
+is the loader's checkpoint, ``{version, dataset_id, seed, order, cursor, step}`` (a mixture
+adds its sources and stage schedule): identical on every host, JSON as it is, so Grain's
+checkpointing (``DatasetIterator.save``, Orbax) stores it unchanged, and ``set_state`` of it
+resumes on any number of hosts (another ``world_size``/``rank``) or of worker processes.
+
+It is a shell over :class:`~zephon_store.load.loader.Loader`: cursor, resume rules, run log,
+deny list and the end of the stream are the loader's; this adds only Grain's iterator
+protocol and Grain's process workers (:mod:`.workers`). Grain transformations chained after
+it (``map``, ``filter``, ``batch``...) keep its state, so a whole pipeline's
+``get_state()`` is still the one cursor.
+
+>>> ds = ZephonIterDataset(tiny_dataset, topology=Topology(8), seed=7,
+...                        stop=StopOptions(max_steps=2))
+>>> it = iter(ds.map(lambda b: b["id"].tolist()))
+>>> next(it), it.get_state()["cursor"]
+([79, 41, 78, 45, 68, 97, 30, 33], 8)
+>>> other = iter(ZephonIterDataset(tiny_dataset, topology=Topology(8, world_size=2, rank=1),
+...                                seed=7, stop=StopOptions(max_steps=2)))
+>>> other.set_state(it.get_state())     # step 1 on two hosts: host 1 reads its half
+>>> next(other)["id"].tolist()
+[43, 40, 0, 3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grain
+
+from ..load.engine import ShareEngine
+from ..load.loader import Loader
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from ..order.order import OrderOptions
+from ..order.topology import Topology
+from .workers import worker_batches
+
+__all__ = ["ZephonDatasetIterator", "ZephonIterDataset"]
+
+
+class _GrainLoader(Loader):
+    """The torch-free loader whose process workers are Grain's."""
+
+    def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
+        return worker_batches(engine, self.workers)
+
+
+class ZephonIterDataset(grain.IterDataset):
+    """This host's batches of a dataset or mixture in Zephon's order (see the module
+    docstring).
+
+    ``dataset``: a URL, a ``Dataset``, or a mixture (file, dict, ``MixtureSpec``,
+    ``MixedDataset``); ``topology``: the global batch and which host this is
+    (``Topology(global_batch, world_size=jax.process_count(), rank=jax.process_index())``
+    under JAX); ``seed``/``order``: the order; ``batch``, ``read_ahead``, ``stop``: the
+    loader's option groups (:mod:`zephon_store.load.options`: columns, ``with_seq``, a
+    ``transform`` run in the workers; prefetch budgets; ``max_steps``/``epochs``);
+    ``workers``: ``WorkerOptions(num_workers=n, prefetch=k)`` makes batches in ``n`` Grain
+    worker processes (spawned: a ``transform`` must pickle), ``k`` ahead each; the others
+    as :class:`~zephon_store.load.loader.Loader` takes them.
+
+    Put process workers here, not in a ``.mp_prefetch()`` after it: Grain's prefetch would
+    keep one state per worker, which resumes only on the same worker count.
+    """
+
+    def __init__(self, dataset, *, topology: Topology, seed: int | None = None,
+                 order: OrderOptions | None = None, batch: BatchOptions | None = None,
+                 read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
+                 workers: WorkerOptions | None = None, storage_options: dict | None = None,
+                 cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
+                 run_log: str | None = None, deny_list=None) -> None:
+        super().__init__()
+        workers = workers or WorkerOptions()
+        if workers.multiprocessing_context is not None or workers.pin_memory:
+            raise ValueError("WorkerOptions.multiprocessing_context and pin_memory are torch "
+                             "DataLoader options; Grain's workers are spawned processes: "
+                             "pass num_workers and prefetch only")
+        self._options: dict = dict(
+            topology=topology, seed=seed, order=order, batch=batch, read_ahead=read_ahead,
+            stop=stop, workers=workers, storage_options=storage_options, cache=cache,
+            decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
+            run_log=run_log, deny_list=deny_list)
+        self._dataset = dataset
+        # Opened now, so a wrong URL, option or mixture fails here and not at the first
+        # batch; each iterator starts from this loader's options.
+        self._first: _GrainLoader | None = self._loader()
+
+    def _loader(self) -> _GrainLoader:
+        return _GrainLoader(self._dataset, **self._options)
+
+    @property
+    def topology(self) -> Topology:
+        return self._options["topology"]
+
+    def __iter__(self) -> ZephonDatasetIterator:
+        loader, self._first = self._first, None
+        return ZephonDatasetIterator(loader if loader is not None else self._loader())
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Refused: Grain's ``mp_prefetch`` slices its parent among workers, and then keeps
+        one state per worker (resumable only on that worker count)."""
+        raise ValueError("zephon_store.grain.ZephonIterDataset makes its batches in worker "
+                         "processes itself: pass workers=WorkerOptions(num_workers=n) instead "
+                         "of .mp_prefetch(), so its state stays the one cursor")
+
+    def __str__(self) -> str:
+        t = self.topology
+        return (f"ZephonIterDataset(global_batch={t.global_batch}, world_size={t.world_size}, "
+                f"rank={t.rank})")
+
+
+class ZephonDatasetIterator(grain.DatasetIterator):
+    """The iterator of :class:`ZephonIterDataset`: ``get_state()`` is the loader's state
+    (the one cursor), ``set_state(state)`` resumes from one, applied at the next batch."""
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__()
+        self._loader = loader
+        self._batches: Iterator | None = None
+
+    @property
+    def loader(self) -> Loader:
+        """The :class:`~zephon_store.load.loader.Loader` this iterator runs."""
+        return self._loader
+
+    def __next__(self) -> dict:
+        if self._batches is None:
+            self._batches = iter(self._loader)
+        return next(self._batches)
+
+    def get_state(self) -> dict:
+        """``{version, dataset_id, seed, order, cursor, step}`` (+ ``mixture``): the same on
+        every host; the cursor counts the samples of batches already handed out."""
+        return self._loader.state_dict()
+
+    def set_state(self, state: dict) -> None:
+        """Resume from ``state`` (saved by any number of hosts or workers); a wrong one
+        raises :class:`~zephon_store.errors.StateMismatchError` naming the key."""
+        self._loader.load_state_dict(state)
+        self._batches = None   # the loader closed the old one: the next batch starts anew
+
+    def close(self) -> None:
+        """Stop making batches (worker processes, decode threads)."""
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            batches.close()
+        super().close()
+
+    def __str__(self) -> str:
+        return f"ZephonDatasetIterator(cursor={self._loader.cursor})"
+

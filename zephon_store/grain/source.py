@@ -1,0 +1,189 @@
+"""A Zephon dataset or mixture as Grain's random-access data source.
+
+:class:`ZephonSource` satisfies Grain's ``RandomAccessDataSource`` protocol (``__len__``,
+``__getitem__``) and its batched read (``_getitems``, which Grain's ``MapDataset`` calls
+when a pipeline batches; ``__getitems__``, torch's spelling of it, is the same method), so
+it plugs into any ``grain.MapDataset.source(...)`` pipeline or ``grain.DataLoader``.
+
+An index means one of two things:
+
+- ``order=None`` (the default): the sample id. A dataset's rows ``0 .. N-1``; a mixture's
+  sources concatenated (source ``k``'s row ``j`` is ``id_offset[k] + j``). Grain's own
+  ``shuffle``/``mix`` then decide the order.
+- ``order=OrderOptions(...)``: a position of Zephon's own order, the sample at index ``p``
+  is the one Zephon's loaders read at position ``p`` (a mixture: its stage schedule and
+  weights too). ``length`` (default one epoch, the source's samples) is how many positions
+  Grain sees; positions past ``length`` are never asked for (Grain folds an index modulo
+  ``len``).
+
+Every byte is checked against the manifest's xxh3 before it is decoded, as in the rest of
+Zephon. A batched read decodes each row group it touches once, and for a remote source fetches
+the missing ones' bytes first as coalesced ranged GETs (neighbouring row groups in one
+request, :mod:`zephon_store.io.coalesce`), not one request per index.
+
+>>> src = ZephonSource(tiny_dataset)
+>>> len(src), src[17]["text"], src[17]["id"].dtype       # numbers come as numpy scalars
+(100, 'record 17', dtype('int64'))
+>>> [int(r["id"]) for r in src._getitems([3, 99, 4])]
+[3, 99, 4]
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .._util.decode import decode_table
+from ..io.coalesce import CoalesceOptions
+from ..load.mixed import SOURCE_KEY
+from ..load.source import open_source
+from ..load.stream import SEQ_KEY
+from ..order.order import OrderOptions
+from ..read.dataset import gather_rows
+
+__all__ = ["ZephonSource"]
+
+# Decode threads for a batched read that touches several row groups (pyarrow decodes
+# without the GIL); a pool is made on first use, and never pickled.
+_READ_THREADS = min(8, os.cpu_count() or 1)
+
+
+class ZephonSource:
+    """A dataset or mixture as a Grain random-access source (see the module docstring).
+
+    ``dataset``: any spelling the loaders take (a URL, an open ``Dataset``, a mixture file
+    ``.toml``/``.json``, its dict, a ``MixtureSpec``, a ``MixedDataset``), opened with
+    ``storage_options``, ``cache`` and ``decoded_cache``; ``columns``: the columns each
+    record holds (default all); ``order``: index by Zephon's order instead of by sample id
+    (a mixture file's seed applies unless ``order`` is given); ``length``: positions
+    exposed in that case (default: the source's samples, capped where a capped mixture
+    source runs out); ``with_seq``: each record also holds ``_seq`` (the sample's id in
+    its dataset) and, for a mixture, ``_source`` (the source's index); ``coalesce``: how
+    neighbouring row groups of a remote source merge into one GET.
+
+    A record is a dict: numbers and booleans as numpy scalars, fixed-size lists of numbers
+    (token windows) as 1-D numpy arrays, other values as Python objects. The source pickles
+    (Grain's process workers): each copy opens fresh I/O threads.
+
+    >>> src = ZephonSource(tiny_dataset, order=OrderOptions(seed=7), with_seq=True)
+    >>> [int(src[p]["_seq"]) for p in range(4)]      # the loaders' first positions
+    [79, 41, 78, 45]
+    """
+
+    def __init__(self, dataset, *, columns: Sequence[str] | None = None,
+                 order: OrderOptions | None = None, length: int | None = None,
+                 with_seq: bool = False, storage_options: dict | None = None, cache=None,
+                 decoded_cache=None, coalesce: CoalesceOptions | None = None) -> None:
+        self.source = open_source(dataset, columns=None if columns is None else list(columns),
+                                  storage_options=storage_options, cache=cache,
+                                  decoded_cache=decoded_cache)
+        if order is not None:
+            order = order.replace(seed=self.source.order_seed(order.seed))
+            if order.is_auto:
+                # Random access has no topology: one lane keeps the order independent of it.
+                order = order.replace(lanes=1)
+        elif length is not None:
+            raise ValueError("length applies to a source indexed by Zephon's order; pass "
+                             "order=OrderOptions(...) with it, or leave it out (the index is "
+                             "then the sample id, and the length the number of samples)")
+        self.options = order
+        self._order = None if order is None else self.source.order(order)
+        self.columns = None if columns is None else list(columns)
+        self.with_seq = with_seq
+        self.coalesce = coalesce
+        n = self.source.num_samples
+        if order is not None:
+            end = self.source.end
+            n = length if length is not None else n if end is None else min(n, end)
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise ValueError(f"length must be an int > 0, got {length!r}")
+            if end is not None and n > end:
+                raise ValueError(f"length {n} runs past position {end}, where this mixture "
+                                 f"ends: {self.source.end_reason()}; pass length <= {end}")
+        self._len = int(n)
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- Grain's protocol ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict:
+        """The record at ``index`` (a sample id, or a position with ``order``)."""
+        if isinstance(index, (bool, np.bool_)):
+            raise TypeError(f"an index must be an int, not bool ({index!r})")
+        return self._getitems([operator.index(index)])[0]
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict]:
+        """The records at ``indices``, in that order (repeats allowed): each row group
+        they touch read and decoded once, a remote source's bytes in coalesced GETs."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = idx[(idx < 0) | (idx >= self._len)]
+        if bad.size:
+            raise IndexError(f"index {int(bad[0])} is out of range for {self!r}, which has "
+                             f"{self._len} {'positions' if self._order else 'samples'} "
+                             f"[0, {self._len})")
+        ids = idx if self._order is None else self._order.sample_at(idx)
+        table = self._take(ids)
+        cols = decode_table(table)
+        if self.with_seq:
+            source, local = self.source.split_ids(ids)
+            cols[SEQ_KEY] = local
+            if source is not None:
+                cols[SOURCE_KEY] = source
+        return [{k: v[i] for k, v in cols.items()} for i in range(idx.size)]
+
+    __getitems__ = _getitems
+
+    def __repr__(self) -> str:
+        # Grain's DataLoader checks a checkpoint against repr(source): the data's identity
+        # and how it is indexed, never the path it was opened from.
+        how = "ids" if self.options is None else f"order={self.options.to_dict()}"
+        return (f"ZephonSource(dataset_id={self.source.dataset_id!r}, len={self._len}, {how}, "
+                f"columns={self.columns}, with_seq={self.with_seq})")
+
+    # -- reading -------------------------------------------------------------------------
+    def _take(self, ids: np.ndarray):
+        """Rows ``ids`` (sample ids of the source), in that order, as one table."""
+        m = self.source.manifest
+        rg = m.rg_row_start.searchsorted(ids, "right") - 1
+        rgs, inverse = np.unique(rg, return_inverse=True)
+        pre = None
+        if self.source.cache is not None and rgs.size:
+            # A remote source: the missing row groups' bytes as coalesced, verified GETs
+            # (cached ones are skipped), run before the decodes below ask for them.
+            need = int(m.rg_length[rgs].sum())
+            pre = self.source.prefetcher(lambda _step: rgs, budget_bytes=max(1, need),
+                                         num_batches=1, coalesce=self.coalesce)
+        try:
+            tables = self._read(rgs.tolist())
+        finally:
+            if pre is not None:
+                pre.close()
+        return gather_rows(tables, inverse.reshape(-1), ids - m.rg_row_start[rg])
+
+    def _read(self, rgs: list[int]) -> list:
+        if len(rgs) <= 1:
+            return [self.source.read_row_group(r) for r in rgs]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="zephon-grain")
+        return list(self._pool.map(self.source.read_row_group, rgs))
+
+    # -- lifetime ------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def close(self) -> None:
+        """Stop this source's threads and close what it opened (usable again afterwards)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.source.close()
