@@ -2,7 +2,7 @@
 
 Layers, bottom to top (docs/design.md):
 
-    errors, _util  <  format, order  <  io  <  ingest, read  <  write, load  <  torch
+    errors, _util  <  format, order  <  io  <  ingest, read  <  write, load  <  torch, grain
                                                                <  cli, integrations, testing
 
 A module may import from its own folder and from any lower layer; never from a higher or a
@@ -25,7 +25,7 @@ RANK = {
     "io": 2,
     "ingest": 3, "read": 3,
     "write": 4, "load": 4,
-    "torch": 5,
+    "torch": 5, "grain": 5,
     "cli": 6, "integrations": 6, "testing": 6,
 }
 # Same rank, still allowed: the write path converts what ingest reads.
