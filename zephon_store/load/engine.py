@@ -37,20 +37,32 @@ class ShareEngine:
 
     ``num_batches=None`` is endless (epochs follow each other, each a fresh permutation).
     ``end``: no position at or past it is read; the step that would cross it is short.
+    ``split``: this process's share of each step by another rule than the topology's rank
+    rule (a live run's participant, :class:`~zephon_store.load.live.Participant`).
     """
 
     def __init__(self, dataset, order_options: OrderOptions, topology: Topology, *,
                  batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
                  start_cursor: int = 0, num_batches: int | None = None,
-                 end: int | None = None) -> None:
+                 end: int | None = None, split=None) -> None:
         batch = batch or BatchOptions()
         columns = None if batch.columns is None else list(batch.columns)
         self.stream = RankStream(dataset, order_options, topology, columns=columns,
-                                 with_seq=batch.with_seq, end=end)
+                                 with_seq=batch.with_seq, end=end, split=split)
         self.batch = batch
         self.read_ahead = read_ahead or ReadAheadOptions()
         self.start_cursor = start_cursor
         self.num_batches = num_batches
+        self._pipelines: list[BatchPipeline] = []
+
+    @property
+    def decodes(self) -> int:
+        """Row-group decodes started by this engine's pipelines (for tests)."""
+        return sum(p.decodes for p in self._pipelines)
+
+    def __getstate__(self) -> dict:
+        # A worker process gets the engine without the parent's pipelines (threads, locks).
+        return {**self.__dict__, "_pipelines": []}
 
     @property
     def dataset(self):
@@ -84,12 +96,14 @@ class ShareEngine:
         # Process workers share the cores: on a local dataset each gets its share of them
         # (docs/benchmarks.md, "Why the code is shaped this way: loading").
         threads = default_decode_threads(self.dataset, workers=max(1, workers))
-        return BatchPipeline(self.stream, self.start_cursor,
-                             batches_for_worker(worker, workers, 0, self.num_batches),
-                             transform=self.batch.transform if transform else None,
-                             ahead_bytes=self.read_ahead.decode_ahead_bytes,
-                             stop=stop, decode_threads=threads,
-                             deny_list=self.batch.deny_list)
+        pipeline = BatchPipeline(self.stream, self.start_cursor,
+                                 batches_for_worker(worker, workers, 0, self.num_batches),
+                                 transform=self.batch.transform if transform else None,
+                                 ahead_bytes=self.read_ahead.decode_ahead_bytes,
+                                 stop=stop, decode_threads=threads,
+                                 deny_list=self.batch.deny_list)
+        self._pipelines.append(pipeline)
+        return pipeline
 
     def batches(self, worker: int = 0, workers: int = 0) -> Iterator[tuple[int, dict]]:
         """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote.

@@ -43,8 +43,12 @@ class RankStream:
 
     def __init__(self, dataset, order_options: OrderOptions, topology: Topology, *,
                  columns: list[str] | None = None, with_seq: bool = False,
-                 end: int | None = None) -> None:
+                 end: int | None = None, split=None) -> None:
         self.dataset = dataset
+        # Another rule for this process's share of a step than the topology's rank rule:
+        # an object whose positions(cursor, global_batch, lanes=, epoch_size=, end=) gives
+        # it (a live run's participant, load/live.py). None: the rank rule.
+        self.split = split
         # Positions at or past ``end`` are never read: a step that would cross it is the
         # short last step (assign.tail_positions_for_rank). None: no end, full steps only.
         self.end = end
@@ -62,6 +66,9 @@ class RankStream:
     def positions(self, cursor: int) -> np.ndarray:
         """Positions this rank consumes in the global step starting at ``cursor``."""
         t = self.topology
+        if self.split is not None:
+            return self.split.positions(cursor, t.global_batch, lanes=self.order.effective_lanes,
+                                        epoch_size=self.order.num_samples, end=self.end)
         rule = {"lanes": self.order.effective_lanes, "epoch_size": self.order.num_samples,
                 "ranks_per_node": t.ranks_per_node}
         if self.end is not None and cursor + t.global_batch > self.end:
