@@ -150,7 +150,7 @@ def test_a_commit_counter_drives_the_cursor_and_a_load_re_anchors_it() -> None:
 
 
 def test_a_step_served_again_with_the_same_positions_is_reused_not_decoded(ds) -> None:
-    share = LiveShare(ds, OPTIONS, global_batch=B, batch=BatchOptions(with_seq=True))
+    share = LiveShare.of(ds, OPTIONS, global_batch=B, batch=BatchOptions(with_seq=True))
     first = share.batch(20, 3, 1)
     decodes = share.decodes
     assert share.batch(20, 3, 1) is first and share.reused == 1 and share.decodes == decodes
@@ -177,7 +177,7 @@ def test_a_simulated_live_run_consumes_the_single_process_stream(ds, reference) 
         if replicas:                  # the state transfer: any present replica's cursor
             cursor.load(next(iter(replicas.values()))[0].position)
         # A small decode-ahead: the whole tiny dataset would be queued at every quorum change.
-        replicas[r] = (cursor, LiveShare(ds, OPTIONS, global_batch=B,
+        replicas[r] = (cursor, LiveShare.of(ds, OPTIONS, global_batch=B,
                                          batch=BatchOptions(with_seq=True),
                                          read_ahead=ReadAheadOptions(decode_ahead_bytes=1)))
 

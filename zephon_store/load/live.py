@@ -12,7 +12,8 @@ quorum broke is not committed. This module makes the loader follow that, without
   commits, so a step that failed part-way is served again, to whatever quorum comes next.
 - **Reuse** (:class:`LiveShare`). A step served again to the same participant with the
   same positions gets the batch already made, not fetched or decoded again; the steps after
-  it are decoded ahead as long as the quorum keeps its shape.
+  it are made ahead by one :class:`~zephon_store.load.engine.ShareEngine` as long as the
+  quorum keeps its shape (a new shape gets a new engine from that step on).
 - **Agreement** (:func:`check_claims`). Before a step is read, the participants exchange
   ``(cursor, participants, index)`` through a caller-given collective (a cheap all-gather)
   and every participant checks that the claims partition the step. A participants callable
@@ -20,12 +21,14 @@ quorum broke is not committed. This module makes the loader follow that, without
   overlapping data.
 
 Joining replicas take the cursor from the quorum's state transfer: the state is the plain
-one-cursor loader state (:mod:`zephon_store.load.state`), unchanged. The torch shell is
+one-cursor loader state (:mod:`zephon_store.load.state`), unchanged. :class:`LiveLoader`
+is the :class:`~zephon_store.load.loader.Loader` with these two additions (the per-step
+participants and the commit rule); the torch shell over it is
 :class:`zephon_store.torch.live.LiveZephonLoader`; ``docs/live-elastic.md`` has the failure
 cases and why each is exact.
 
 >>> from zephon_store import open_dataset
->>> share = LiveShare(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
+>>> share = LiveShare.of(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
 >>> [share.batch(0, 3, i)["id"].tolist() for i in range(3)]    # 8 positions, 3 participants
 [[79, 41], [78, 45, 68], [97, 30, 33]]
 >>> share.batch(0, 1, 0)["id"].tolist()                         # the same step, alone
@@ -34,24 +37,23 @@ cases and why each is exact.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._util.decode import decode_table
+from .._util.exit_close import close_at_exit
 from ..errors import LiveTopologyError
 from ..order.assign import positions_for_participant, tail_positions_for_rank
 from ..order.order import OrderOptions
 from ..order.topology import Topology
+from .engine import ShareEngine
+from .loader import Loader
 from .options import BatchOptions, ReadAheadOptions
-from .pipeline import BatchPipeline, default_ahead_bytes, default_decode_threads
-from .stream import RankStream
 
 __all__ = ["LiveTopologyError", "StepClaim", "claim_step", "check_claims", "participant_positions",
-           "LiveCursor", "LiveShare"]
+           "Participant", "LiveCursor", "LiveShare", "LiveLoader"]
 
 
 @dataclass(frozen=True)
@@ -282,70 +284,82 @@ class LiveCursor:
                 self._anchor_count = self.commits()
 
 
-class _ShareStream(RankStream):
-    """A rank stream whose share of each step is one participant's: what the pipeline reads.
+@dataclass(frozen=True)
+class Participant:
+    """This process's part of every live step: participant ``index`` of ``participants``
+    (``index`` None: present, reads nothing), rank ``group_rank`` of its replica group of
+    ``group_size``. It is the ``split`` a :class:`~zephon_store.load.engine.ShareEngine`
+    reads by instead of the topology's rank rule; one engine per quorum shape, so nothing
+    about it ever changes.
 
-    One per :class:`LiveShare` (the order is built once); :meth:`use` switches it to another
-    quorum shape, which the read-ahead then starts over with.
+    >>> Participant(3, 1).positions(0, 8).tolist()
+    [2, 3, 4]
     """
 
-    def __init__(self, dataset, order_options: OrderOptions, global_batch: int, *,
-                 columns: list[str] | None, with_seq: bool, end: int | None,
-                 group_size: int, group_rank: int) -> None:
-        super().__init__(dataset, order_options, Topology(global_batch), columns=columns,
-                         with_seq=with_seq, end=end)
-        self.group = (group_size, group_rank)
-        self.participants, self.index = 1, None
+    participants: int
+    index: int | None
+    group_size: int = 1
+    group_rank: int = 0
 
-    def use(self, participants: int, index: int | None) -> None:
-        if (participants, index) != (self.participants, self.index):
-            self.participants, self.index = participants, index
-            self._ids_memo.clear()
+    def positions(self, cursor: int, global_batch: int, *, lanes: int = 1,
+                  epoch_size: int | None = None, end: int | None = None) -> np.ndarray:
+        """Its positions in the step at ``cursor`` (:func:`participant_positions`)."""
+        return participant_positions(cursor, global_batch, self.participants, self.index,
+                                     lanes=lanes, epoch_size=epoch_size, end=end,
+                                     group_size=self.group_size, group_rank=self.group_rank)
 
-    def positions(self, cursor: int) -> np.ndarray:
-        return participant_positions(
-            cursor, self.topology.global_batch, self.participants, self.index,
-            lanes=self.order.effective_lanes, epoch_size=self.order.num_samples, end=self.end,
-            group_size=self.group[0], group_rank=self.group[1])
+
+EngineFor = Callable[[int, Participant], ShareEngine]
 
 
 class LiveShare:
     """This process's batch of any live step, reused when a step is served again.
 
     :meth:`batch` ``(cursor, participants, index)`` returns the share's decoded batch. The
-    steps after it are decoded ahead while the quorum keeps its shape (same participants,
-    same index); when it changes, the read-ahead starts over at the new step. The last batch
-    handed out is kept: a step that did not commit and comes back with the same positions
-    (:attr:`reused` counts those) is handed out again without fetching or decoding.
+    steps after it come from one engine (``engine(cursor, participant)``, decoding ahead)
+    while the quorum keeps its shape (same participants, same index); when it changes, a new
+    engine starts at the new step. The last batch handed out is kept: a step that did not
+    commit and comes back with the same positions (:attr:`reused` counts those) is handed
+    out again without fetching or decoding. ``batches(engine)`` makes an engine's
+    ``(i, batch)`` (default: :meth:`ShareEngine.batches`; the loader's producer thread
+    when it has a transform).
 
     >>> from zephon_store import open_dataset
-    >>> share = LiveShare(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
+    >>> share = LiveShare.of(open_dataset(tiny_dataset), OrderOptions(seed=7), global_batch=8)
     >>> a = share.batch(0, 2, 1); b = share.batch(0, 2, 1)      # not committed: served again
     >>> a is b, share.reused, a["id"].tolist()
     (True, 1, [68, 97, 30, 33])
     """
 
-    def __init__(self, dataset, order_options: OrderOptions, *, global_batch: int,
-                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
-                 end: int | None = None, group_size: int = 1, group_rank: int = 0) -> None:
-        self.batch_options = batch or BatchOptions()
-        self.read_ahead = read_ahead or ReadAheadOptions()
-        columns = None if self.batch_options.columns is None else \
-            list(self.batch_options.columns)
-        self._stream = _ShareStream(dataset, order_options, global_batch, columns=columns,
-                                    with_seq=self.batch_options.with_seq, end=end,
-                                    group_size=group_size, group_rank=group_rank)
-        self.order = self._stream.order
-        self.dataset = dataset
+    def __init__(self, engine: EngineFor, *, global_batch: int, group_size: int = 1,
+                 group_rank: int = 0,
+                 batches: Callable[[ShareEngine], Iterator] | None = None) -> None:
+        if not 0 <= group_rank < group_size:
+            raise ValueError(f"group_rank must be in [0, {group_size}), got {group_rank}")
+        self._engine = engine
+        self._batches = batches or ShareEngine.batches
         self.global_batch = global_batch
-        self.end = end
-        self._ahead = self.read_ahead.decode_ahead_bytes
-        if self._ahead is None:
-            self._ahead = default_ahead_bytes(self._stream)
+        self.group = (group_size, group_rank)
         self._last: tuple[tuple, dict] | None = None
         self._run: _Run | None = None
         self.reused = 0          # batches handed out again for a step served again
-        self.decodes = 0         # row-group decodes started, over every read-ahead run
+        self.decodes = 0         # row-group decodes started, over every engine
+
+    @classmethod
+    def of(cls, dataset, order_options: OrderOptions, *, global_batch: int,
+           batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+           end: int | None = None, group_size: int = 1, group_rank: int = 0) -> LiveShare:
+        """A share of ``dataset`` (a Source) read alone; ``end``: where the run stops (a
+        short last step; None: endless). :class:`LiveLoader` builds its own from its
+        loader's engine."""
+        def engine(cursor: int, part: Participant) -> ShareEngine:
+            n = None if end is None else -(-max(0, end - cursor) // global_batch)
+            return ShareEngine(dataset, order_options, Topology(global_batch), batch=batch,
+                               read_ahead=read_ahead, start_cursor=cursor, num_batches=n,
+                               end=end, split=part)
+
+        return cls(engine, global_batch=global_batch, group_size=group_size,
+                   group_rank=group_rank)
 
     def batch(self, cursor: int, participants: int, index: int | None) -> dict:
         """The batch of participant ``index`` of ``participants`` in the step at ``cursor``."""
@@ -353,35 +367,15 @@ class LiveShare:
         if self._last is not None and self._last[0] == key:
             self.reused += 1
             return self._last[1]
-        if index is None:
-            out = self._empty()
-        else:
-            run = self._run
-            if run is None or run.shape != (participants, index) or run.next_cursor != cursor:
-                self.close()
-                run = self._run = _Run(self._pipeline(cursor, participants, index),
-                                       (participants, index), cursor, self.global_batch)
-            out = run.next()
-            self.decodes += run.decodes_since()
+        run = self._run
+        if run is None or run.shape != (participants, index) or run.next_cursor != cursor:
+            self.close()
+            engine = self._engine(cursor, Participant(participants, index, *self.group))
+            run = self._run = _Run(engine, self._batches(engine), (participants, index),
+                                   cursor, self.global_batch)
+        out = run.next()
+        self.decodes += run.decodes_since()
         self._last = (key, out)
-        return out
-
-    def _pipeline(self, cursor: int, participants: int, index: int) -> BatchPipeline:
-        self._stream.use(participants, index)
-        if self.end is None:
-            indices: Iterator[int] | range = itertools.count()
-        else:
-            indices = range(-(-max(0, self.end - cursor) // self.global_batch))
-        return BatchPipeline(self._stream, cursor, indices,
-                             transform=self.batch_options.transform, ahead_bytes=self._ahead,
-                             decode_threads=default_decode_threads(self.dataset))
-
-    def _empty(self) -> dict:
-        out = decode_table(self._stream.select(self.dataset.schema.empty_table()))
-        if self._stream.with_seq:
-            out.update(self._stream.seq_fields(np.empty(0, dtype=np.int64)))
-        if self.batch_options.transform is not None:
-            out = self.batch_options.transform(out)
         return out
 
     def close(self) -> None:
@@ -392,28 +386,136 @@ class LiveShare:
 
 
 class _Run:
-    """A read-ahead pipeline over consecutive steps of one quorum shape."""
+    """One engine's batches over consecutive steps of one quorum shape."""
 
-    def __init__(self, pipeline: BatchPipeline, shape: tuple, cursor: int,
+    def __init__(self, engine: ShareEngine, batches: Iterator, shape: tuple, cursor: int,
                  global_batch: int) -> None:
-        self.pipeline = pipeline
+        self.engine = engine
         self.shape = shape
-        self.start = cursor
         self.next_cursor = cursor
         self.global_batch = global_batch
-        self._it = iter(pipeline)
+        self._it = batches
         self._counted = 0
 
     def next(self) -> dict:
         i, out = next(self._it)
-        assert self.start + i * self.global_batch == self.next_cursor
+        assert self.engine.start_cursor + i * self.global_batch == self.next_cursor
         self.next_cursor += self.global_batch
         return out
 
     def decodes_since(self) -> int:
-        new, self._counted = self.pipeline.decodes - self._counted, self.pipeline.decodes
+        now = self.engine.decodes
+        new, self._counted = now - self._counted, now
         return new
 
     def close(self) -> None:
-        self.pipeline.cancel()
         self._it.close()
+
+
+class LiveLoader(Loader):
+    """A :class:`~zephon_store.load.loader.Loader` whose steps are split among each step's
+    participants and whose cursor moves when a step commits; no torch.
+
+    Everything else is the Loader's, over the same engine: the source (a dataset or a
+    mixture), the order and its lanes (``lanes="auto"`` for one node: replica groups come
+    and go, so they are not nodes), the option groups, the deny list, the run log, the end
+    of the stream and the state (``state_dict()`` is the committed cursor and step, so a
+    ``ZephonLoader`` resumes it and the other way round).
+
+    ``participants()`` gives ``(index, count)`` for the step about to be drawn (``index``
+    None: present, reads nothing); ``commits()`` counts committed steps (None: call
+    :meth:`commit` after each step); ``agree(claim)`` all-gathers the participants' claims
+    (None: not checked); ``group_size``/``group_rank`` split a participant's share among
+    the ranks of its replica group. Unlike the Loader, a loaded state applies to the live
+    iterator's next step: that is how a replica heals mid-run. Process workers are refused:
+    see ``docs/live-elastic.md``.
+
+    >>> quorum = [(1, 3)]                     # participant 1 of 3
+    >>> loader = LiveLoader(tiny_dataset, global_batch=8, seed=7,
+    ...                     participants=lambda: quorum[0])
+    >>> batches = iter(loader)
+    >>> next(batches)["id"].tolist()
+    [78, 45, 68]
+    >>> loader.commit(True); quorum[0] = (0, 1)  # committed; now alone
+    >>> next(batches)["id"].tolist(), loader.state_dict()["cursor"]
+    ([49, 5, 87, 4, 43, 40, 0, 3], 8)
+    """
+
+    def __init__(self, dataset, *, global_batch: int, participants: Callable[[], tuple],
+                 commits: Callable[[], int] | None = None,
+                 agree: Callable[[StepClaim], Sequence[StepClaim] | None] | None = None,
+                 group_size: int = 1, group_rank: int = 0, **options) -> None:
+        workers = options.get("workers")
+        if workers is not None and workers.num_workers:
+            raise ValueError(
+                "a live loader makes batches in threads; num_workers > 0 is refused: each "
+                "quorum change would restart the worker processes in the recovery step "
+                "(docs/live-elastic.md); a transform runs in the producer thread (prefetch)")
+        if participants is None:
+            raise ValueError("pass participants= (a callable giving (index, count) for the "
+                             "current step)")
+        if not 0 <= group_rank < group_size:
+            raise ValueError(f"group_rank must be in [0, {group_size}), got {group_rank}")
+        super().__init__(dataset, topology=Topology(global_batch), **options)
+        self.participants = participants
+        self.agree = agree
+        self.group = (group_size, group_rank)
+        self._commits = LiveCursor(global_batch, end=self._stream_end, commits=commits)
+        self.share: LiveShare | None = None
+        self._share_loads = -1
+        self.last_step: StepClaim | None = None   # the step served last (for logs and audits)
+
+    def _position(self) -> tuple[int, int]:
+        return self._commits.position, self._commits.step
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (a checkpoint, or the quorum's state transfer) at the
+        live iterator's next step.
+
+        With a commit counter (torchft), load the counter's owner first: the cursor counts
+        commits from the counter's value at the time of the load.
+        """
+        st, step = self._adopt_state(state)
+        self._commits.end = self._stream_end
+        self._commits.load(st.cursor, step)
+        self._loads += 1      # the next step starts a new share (order, schedule, cursor)
+
+    def commit(self, ok: bool = True) -> None:
+        """The step served last committed (``ok``) or not; only without a commit counter."""
+        self._commits.commit(ok)
+
+    def __iter__(self) -> Iterator:
+        return close_at_exit(self._live_steps())
+
+    def _live_steps(self) -> Iterator:
+        self._warn_dropped(self._commits.position)
+        try:
+            while True:
+                # The quorum first: a replica that heals before the step loads its cursor
+                # in there (torchft's synchronous quorum), so the cursor is read after it.
+                index, count = self.participants()
+                if self._num_batches(self._commits.position) == 0:
+                    return
+                claim = claim_step(self._commits.begin(), count, index)
+                if self.agree is not None:
+                    claims = self.agree(claim)
+                    if claims is not None:
+                        check_claims(claim, claims)
+                batch = self._share().batch(claim.cursor, claim.participants, claim.index)
+                self.last_step = claim
+                yield self.collate(batch) if self.collate is not None else batch
+        finally:
+            if self.share is not None:
+                self.share.close()
+
+    def _share(self) -> LiveShare:
+        """The share over this loader's engine, new after each load."""
+        if self.share is None or self._share_loads != self._loads:
+            if self.share is not None:
+                self.share.close()
+            self._share_loads = self._loads
+            g_size, g_rank = self.group
+            self.share = LiveShare(self._engine, global_batch=self.topology.global_batch,
+                                   group_size=g_size, group_rank=g_rank,
+                                   batches=self._threaded)
+        return self.share

@@ -155,8 +155,13 @@ class Loader:
         """``{version, dataset_id, seed, order, cursor, step}``: identical on every rank (a
         mixture adds ``mixture``: its sources and schedule, see docs/mixtures.md). ``step``
         counts the global steps consumed since the run began (the run log's step numbers)."""
-        return LoaderState(self.dataset_id, self.order, self.cursor,
-                           mixture=self.dataset.state_entry(), step=self.step).to_dict()
+        cursor, step = self._position()
+        return LoaderState(self.dataset_id, self.order, cursor,
+                           mixture=self.dataset.state_entry(), step=step).to_dict()
+
+    def _position(self) -> tuple[int, int]:
+        """``(cursor, step)``: positions and global steps consumed (a live loader: committed)."""
+        return self.cursor, self.step
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
@@ -166,6 +171,25 @@ class Loader:
         raises StopIteration), so it can never hand out a batch of the old stream or move
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
+        st, step = self._adopt_state(state)
+        self._loads += 1
+        self._close_live()
+        self.cursor = st.cursor
+        self.step = step
+        n = self.dataset.num_samples
+        log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
+                 "global_batch=%d num_workers=%d", self.dataset_id, st.cursor, st.cursor // n,
+                 st.cursor % n, self.topology.world_size, self.topology.global_batch,
+                 self.num_workers)
+        if st.cursor % self.topology.global_batch:
+            log.info("zephon: cursor %d is not a multiple of global_batch %d; steps are counted "
+                     "from the cursor, so nothing is skipped or repeated", st.cursor,
+                     self.topology.global_batch)
+
+    def _adopt_state(self, state: dict) -> tuple[LoaderState, int]:
+        """``state`` checked against this loader (StateMismatchError), its order and a
+        mixture's schedule adopted; returns it and its step count. The cursor is the
+        caller's to move (at the next ``iter()``, or a live run's next step)."""
         st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
                          mixture=self.dataset.state_entry() is not None)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
@@ -178,20 +202,8 @@ class Loader:
         # steps begins at that step of the run). A dataset: itself.
         self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
                                             global_batch=self.topology.global_batch)
-        self._loads += 1
-        self._close_live()
         self.order = st.order
-        self.cursor = st.cursor
-        self.step = step
-        n = self.dataset.num_samples
-        log.info("zephon: resuming %s at cursor %d (epoch %d, %d into it) with world_size=%d "
-                 "global_batch=%d num_workers=%d", self.dataset_id, st.cursor, st.cursor // n,
-                 st.cursor % n, self.topology.world_size, self.topology.global_batch,
-                 self.num_workers)
-        if st.cursor % self.topology.global_batch:
-            log.info("zephon: cursor %d is not a multiple of global_batch %d; steps are counted "
-                     "from the cursor, so nothing is skipped or repeated", st.cursor,
-                     self.topology.global_batch)
+        return st, step
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
@@ -222,10 +234,12 @@ class Loader:
         """The position the run stops at, when its last step may be short (drop_last=False)."""
         return None if self.drop_last else self._stream_end
 
-    def _engine(self, start: int) -> ShareEngine:
+    def _engine(self, start: int, split=None) -> ShareEngine:
+        """The engine of this loader's batches from cursor ``start`` (``split``: another
+        rule for this process's share of each step, a live run's participant)."""
         return ShareEngine(self.dataset, self.order, self.topology, batch=self.batch_options,
                            read_ahead=self.read_ahead, start_cursor=start,
-                           num_batches=self._num_batches(start), end=self._end)
+                           num_batches=self._num_batches(start), end=self._end, split=split)
 
     def _warn_dropped(self, start: int) -> None:
         if self._warn_mixture_end(start):
@@ -322,7 +336,7 @@ class Loader:
             mixture=mixture, deny_list=None if deny is None else deny.to_log()), rank=t.rank)
 
     def __len__(self) -> int:
-        n = self._num_batches(self.cursor)
+        n = self._num_batches(self._position()[0])
         if n is None:
             raise TypeError(f"an endless {type(self).__name__} has no len(); pass max_steps "
                             "or epochs")

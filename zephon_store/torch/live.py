@@ -1,7 +1,8 @@
 """``LiveZephonLoader``: each step split among the replicas present, the cursor moved by commits.
 
-The torch shell over :mod:`zephon_store.load.live`. With a torchft ``Manager`` it needs no
-other wiring:
+The torch shell over :class:`zephon_store.load.live.LiveLoader` (the Loader with per-step
+participants and the commit rule): it adds the tensor collation and the torchft wiring.
+With a torchft ``Manager`` it needs no other wiring:
 
 - the step's participants are the replicas of the manager's quorum whose gradients count
   (:func:`manager_participants`); a replica that is healing is present but reads nothing
@@ -46,22 +47,14 @@ example :func:`distributed_agreement`) checks the participants.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ..load.live import (
-    LiveCursor,
-    LiveShare,
-    LiveTopologyError,
-    StepClaim,
-    check_claims,
-    claim_step,
-)
+from ..load.live import LiveLoader, LiveTopologyError, StepClaim
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
 from ..load.source import open_source
-from ..load.state import LoaderState, check_state
 from ..order.order import OrderOptions
 from ..read.dataset import Dataset
 from .loader import to_torch
@@ -157,7 +150,7 @@ def distributed_agreement(group=None) -> Agree:
     return agree
 
 
-class LiveZephonLoader:
+class LiveZephonLoader(LiveLoader):
     """Batches of a live-elastic run: this replica's share of each step, the cursor moved by
     commits. See the module docstring for the torchft and plain-callable wiring.
 
@@ -188,10 +181,6 @@ class LiveZephonLoader:
                  storage_options: dict | None = None, cache=None,
                  decode_ahead_bytes: int | None = None, expect_dataset_id: str | None = None,
                  state_key: str = "zephon_loader") -> None:
-        if order is None:
-            order = OrderOptions(seed=seed or 0)
-        elif seed is not None and seed != order.seed:
-            raise ValueError(f"seed={seed} disagrees with order.seed={order.seed}; pass one")
         if manager is not None:
             participants = participants or manager_participants(manager)
             commits = commits or manager.current_step
@@ -199,87 +188,16 @@ class LiveZephonLoader:
         if participants is None:
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
-        self.dataset = open_source(
+        source = open_source(
             dataset, storage_options=storage_options, cache=cache,
             expect_dataset_id=expect_dataset_id,
             no_mixture="LiveZephonLoader reads one dataset; a mixture is not supported live "
                        "(ZephonLoader reads mixtures, docs/mixtures.md)")
-        # lanes="auto" is resolved as ZephonLoader resolves it for one node (replica groups
-        # come and go, so they do not count as nodes); a resume takes the checkpoint's lanes.
-        self._requested_order = order
-        self.order = order.resolved(self.dataset.manifest.num_row_groups,
-                                    self.dataset.num_samples, node_batch=global_batch)
-        self.global_batch = global_batch
-        self.collate = collate
-        self.stop = StopOptions(epochs=epochs, drop_last=drop_last)
-        self._end = self.stop.end_position(self.dataset.num_samples)
-        self.participants = participants
-        self.agree = agree
-        self._cursor = LiveCursor(global_batch, end=self._end, commits=commits)
-        self._share_args = dict(
-            global_batch=global_batch,
+        super().__init__(
+            source, global_batch=global_batch, participants=participants, commits=commits,
+            agree=agree, group_size=group_size, group_rank=group_rank, seed=seed, order=order,
             batch=BatchOptions(columns=columns, with_seq=with_seq, transform=transform),
             read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes),
-            end=None if drop_last else self._end, group_size=group_size, group_rank=group_rank)
-        self.share = LiveShare(self.dataset, self.order, **self._share_args)
-        self.last_step: StepClaim | None = None   # the step served last (for logs and audits)
+            stop=StopOptions(epochs=epochs, drop_last=drop_last), collate=collate)
         if manager is not None:
             manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
-
-    # -- state ---------------------------------------------------------------------------
-    @property
-    def dataset_id(self) -> str:
-        return self.dataset.dataset_id
-
-    def state_dict(self) -> dict:
-        """``{version, dataset_id, seed, order, cursor, step}``: the committed cursor and
-        step count, identical on every rank (``ZephonLoader``'s state)."""
-        return LoaderState(self.dataset_id, self.order, self._cursor.position,
-                           step=self._cursor.step).to_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (a checkpoint, or the quorum's state transfer).
-
-        With a torchft manager, load the manager's own state first: the cursor counts
-        commits from the manager's step at the time of the load.
-        """
-        st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order)
-        if st.order != self.order:     # "auto" lanes: the checkpoint's count
-            self.order = st.order
-            old, self.share = self.share, LiveShare(self.dataset, st.order, **self._share_args)
-            old.close()
-        self._cursor.load(st.cursor, st.step)
-
-    def commit(self, ok: bool = True) -> None:
-        """The step served last committed (``ok``) or not; only without a commit counter."""
-        self._cursor.commit(ok)
-
-    # -- iteration -----------------------------------------------------------------------
-    def _finished(self, cursor: int) -> bool:
-        if self._end is None:
-            return False
-        return cursor + self.global_batch > self._end if self.stop.drop_last \
-            else cursor >= self._end
-
-    def __iter__(self) -> Iterator:
-        return self._steps()
-
-    def _steps(self) -> Iterator:
-        try:
-            while True:
-                # The quorum first: a replica that heals before the step loads its cursor
-                # in there (torchft's synchronous quorum), so the cursor is read after it.
-                index, participants = self.participants()
-                if self._finished(self._cursor.position):
-                    return
-                cursor = self._cursor.begin()
-                claim = claim_step(cursor, participants, index)
-                if self.agree is not None:
-                    claims = self.agree(claim)
-                    if claims is not None:
-                        check_claims(claim, claims)
-                batch = self.share.batch(claim.cursor, claim.participants, claim.index)
-                self.last_step = claim
-                yield self.collate(batch) if self.collate is not None else batch
-        finally:
-            self.share.close()
