@@ -10,6 +10,12 @@ worker count) starts a new segment. Each line holds::
      "deny_list": null | {"id": "xxh3:...", "mode": "mask", "count": 3, "path": "..."},
      "zephon_store": "0.1.0", "time": "2026-12-01T10:00:00Z"}
 
+A live run (:class:`~zephon_store.load.live.LiveLoader`) adds ``"live": true``: its steps
+are split among each step's participants, which change from step to step while the order
+and the cursor do not, so its ``world_size`` is 1 and names no rank; a step counts when it
+commits (a step that did not is served again and counted once). Without the key a line is
+not live: lines of earlier versions read unchanged, and other lines are written as before.
+
 With the dataset, that is enough to recompute which sample every rank read at every step
 (``zephon trace``), when a sample was read (``zephon where``) and whether the run read
 every sample exactly once per epoch (``zephon audit``): nothing is stored per sample.
@@ -89,7 +95,8 @@ class RunSegment:
 
     ``line`` is the 1-based line number it was read from (0 for a segment not read from a
     file). ``mixture`` is a mixture's identity entry (None for one dataset); ``deny_list``
-    is a deny list's ``{"id", "mode", "count", "path"}`` (None: nothing masked).
+    is a deny list's ``{"id", "mode", "count", "path"}`` (None: nothing masked); ``live``:
+    a live run's segment (each step split among its participants; ``world_size`` 1).
     """
 
     first_step: int
@@ -105,8 +112,13 @@ class RunSegment:
     zephon_store: str = ""
     time: str = ""
     line: int = 0
+    live: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.live, bool) or (self.live and self.world_size != 1):
+            raise ValueError(f"live must be true or false, and a live segment's world_size 1 "
+                             f"(its participants change per step), got live={self.live!r}, "
+                             f"world_size={self.world_size!r}")
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -157,10 +169,12 @@ class RunSegment:
             other.dataset_id, other.order, _mix_id(other.mixture))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON line's object (without ``line``)."""
+        """The JSON line's object (without ``line``; ``live`` only when true, so every
+        other line is written as before)."""
         from .. import __version__
 
-        return {"kind": RUNLOG_KIND, "version": RUNLOG_VERSION, "first_step": self.first_step,
+        live = {"live": True} if self.live else {}
+        return {**live, "kind": RUNLOG_KIND, "version": RUNLOG_VERSION, "first_step": self.first_step,
                 "cursor": self.cursor, "global_batch": self.global_batch,
                 "world_size": self.world_size, "num_workers": self.num_workers,
                 "ranks_per_node": self.ranks_per_node, "dataset_id": self.dataset_id,
@@ -194,7 +208,7 @@ class RunSegment:
                        order=order, ranks_per_node=d.get("ranks_per_node"),
                        mixture=d.get("mixture"), deny_list=d.get("deny_list"),
                        zephon_store=str(d.get("zephon_store", "")),
-                       time=str(d.get("time", "")), line=line)
+                       time=str(d.get("time", "")), line=line, live=d.get("live", False))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A hand-edited line (an order that is not an object, a field of the wrong
             # type): one line naming the file and line, never a traceback.
