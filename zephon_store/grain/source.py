@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 
 from .._util.decode import decode_table
 from ..io.coalesce import CoalesceOptions
@@ -52,6 +53,10 @@ __all__ = ["ZephonSource"]
 _READ_THREADS = min(8, os.cpu_count() or 1)
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 class ZephonSource:
     """A dataset or mixture as a Grain random-access source (see the module docstring).
 
@@ -65,8 +70,8 @@ class ZephonSource:
     its dataset) and, for a mixture, ``_source`` (the source's index); ``coalesce``: how
     neighbouring row groups of a remote source merge into one GET.
 
-    A record is a dict: numbers and booleans as numpy scalars, fixed-size lists of numbers
-    (token windows) as 1-D numpy arrays, other values as Python objects. The source pickles
+    A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
+    numpy arrays, other values (strings, structs) as Python objects. The source pickles
     (Grain's process workers): each copy opens fresh I/O threads.
 
     >>> src = ZephonSource(tiny_dataset, order=OrderOptions(seed=7), with_seq=True)
@@ -81,6 +86,10 @@ class ZephonSource:
         self.source = open_source(dataset, columns=None if columns is None else list(columns),
                                   storage_options=storage_options, cache=cache,
                                   decoded_cache=decoded_cache)
+        missing = [c for c in columns or () if c not in self.source.schema.names]
+        if missing:
+            raise ValueError(f"columns {missing} are not in {self.source.url}; it has "
+                             f"{self.source.schema.names}")
         if order is not None:
             order = order.replace(seed=self.source.order_seed(order.seed))
             if order.is_auto:
@@ -128,7 +137,14 @@ class ZephonSource:
                              f"[0, {self._len})")
         ids = idx if self._order is None else self._order.sample_at(idx)
         table = self._take(ids)
+        if self.columns is not None:
+            table = table.select(self.columns)
         cols = decode_table(table)
+        for name, col in cols.items():
+            if isinstance(col, list) and _is_list(table.schema.field(name).type):
+                # Grain treats a Python list as a tree of leaves: a list value comes as one
+                # numpy array, so batching stacks it like a token window.
+                cols[name] = [None if v is None else np.asarray(v) for v in col]
         if self.with_seq:
             source, local = self.source.split_ids(ids)
             cols[SEQ_KEY] = local
