@@ -268,9 +268,3 @@ def test_auto_lanes_are_resolved_like_zephon_loader_and_a_resume_takes_the_check
     live.load_state_dict(seven.state_dict())
     assert live.order == OPTIONS
     assert next(iter(live))["_seq"].tolist() == reference[20:30]
-
-
-def test_a_mixture_is_refused_with_a_clear_error(ds) -> None:
-    with pytest.raises(ValueError, match="mixture is not supported live"):
-        LiveZephonLoader({"sources": [], "stages": []}, global_batch=B,
-                         participants=lambda: (0, 1))

@@ -501,12 +501,27 @@ class LiveLoader(Loader):
                     claims = self.agree(claim)
                     if claims is not None:
                         check_claims(claim, claims)
+                if claim.index is not None and self.run_log and self._logged_loads != self._loads:
+                    self._log_taken_up(claim.cursor)
                 batch = self._share().batch(claim.cursor, claim.participants, claim.index)
                 self.last_step = claim
                 yield self.collate(batch) if self.collate is not None else batch
         finally:
             if self.share is not None:
                 self.share.close()
+
+    def _log_taken_up(self, cursor: int) -> None:
+        """Log the segment this loader takes the run up at (its construction or a load).
+
+        A live segment is a stretch of committed steps in one order from one ``(step,
+        cursor)``: participants change from step to step, the order and cursor do not, so
+        they start none. Logged at the first step this process reads after taking the run
+        up: a replica that heals reads nothing until its state arrived, so it never logs
+        the cursor it had before. Every replica logs; lines that continue the run's cursor
+        are no discrepancy for ``zephon audit``, one that does not is (load/audit.py).
+        """
+        self._log_segment(cursor, self._commits.step, live=True)
+        self._logged_loads = self._loads
 
     def _share(self) -> LiveShare:
         """The share over this loader's engine, new after each load."""

@@ -316,8 +316,9 @@ class Loader:
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
 
-    def _log_segment(self, cursor: int, first_step: int) -> None:
-        """Rank 0 appends this segment's line to the run log (load/runlog.py)."""
+    def _log_segment(self, cursor: int, first_step: int, *, live: bool = False) -> None:
+        """Rank 0 appends this segment's line to the run log (load/runlog.py); ``live``:
+        a live run's (each step split among its participants)."""
         t = self.topology
         deny = self.batch_options.deny_list
         # A mixture's entry holds its schedule too: trace and audit rebuild its order from
@@ -333,7 +334,8 @@ class Loader:
             first_step=first_step, cursor=cursor, global_batch=t.global_batch,
             world_size=t.world_size, num_workers=self.num_workers,
             dataset_id=self.dataset_id, order=self.order, ranks_per_node=t.ranks_per_node,
-            mixture=mixture, deny_list=None if deny is None else deny.to_log()), rank=t.rank)
+            mixture=mixture, deny_list=None if deny is None else deny.to_log(), live=live),
+            rank=t.rank)
 
     def __len__(self) -> int:
         n = self._num_batches(self._position()[0])

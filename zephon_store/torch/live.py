@@ -1,18 +1,11 @@
 """``LiveZephonLoader``: each step split among the replicas present, the cursor moved by commits.
 
 The torch shell over :class:`zephon_store.load.live.LiveLoader` (the Loader with per-step
-participants and the commit rule): it adds the tensor collation and the torchft wiring.
-With a torchft ``Manager`` it needs no other wiring:
-
-- the step's participants are the replicas of the manager's quorum whose gradients count
-  (:func:`manager_participants`); a replica that is healing is present but reads nothing
-  that step;
-- a step is committed when ``manager.should_commit()`` returned True: the manager's step
-  counter (``current_step()``) moved, and the cursor moves with it;
-- the loader registers its state with the manager (``register_state_dict_fn``), so a
-  joining replica receives the cursor in torchft's state transfer;
-- before a step is read, the participants all-gather ``(cursor, participants, index)``
-  through ``manager.allreduce`` and check that they partition the step.
+participants and the commit rule): tensors, and the torchft wiring. With a ``Manager``:
+the participants are the quorum's replicas whose gradients count
+(:func:`manager_participants`; a healing replica reads nothing that step); the cursor moves
+when ``should_commit()`` moved ``current_step()``; the state is registered for torchft's
+state transfer; the participants check their claims through ``manager.allreduce``.
 
 Draw each step's batch after the step's quorum was started (``manager.start_quorum()``,
 which torchft's ``Optimizer.zero_grad()`` calls) and before ``should_commit()``::
@@ -53,10 +46,8 @@ import numpy as np
 import torch
 
 from ..load.live import LiveLoader, LiveTopologyError, StepClaim
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions
-from ..load.source import open_source
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..order.order import OrderOptions
-from ..read.dataset import Dataset
 from .loader import to_torch
 
 __all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
@@ -158,18 +149,19 @@ class LiveZephonLoader(LiveLoader):
     participant count splits it, unevenly when it does not divide); ``manager`` a torchft
     ``Manager`` (participants, commits, agreement and state transfer from it); or
     ``participants``/``commits``/``agree`` callables; ``group_size``/``group_rank`` split a
-    participant's share among the ranks of its replica group; ``epochs``/``drop_last`` bound
-    the run as in :class:`~zephon_store.torch.ZephonLoader`; ``state_key`` names the
-    loader's entry in the manager's state transfer. ``columns``, ``with_seq``, ``transform``,
-    ``collate``, ``seed``/``order``, ``storage_options``, ``cache``, ``decode_ahead_bytes``
-    and ``expect_dataset_id`` are ``ZephonLoader``'s.
-
-    ``state_dict()`` is ``ZephonLoader``'s one-cursor state (committed steps only), so
-    either loader resumes the other's checkpoint. Unlike ``ZephonLoader``, a loaded state
-    applies to the live iterator's next step: that is how a replica heals mid-run.
+    participant's share among the ranks of its replica group; ``state_key`` names the
+    loader's entry in the manager's state transfer. The rest are
+    :class:`~zephon_store.torch.ZephonLoader`'s, with the same meaning: ``dataset`` (a URL,
+    a ``Dataset`` or a mixture), ``seed``/``order``, ``columns``, ``with_seq``,
+    ``transform``, ``collate``, ``epochs``/``drop_last``, ``storage_options``, ``cache``,
+    ``prefetch_bytes``, ``coalesce``, ``decode_ahead_bytes``, ``decoded_cache``,
+    ``prefetch`` (batches a transform runs ahead), ``expect_dataset_id``, ``deny_list`` and
+    ``run_log`` (every replica appends a ``"live": true`` line when it takes the run up;
+    ``zephon audit`` checks the run). ``num_workers > 0`` is refused (docs/live-elastic.md).
+    The state and how a load applies: :class:`~zephon_store.load.live.LiveLoader`.
     """
 
-    def __init__(self, dataset: str | Dataset, *, global_batch: int, manager=None,
+    def __init__(self, dataset, *, global_batch: int, manager=None,
                  participants: Participants | None = None,
                  commits: Callable[[], int] | None = None, agree: Agree | None = None,
                  seed: int | None = None, order: OrderOptions | None = None,
@@ -179,8 +171,11 @@ class LiveZephonLoader(LiveLoader):
                  epochs: float | None = None, drop_last: bool = True,
                  group_size: int = 1, group_rank: int = 0,
                  storage_options: dict | None = None, cache=None,
-                 decode_ahead_bytes: int | None = None, expect_dataset_id: str | None = None,
-                 state_key: str = "zephon_loader") -> None:
+                 prefetch_bytes: int | None = None, coalesce=None,
+                 decode_ahead_bytes: int | None = None, decoded_cache=None,
+                 num_workers: int = 0, prefetch: int = 4,
+                 expect_dataset_id: str | None = None, deny_list=None,
+                 run_log: str | None = None, state_key: str = "zephon_loader") -> None:
         if manager is not None:
             participants = participants or manager_participants(manager)
             commits = commits or manager.current_step
@@ -188,16 +183,17 @@ class LiveZephonLoader(LiveLoader):
         if participants is None:
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
-        source = open_source(
-            dataset, storage_options=storage_options, cache=cache,
-            expect_dataset_id=expect_dataset_id,
-            no_mixture="LiveZephonLoader reads one dataset; a mixture is not supported live "
-                       "(ZephonLoader reads mixtures, docs/mixtures.md)")
+        ahead = {} if prefetch_bytes is None else {"prefetch_bytes": prefetch_bytes}
         super().__init__(
-            source, global_batch=global_batch, participants=participants, commits=commits,
+            dataset, global_batch=global_batch, participants=participants, commits=commits,
             agree=agree, group_size=group_size, group_rank=group_rank, seed=seed, order=order,
             batch=BatchOptions(columns=columns, with_seq=with_seq, transform=transform),
-            read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes),
-            stop=StopOptions(epochs=epochs, drop_last=drop_last), collate=collate)
+            read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes,
+                                        coalesce=coalesce, **ahead),
+            stop=StopOptions(epochs=epochs, drop_last=drop_last),
+            workers=WorkerOptions(num_workers=num_workers, prefetch=prefetch),
+            storage_options=storage_options, cache=cache, decoded_cache=decoded_cache,
+            expect_dataset_id=expect_dataset_id, run_log=run_log, deny_list=deny_list,
+            collate=collate)
         if manager is not None:
             manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
