@@ -110,6 +110,20 @@ def test_a_mixture_indexed_by_its_order_crosses_its_stage_change(mixture):
     assert sum(k == 1 for k, _ in got[92:]) > sum(k == 0 for k, _ in got[92:])
 
 
+def test_a_mixture_with_stages_in_steps_needs_the_global_batch(mixture, tmp_path):
+    with open(mixture) as f:
+        doc = json.load(f)
+    doc["stages"][1]["start"] = {"steps": 3}
+    path = str(tmp_path / "steps.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(Exception, match="needs global_batch"):
+        ZephonSource(path, order=OrderOptions(seed=3, lanes=1))
+    src = ZephonSource(path, order=OrderOptions(seed=3, lanes=1), global_batch=30)
+    same = ZephonSource(mixture, order=OrderOptions(seed=3, lanes=1))   # stage 2 at 90 = 3 * 30
+    assert plain(src._getitems(range(120))) == plain(same._getitems(range(120)))
+
+
 def test_a_mixture_by_id_is_its_sources_concatenated(mixture, url):
     src = ZephonSource(mixture, with_seq=True)
     assert len(src) == N + 80

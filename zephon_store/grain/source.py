@@ -67,7 +67,8 @@ class ZephonSource:
     (a mixture file's seed applies unless ``order`` is given); ``length``: positions
     exposed in that case (default: the source's samples, capped where a capped mixture
     source runs out); ``with_seq``: each record also holds ``_seq`` (the sample's id in
-    its dataset) and, for a mixture, ``_source`` (the source's index); ``coalesce``: how
+    its dataset) and, for a mixture, ``_source`` (the source's index); ``global_batch``:
+    the run's, which converts a mixture's stage starts given in steps; ``coalesce``: how
     neighbouring row groups of a remote source merge into one GET.
 
     A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
@@ -81,11 +82,12 @@ class ZephonSource:
 
     def __init__(self, dataset, *, columns: Sequence[str] | None = None,
                  order: OrderOptions | None = None, length: int | None = None,
-                 with_seq: bool = False, storage_options: dict | None = None, cache=None,
-                 decoded_cache=None, coalesce: CoalesceOptions | None = None) -> None:
+                 with_seq: bool = False, global_batch: int | None = None,
+                 storage_options: dict | None = None, cache=None, decoded_cache=None,
+                 coalesce: CoalesceOptions | None = None) -> None:
         self.source = open_source(dataset, columns=None if columns is None else list(columns),
-                                  storage_options=storage_options, cache=cache,
-                                  decoded_cache=decoded_cache)
+                                  global_batch=global_batch, storage_options=storage_options,
+                                  cache=cache, decoded_cache=decoded_cache)
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:
             raise ValueError(f"columns {missing} are not in {self.source.url}; it has "
