@@ -75,21 +75,53 @@ def _torchrun(nproc: int, *args: str) -> None:
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
 
 
-def _consumed(out: str, world: int) -> dict[int, tuple[int, list, list]]:
-    """Position -> (sample id, window tokens, positions) over every rank of one run."""
-    got: dict[int, tuple[int, list, list]] = {}
+def _traced(out: str, world: int, dataset: str):
+    """``[(step, rank, record, positions, traced)]`` of one run: each rank's delivered
+    record (``<out>/rank<r>.jsonl``) with the positions and the trace of its step from the
+    run log (``<out>/audit`` is the Config's ``audit_dir``, so the log is there), by the
+    library's run accounting (what ``zephon trace`` prints)."""
+    from zephon_store.load.accounting import RunContext
+    from zephon_store.load.audit import rank_positions, segment_at
+    from zephon_store.load.runlog import RUNLOG_NAME
+
+    ctx = RunContext(dataset, os.path.join(out, "audit", RUNLOG_NAME))
+    records = {}
     for rank in range(world):
-        with open(os.path.join(out, "audit", f"dp{world}-rank{rank}.jsonl")) as fh:
-            audit = [json.loads(line) for line in fh]
         with open(os.path.join(out, f"rank{rank}.jsonl")) as fh:
-            records = [json.loads(line) for line in fh]
-        assert len(audit) == len(records)
-        for a, r in zip(audit, records):
-            assert a["world_size"] == world and a["rank"] == rank
-            for p, s, w, pos in zip(a["positions"], a["seq"], r["windows"], r["positions"]):
-                assert p not in got, f"position {p} consumed twice"
-                got[p] = (s, w, pos)
+            for r in map(json.loads, fh):
+                assert r["world_size"] == world and r["rank"] == rank
+                records[r["step"] - 1, rank] = r       # train_state.step counts from 1
+    steps = sorted({s for s, _ in records})
+    assert {r for _, r in records} == set(range(world)) and len(records) == len(steps) * world
+    out_ = []
+    for t in ctx.trace(steps, end_step=steps[-1] + 1):
+        seg = segment_at(ctx.segments, t.step)
+        parts = rank_positions(seg, ctx.order_for(seg), t.step)
+        assert t.reached and t.world_size == world
+        for rank in range(world):
+            src = t.sources[rank] if t.sources else [None] * len(t.ranks[rank])
+            out_.append((t.step, rank, records[t.step, rank], parts[rank].tolist(),
+                         list(zip(src, t.ranks[rank]))))
+    return out_
+
+
+def _consumed(out: str, world: int, dataset: str) -> dict[int, tuple[int, list, list]]:
+    """Position -> (sample id, window tokens, positions) over every rank of one run: ids
+    and positions from the run log, windows and positions as the batches delivered them."""
+    got: dict[int, tuple[int, list, list]] = {}
+    for _, _, rec, positions, traced in _traced(out, world, dataset):
+        for p, (_, s), w, pos in zip(positions, traced, rec["windows"], rec["positions"],
+                                     strict=True):
+            assert p not in got, f"position {p} consumed twice"
+            got[p] = (s, w, pos)
     return got
+
+
+def _windows(url: str) -> np.ndarray:
+    from zephon_store.read.dataset import open_dataset
+
+    ds = open_dataset(url)
+    return np.array(ds.take(range(ds.num_samples)).column("tokens").to_pylist(), dtype=np.int64)
 
 
 def _expected_positions(doc_starts: list[int]) -> list[int]:
@@ -113,12 +145,12 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
               "--local-batch", str(LOCAL_BATCH), "--seed", str(SEED)]
     # Uninterrupted DP=2 run, 12 steps of global batch 4; checkpoint after step 6.
     _torchrun(2, *common, "--out", str(tmp_path / "ref"), "--steps", "12", "--save-at", "6")
-    ref = _consumed(str(tmp_path / "ref"), 2)
+    ref = _consumed(str(tmp_path / "ref"), 2, url)
     assert sorted(ref) == list(range(48))
     assert assert_exactly_once_per_epoch({p: v[0] for p, v in ref.items()}, n) == 1
     for p, (sid, window, pos) in ref.items():
-        # The batch TorchTitan sees is the stored window: input = w[:-1], labels = w[1:],
-        # positions restart where a document begins.
+        # The batch TorchTitan sees is the stored window of the sample the run log places
+        # there: input = w[:-1], labels = w[1:], positions restart where a document begins.
         assert window == windows[sid].tolist(), p
         assert pos == _expected_positions(starts[sid]), p
     assert any(pos != list(range(SEQ_LEN)) for _, _, pos in ref.values())
@@ -139,21 +171,22 @@ def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
             summary = json.load(fh)
         assert summary["start_cursor"] == 24 and summary["state"]["cursor"] == 48
         assert set(summary["state"]) == STATE_KEYS
-        resumed = _consumed(out, world)
+        resumed = _consumed(out, world, url)
         assert sorted(resumed) == list(range(24, 48)), f"DP={world}: repeats or gaps"
         for p in range(24, 48):
             assert resumed[p] == ref[p], f"DP={world}: position {p} differs from the reference"
 
 
-def _consumed_mixture(out: str, world: int) -> dict[int, tuple[int, int]]:
-    """Position -> (source, the source's own window id) over every rank of a mixture run."""
-    got: dict[int, tuple[int, int]] = {}
-    for rank in range(world):
-        with open(os.path.join(out, "audit", f"dp{world}-rank{rank}.jsonl")) as fh:
-            for a in map(json.loads, fh):
-                for p, k, s in zip(a["positions"], a["source"], a["seq"]):
-                    assert p not in got, f"position {p} consumed twice"
-                    got[p] = (k, s)
+def _consumed_mixture(out: str, world: int, mix: str,
+                      windows: dict) -> dict[int, tuple[str, int]]:
+    """Position -> (source, the source's own window id) over every rank of a mixture run,
+    from the run log; every delivered window is that source's window."""
+    got: dict[int, tuple[str, int]] = {}
+    for _, _, rec, positions, traced in _traced(out, world, mix):
+        for p, (k, s), w in zip(positions, traced, rec["windows"], strict=True):
+            assert p not in got, f"position {p} consumed twice"
+            assert w == windows[k][s].tolist(), (p, k, s)
+            got[p] = (k, s)
     return got
 
 
@@ -176,8 +209,9 @@ def test_mixture_checkpoint_resumes_at_another_dp_degree(packed, tmp_path):
     common = ["--mixture", str(mix), "--ckpt", ckpt, "--seq-len", str(SEQ_LEN),
               "--local-batch", str(LOCAL_BATCH), "--seed", str(SEED)]
     _torchrun(2, *common, "--out", str(tmp_path / "ref"), "--steps", "10", "--save-at", "4")
-    ref = _consumed_mixture(str(tmp_path / "ref"), 2)
-    assert sorted(ref) == list(range(40)) and {k for k, _ in ref.values()} == {0, 1}
+    windows = {"big": packed[2], "small": _windows(other)}
+    ref = _consumed_mixture(str(tmp_path / "ref"), 2, str(mix), windows)
+    assert sorted(ref) == list(range(40)) and {k for k, _ in ref.values()} == {"big", "small"}
     meta = FileSystemReader(os.path.join(ckpt, "checkpoint", "step-4")).read_metadata()
     assert "dataloader.mixture" in meta.state_dict_metadata
 
@@ -188,7 +222,7 @@ def test_mixture_checkpoint_resumes_at_another_dp_degree(packed, tmp_path):
     assert summary["start_cursor"] == 16 and summary["state"]["cursor"] == 40
     stages = json.loads(summary["state"]["mixture"])["schedule"]["stages"]
     assert [st["start"] for st in stages] == [0, 12]    # step 3 of global batch 4
-    resumed = _consumed_mixture(out, 3)
+    resumed = _consumed_mixture(out, 3, str(mix), windows)
     assert sorted(resumed) == list(range(16, 40))
     assert all(resumed[p] == ref[p] for p in resumed)
 
@@ -524,12 +558,13 @@ def test_run_log_in_the_checkpoint_folder_and_deny_list_labels_ignored(packed, t
     from types import SimpleNamespace
 
     from zephon_store.integrations.torchtitan import IGNORE_INDEX, with_zephon
+    from zephon_store.load.accounting import RunContext
     from zephon_store.load.runlog import read_run_log
 
     _, url, windows, _ = packed
     trainer = SimpleNamespace(dump_folder=str(tmp_path / "out"),
                               checkpoint=SimpleNamespace(enable=True, folder="checkpoint"))
-    cfg = with_zephon(trainer, dataset=url, seed=7, audit_dir=str(tmp_path / "audit"),
+    cfg = with_zephon(trainer, dataset=url, seed=7,
                       deny_list=str(tmp_path / "deny.txt")).dataloader
     run_log = str(tmp_path / "out" / "checkpoint" / "zephon-runlog.jsonl")
     assert cfg.run_log == run_log
@@ -551,10 +586,44 @@ def test_run_log_in_the_checkpoint_folder_and_deny_list_labels_ignored(packed, t
                 assert sid not in denied
             seen_masked += denied_row
     dl.close()
-    # The audit file says which windows the batches held: exactly the listed ones are zeros.
-    audit = [json.loads(line) for line in open(tmp_path / "audit" / "dp1-rank0.jsonl")]
-    assert seen_masked == sum(i in denied for rec in audit for i in rec["seq"]) > 0
+    # The run log says which windows the batches held: exactly the listed ones are zeros.
+    traced = RunContext(url, run_log).trace(range(6), end_step=6)
+    assert seen_masked == sum(m for t in traced for m in t.masked[0]) > 0
+    assert all(m == (i in denied) for t in traced for i, m in zip(t.ranks[0], t.masked[0]))
     assert not any(w.tolist() == [0] * SEQ_LEN for w in windows[:, :-1])
     (seg,) = read_run_log(run_log, dataset_id=dl.dataset.dataset_id)
     assert (seg.first_step, seg.cursor, seg.global_batch, seg.deny_list["count"]) == (
         0, 0, 4, len(denied))
+
+
+@needs_torchtitan
+def test_audit_dir_is_the_run_logs_folder(packed, tmp_path):
+    """``audit_dir`` places the run log (the one record of what was consumed): ``zephon
+    audit`` passes on it and its trace is what the batches held; a second, different
+    ``run_log`` is refused; with_zephon leaves the log where audit_dir puts it."""
+    from types import SimpleNamespace
+
+    from zephon_store.cli.main import main as zephon
+    from zephon_store.integrations.torchtitan import ZephonDataLoader, with_zephon
+    from zephon_store.load.accounting import RunContext
+
+    _, url, windows, _ = packed
+    audit = tmp_path / "audit"
+    dl = ZephonDataLoader.Config(dataset=url, seed=SEED, audit_dir=str(audit)).build(
+        dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=3)
+    ids_of, it = _window_ids(windows), iter(dl)
+    got = [ids_of(next(it)) for _ in range(20)]          # 60 windows: past an epoch
+    dl.close()
+    assert sorted(os.listdir(audit)) == ["zephon-runlog.jsonl"]
+    log = str(audit / "zephon-runlog.jsonl")
+    assert [t.ranks[0] for t in RunContext(url, log).trace(range(20), end_step=20)] == got
+    assert zephon(["audit", url, "--log", log, "--end-step", "20"]) == 0
+
+    with pytest.raises(ValueError, match="name two run logs"):
+        ZephonDataLoader.Config(dataset=url, audit_dir=str(audit), run_log=str(tmp_path / "x"))
+    same = ZephonDataLoader.Config(dataset=url, audit_dir=str(audit), run_log=log)
+    assert same.run_log_path() == log
+    trainer = SimpleNamespace(dump_folder=str(tmp_path / "out"),
+                              checkpoint=SimpleNamespace(enable=True, folder="checkpoint"))
+    cfg = with_zephon(trainer, dataset=url, audit_dir=str(audit)).dataloader
+    assert (cfg.run_log, cfg.run_log_path()) == ("", log)

@@ -11,9 +11,11 @@ runs training steps over gloo:
 - ``--load-step K``: first load that checkpoint (``CheckpointManager.load``), possibly at
   another data-parallel degree.
 
-Every consumed batch is written to ``<out>/rank<r>.jsonl``: the loader's cursor, its
-positions and sample ids (from the loader's audit log) and the windows rebuilt from
-``input``/``labels``, so the test can compare runs token by token.
+Every consumed batch is written to ``<out>/rank<r>.jsonl``: the step, the loader's cursor
+after it, and the windows and positions rebuilt from ``input``/``labels``. The config's
+``audit_dir`` (``<out>/audit``) holds the run log, from which the test traces the sample
+ids and positions of each rank's step (the library's record; the windows delivered must be
+those samples'), so it can compare runs token by token.
 
 Also importable: :func:`make_packed_dataset` builds the small packed dataset the tests use.
 """

@@ -65,12 +65,10 @@ except ImportError as _main_error:
 
 from ..io.cache import ChunkCache  # noqa: E402
 from ..load.denylist import MASK_KEY  # noqa: E402
-from ..load.mixed import SOURCE_KEY, build_mixture, mixture_spec  # noqa: E402
+from ..load.mixed import build_mixture, mixture_spec  # noqa: E402
 from ..load.mixed import open_sources as open_mixture_sources  # noqa: E402
 from ..load.runlog import RUNLOG_NAME  # noqa: E402
 from ..load.source import Source  # noqa: E402
-from ..load.stream import SEQ_KEY, RankStream  # noqa: E402
-from ..order.assign import step_cursor  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset, open_dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
@@ -174,13 +172,16 @@ class ZephonDataLoader(BaseDataLoader):
         does; Flex/varlen attention needs them."""
 
         audit_dir: str = ""
-        """If set, every rank appends one JSON line per consumed batch (cursor, positions,
-        sample ids) to ``<audit_dir>/dp<W>-rank<r>.jsonl``."""
+        """A folder for the run log: set, and ``run_log`` left "", the run log is
+        ``<audit_dir>/zephon-runlog.jsonl`` (``zephon trace --log`` of it gives each rank's
+        sample ids per step). It once held per-rank files of ids; the run log is the one
+        record of what was consumed. Setting both to two different files is refused."""
 
         run_log: str = ""
         """The run log (one JSON line per segment, written by global rank 0; ``zephon trace``,
         ``where`` and ``audit`` read it, docs/audit.md). :func:`with_zephon` puts it in the
-        checkpoint folder when the config enables checkpointing; "" (default): none."""
+        checkpoint folder when the config enables checkpointing (and no ``audit_dir`` is
+        given); "" (default): ``audit_dir``'s, else none."""
 
         deny_list: str = ""
         """A deny list file (docs/audit.md): its windows keep their positions, their tokens
@@ -194,6 +195,19 @@ class ZephonDataLoader(BaseDataLoader):
                 raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
             self.order_options()  # validates seed, window_blocks, lanes
             self.storage_options_dict()
+            self.run_log_path()
+
+        def run_log_path(self) -> str:
+            """The run log's path: ``run_log``, else ``<audit_dir>/zephon-runlog.jsonl``,
+            else "" (none); ValueError when the two name different files."""
+            in_dir = os.path.join(self.audit_dir, RUNLOG_NAME) if self.audit_dir else ""
+            if self.run_log and in_dir and (os.path.abspath(self.run_log)
+                                            != os.path.abspath(in_dir)):
+                raise ValueError(
+                    f"dataloader.run_log {self.run_log!r} and dataloader.audit_dir "
+                    f"{self.audit_dir!r} name two run logs (audit_dir's is {in_dir!r}); the "
+                    "run log is the one record of a run: set one of them")
+            return self.run_log or in_dir
 
         def order_options(self) -> OrderOptions:
             return OrderOptions(seed=self.seed, shuffle=self.shuffle,
@@ -281,12 +295,16 @@ class ZephonDataLoader(BaseDataLoader):
         self._loader = ZephonLoader(
             self.dataset, global_batch=rows * dp_world_size, order=order,
             world_size=dp_world_size, rank=dp_rank, num_workers=config.num_workers,
-            prefetch=config.prefetch, columns=columns, with_seq=bool(config.audit_dir),
-            collate=None, epochs=None if config.infinite else 1,
-            run_log=config.run_log if config.run_log and _global_rank() == 0 else None,
+            prefetch=config.prefetch, columns=columns, collate=None,
+            epochs=None if config.infinite else 1, run_log=self._run_log(),
             deny_list=config.deny_list or None)
-        self._audit = None
         self._iter: Iterator | None = None
+
+    def _run_log(self) -> str | None:
+        """The run log this process writes: global rank 0's (one writer per job, whatever
+        the mesh); None elsewhere or without one."""
+        path = self.config.run_log_path()
+        return path if path and _global_rank() == 0 else None
 
     def _check_tokenizer(self, tokenizer) -> None:
         for dataset in self._datasets:
@@ -318,33 +336,13 @@ class ZephonDataLoader(BaseDataLoader):
     def _batches(self) -> Iterator[tuple[dict, Any]]:
         shape = rows_batch if self.layout == "rows" else flat_batch
         positions = self.config.positions
-        global_batch = self._loader.topology.global_batch
-        start = self._loader.cursor
-        for i, batch in enumerate(self._loader):
-            if self.config.audit_dir:
-                self._write_audit(step_cursor(start, i, global_batch), batch[SEQ_KEY],
-                                  batch.get(SOURCE_KEY))
+        for batch in self._loader:
             inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
                                    positions=positions)
             masked = batch.get(MASK_KEY)
             if masked is not None and masked.any():
                 inputs, labels = _ignore_rows(inputs, labels, masked)
             yield inputs, labels
-
-    def _write_audit(self, cursor: int, seq, source=None) -> None:
-        if self._audit is None:
-            os.makedirs(self.config.audit_dir, exist_ok=True)
-            path = os.path.join(self.config.audit_dir,
-                                f"dp{self.dp_world_size}-rank{self.dp_rank}.jsonl")
-            self._audit = (open(path, "a", buffering=1),
-                           RankStream(self.dataset, self._loader.order, self._loader.topology))
-        fh, stream = self._audit
-        record = {"cursor": int(cursor), "world_size": self.dp_world_size,
-                  "rank": self.dp_rank, "positions": stream.positions(cursor).tolist(),
-                  "seq": [int(s) for s in seq]}
-        if source is not None:   # a mixture: _seq is the source's own id
-            record["source"] = [int(k) for k in source]
-        fh.write(json.dumps(record) + "\n")
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -374,9 +372,6 @@ class ZephonDataLoader(BaseDataLoader):
         if self._iter is not None:
             self._iter.close()
             self._iter = None
-        if self._audit is not None:
-            self._audit[0].close()
-            self._audit = None
 
 
 def _global_rank() -> int:
@@ -409,11 +404,11 @@ def with_zephon(config, **fields):
     ``fields`` are :class:`ZephonDataLoader.Config` fields; ``dataset`` defaults to
     ``$ZEPHON_DATASET``. When ``config`` enables checkpointing, ``run_log`` defaults to
     ``<dump_folder>/<checkpoint.folder>/zephon-runlog.jsonl``, beside the checkpoints it
-    describes. The validator's dataloader is left alone.
+    describes (unless ``audit_dir`` places it). The validator's dataloader is left alone.
     """
     fields.setdefault("dataset", os.environ.get(DATASET_ENV, ""))
     ckpt = getattr(config, "checkpoint", None)
-    if getattr(ckpt, "enable", False) and "run_log" not in fields:
+    if getattr(ckpt, "enable", False) and not fields.keys() & {"run_log", "audit_dir"}:
         fields["run_log"] = os.path.join(getattr(config, "dump_folder", "."),
                                          getattr(ckpt, "folder", "checkpoint"), RUNLOG_NAME)
     config.dataloader = ZephonDataLoader.Config(**fields)
