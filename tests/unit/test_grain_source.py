@@ -78,6 +78,24 @@ def test_a_batched_read_decodes_each_row_group_once(url, monkeypatch):
     assert sorted(reads) == [4, 5, 6, 7]
 
 
+def test_read_batch_is_one_columnar_batch_in_a_grain_pipeline(url, monkeypatch):
+    src = ZephonSource(url, columns=["id", "score", "tags"], with_seq=True)
+    batch = src.read_batch([40, 3, 77])
+    assert batch["id"].tolist() == batch["_seq"].tolist() == [40, 3, 77]
+    assert batch["score"].dtype == np.float64 and isinstance(batch["tags"], list)
+    # Index batches mapped to read_batch: Grain's shuffle and batching, one read per batch.
+    reads = []
+    real = src.source.read_row_group
+    monkeypatch.setattr(src.source, "read_row_group",
+                        lambda rg, **kw: reads.append(rg) or real(rg, **kw))
+    by_batch = grain.MapDataset.range(N).shuffle(seed=2).batch(32).map(src.read_batch)
+    by_record = grain.MapDataset.source(src).shuffle(seed=2).map(lambda r: r["id"]).batch(32)
+    first = by_batch[0]
+    assert len(reads) == len(set(reads)) == len(set((first["id"] // 10).tolist()))
+    assert first["id"].tolist() == by_record[0].tolist()
+    assert len(reads) > 2 * len(set(reads))          # record by record: a read per record
+
+
 def test_out_of_range_and_bool_indices_are_refused(url):
     src = ZephonSource(url)
     with pytest.raises(IndexError, match=r"index 303 is out of range .* \[0, 303\)"):
