@@ -73,12 +73,15 @@ class Job:
     def leave(self, r: int) -> None:
         self.replicas.pop(r)[1].close()
 
-    def step(self, participants: list[int], commit: bool) -> dict[int, dict]:
+    def step(self, participants: list[int], commit: bool, *,
+             before_commit=None) -> dict[int, dict]:
         """Every present replica draws the step; returns the participants' batches."""
         for r in self.replicas:
             self.quorum[r] = ((participants.index(r), len(participants)) if r in participants
                               else (None, len(participants)))
         drawn = {r: next(it) for r, (_, it) in self.replicas.items()}
+        if before_commit is not None:
+            before_commit()
         if commit:
             self.counter += 1
         return {r: drawn[r] for r in participants}
@@ -202,6 +205,24 @@ def test_the_run_log_of_a_live_run_passes_the_audit(url, reference, tmp_path) ->
     assert report.positions == len(committed) * B == job.replicas[0][0].state_dict()["cursor"]
     exposed = set(reference[:len(committed) * B])
     assert sum(e.masked for e in report.epochs) == len(exposed & set(DENIED))
+
+
+def test_a_replica_healing_asynchronously_logs_once_its_state_arrived(url, tmp_path) -> None:
+    """torchft's asynchronous quorum: a fresh replica sits a step out (present, reading
+    nothing) and loads the state sent to it before that step commits. It must not log the
+    cursor it started with (0, which would overlap the segments already logged)."""
+    log = str(tmp_path / "run.jsonl")
+    job = Job(_live(url, run_log=log))
+    list(job.play())                                   # 7 committed steps, one heal
+    fresh = job.make(participants=lambda: job.quorum[3], commits=lambda: job.counter)
+    job.replicas[3] = [fresh, iter(fresh)]
+    sent = job.replicas[0][0].state_dict()             # the state before this step
+    got = job.step([0, 1, 2], True, before_commit=lambda: fresh.load_state_dict(sent))
+    assert 3 not in got
+    job.step([3, 0], True)
+    segments = read_run_log(log)
+    assert [(s.first_step, s.cursor) for s in segments] == [(0, 0), (2, 20), (8, 80)]
+    assert RunContext(url, log).audit(end_step=job.counter).ok
 
 
 def test_the_audit_catches_a_replica_that_took_the_run_up_at_a_wrong_cursor(url,
