@@ -19,7 +19,9 @@ Checked against an uninterrupted single-process run:
 - the committed cursors chain 0, 10, ..., 790 without a gap or a repeat; each id exactly once
   in each of the 2 epochs;
 - every replica that finished ends with the model of all 80 steps and the cursor at 800 (one
-  restarted too late to join before the end is stopped).
+  restarted too late to join before the end is stopped);
+- the run log all replicas appended to (a live segment at the start and at each heal)
+  passes the library audit (``RunContext.audit``, what ``zephon audit`` runs).
 
 A second test gives one replica a participants callable that claims another's index: every
 participant raises ``LiveTopologyError`` before reading the step.
@@ -40,6 +42,8 @@ import pytest
 from stateful_helper import assert_exactly_once_per_epoch, reference_ids, small_dataset
 from torchft.coordination import LighthouseServer
 
+from zephon_store.load.accounting import RunContext
+from zephon_store.load.runlog import read_run_log
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_participant
 from zephon_store.read.dataset import open_dataset
@@ -88,6 +92,7 @@ class Job:
                  extra: dict[int, list[str]] | None = None, sync: bool = False) -> None:
         self.dataset, self.work, self.kills, self.sync = dataset, work, kills, sync
         self.extra = extra or {}
+        self.run_log = os.path.join(work, "run.jsonl")   # every replica appends to it
         self.lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000,
                                            heartbeat_timeout_ms=1000)
         self.procs: dict[int, subprocess.Popen] = {}
@@ -101,6 +106,7 @@ class Job:
                 "--seed", str(SEED), "--lanes", str(LANES), "--window-blocks",
                 str(WINDOW_BLOCKS), "--epochs", str(EPOCHS),
                 "--log", os.path.join(self.work, f"replica{replica}.{k}.jsonl"),
+                "--run-log", self.run_log,
                 "--step-delay", str(STEP_DELAY), "--kill-quorum", str(REPLICAS),
                 *self.extra.get(replica, [])]
         if self.sync:
@@ -276,6 +282,15 @@ def test_replicas_die_and_rejoin_and_the_committed_steps_consume_the_single_proc
     assert sorted(int(e["replica"]) for e in finals) == finished
     for e in finals:
         assert e["model"] == total and e["state"]["cursor"] == END, e
+
+    # The run log the replicas wrote (a live segment where each took the run up: the start
+    # and every heal) passes the library audit (what `zephon audit` runs) over the 80
+    # committed steps: each sample exactly once per epoch.
+    segments = read_run_log(job.run_log)
+    assert all(s.live for s in segments) and len(segments) > 1, segments
+    report = RunContext(dataset_url, job.run_log).audit(end_step=END // B)
+    assert report.ok and report.positions == END, report.to_dict()
+    assert [e.complete for e in report.epochs] == [True, True]
 
     # The plan really ran: replicas died at each phase and rejoined; quorums of 3 and 2
     # committed steps; some step broke and was served again.

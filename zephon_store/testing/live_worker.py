@@ -12,7 +12,7 @@ allreduce), ``reduced`` (after the allreduce, before ``should_commit``) or ``com
 
     python -m zephon_store.testing.live_worker DATASET --replica-id 1 \\
         --lighthouse http://host:29510 --global-batch 10 --seed 7 --epochs 1.5 \\
-        --log logs/replica1.0.jsonl --kill 12:reduced
+        --log logs/replica1.0.jsonl --kill 12:reduced --run-log logs/run.jsonl
 
 Log: one JSON line per event, flushed at once (a killed process keeps what it wrote):
 ``{"event": "served", "step", "cursor", "participants", "index", "ids"}``, then
@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bad-index", type=int, default=None,
                    help="claim participant index 0 from this manager step on (bad input)")
     p.add_argument("--log", required=True)
+    p.add_argument("--run-log", default=None,
+                   help="the loader's run log (every replica appends to the same file)")
     return p.parse_args(argv)
 
 
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     manager, store = _manager(args, model)
     loader = LiveZephonLoader(args.dataset, global_batch=args.global_batch,
                               order=_order_options(args), manager=manager, with_seq=True,
-                              epochs=args.epochs, participants=_participants(args, manager))
+                              epochs=args.epochs, participants=_participants(args, manager),
+                              run_log=args.run_log)
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     with open(args.log, "a", encoding="utf-8") as log:
         def write(record: dict) -> None:
