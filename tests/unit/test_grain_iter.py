@@ -26,6 +26,7 @@ from zephon_store import BatchOptions, Order, OrderOptions, StopOptions, Topolog
 from zephon_store.errors import StateMismatchError
 from zephon_store.grain import ZephonIterDataset
 from zephon_store.load.options import WorkerOptions
+from zephon_store.load.runlog import read_run_log
 from zephon_store.load.state import STATE_KEYS
 from zephon_store.order.assign import positions_for_rank
 from zephon_store.read.dataset import open_dataset
@@ -133,6 +134,23 @@ def test_set_state_applies_at_the_next_batch(ds, reference):
     assert it.get_state()["cursor"] == B
     assert first == reference[:B]
     assert next(it)["_seq"].tolist() == reference[B:2 * B]
+
+
+def test_the_loaders_run_log_and_deny_list_reach_grain(ds, tmp_path):
+    log, deny = str(tmp_path / "run.jsonl"), tmp_path / "deny.json"
+    denied = reference_ids(maker(ds), global_batch=B, samples=2 * B)[3:20:4]
+    deny.write_text(json.dumps({"ids": denied}))
+    hosts = [iter(ZephonIterDataset(ds, topology=Topology(B, 2, r), order=OPTIONS,
+                                    batch=BatchOptions(with_seq=True), run_log=log,
+                                    deny_list=str(deny))) for r in range(2)]
+    masked = []
+    for _ in range(2):
+        for it in hosts:
+            b = next(it)
+            masked += b["_seq"][b["_masked"]].tolist()
+    assert sorted(masked) == sorted(denied)
+    (segment,) = read_run_log(log)
+    assert (segment.world_size, segment.cursor, segment.dataset_id) == (2, 0, ds.dataset_id)
 
 
 def test_mp_prefetch_after_it_is_refused_with_what_to_do(ds):
