@@ -21,6 +21,7 @@ import pytest
 from stateful_helper import small_dataset
 
 import zephon_store as z
+from zephon_store.cli.main import main
 from zephon_store.io.cache import ChunkCache
 from zephon_store.load.accounting import RunContext
 from zephon_store.load.denylist import MASK_KEY
@@ -140,14 +141,18 @@ def _pairs(batch: dict) -> list[tuple[int, int]]:
     return list(zip(batch["_source"].tolist(), batch["_seq"].tolist()))
 
 
-def test_a_mixture_with_stages_live_and_its_resume(tmp_path_factory) -> None:
-    mix = _mixture(tmp_path_factory)
+def test_a_mixture_with_stages_live_and_its_resume(tmp_path_factory, tmp_path) -> None:
+    mix = str(tmp_path / "mix.json")
+    with open(mix, "w") as f:
+        json.dump(_mixture(tmp_path_factory), f)
     plain = ZephonLoader(mix, global_batch=B, world_size=1, rank=0, with_seq=True,
                          collate=None, max_steps=10)
     want = [sorted(_pairs(b)) for b in plain]
+    log = str(tmp_path / "run.jsonl")
 
     def make(**wiring):
-        return LiveZephonLoader(mix, global_batch=B, with_seq=True, collate=None, **wiring)
+        return LiveZephonLoader(mix, global_batch=B, with_seq=True, collate=None,
+                                run_log=log, **wiring)
 
     job = Job(make)
     got = [(c, sorted(p for b in bs.values() for p in _pairs(b)))
@@ -156,6 +161,7 @@ def test_a_mixture_with_stages_live_and_its_resume(tmp_path_factory) -> None:
     assert [p for _, p in got] == want[:7]
     state = job.replicas[0][0].state_dict()
     assert state["cursor"] == 70 and "mixture" in state
+    assert RunContext(mix, log).audit(end_step=7).ok       # each source's epochs checked
     # The live state carries the schedule: a live loader with another quorum and a
     # ZephonLoader on two ranks resume it.
     again = make(participants=lambda: (1, 2))
@@ -205,6 +211,7 @@ def test_the_run_log_of_a_live_run_passes_the_audit(url, reference, tmp_path) ->
     assert report.positions == len(committed) * B == job.replicas[0][0].state_dict()["cursor"]
     exposed = set(reference[:len(committed) * B])
     assert sum(e.masked for e in report.epochs) == len(exposed & set(DENIED))
+    assert main(["audit", url, "--log", log, "--end-step", str(job.counter), "--json"]) == 0
 
 
 def test_a_replica_healing_asynchronously_logs_once_its_state_arrived(url, tmp_path) -> None:
@@ -242,6 +249,7 @@ def test_the_audit_catches_a_replica_that_took_the_run_up_at_a_wrong_cursor(url,
     report = RunContext(url, log).audit(end_step=job.counter)
     assert not report.ok
     assert [(e.step, e.kind) for e in report.events if e.failure] == [(2, "overlap")]
+    assert main(["audit", url, "--log", log, "--end-step", str(job.counter), "--json"]) == 1
 
 
 @pytest.mark.integration
