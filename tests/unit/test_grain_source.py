@@ -170,6 +170,16 @@ def test_in_a_grain_map_dataset_pipeline(url):
     assert sorted(ids.tolist()) == list(range(N))
 
 
+def test_grain_reads_it_from_many_threads(url):
+    src = ZephonSource(url, order=OrderOptions(seed=4, lanes=1), columns=["id"])
+    want = [int(r["id"]) for r in src._getitems(range(N))]
+    ds = (grain.MapDataset.source(ZephonSource(url, order=OrderOptions(seed=4, lanes=1),
+                                               columns=["id"]))
+          .batch(3).map(lambda b: b["id"].tolist())
+          .to_iter_dataset(grain.ReadOptions(num_threads=8, prefetch_buffer_size=32)))
+    assert [i for b in ds for i in b] == want
+
+
 def _ids(batch):
     return batch["id"].tolist()
 
