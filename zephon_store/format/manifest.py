@@ -35,9 +35,10 @@ from ..errors import ManifestError, StorageError, UnsafePathError
 from .encoding import storage_encodings, storage_schema, to_logical
 
 FORMAT_NAME = "zephon"
-FORMAT_VERSION = 2
-# Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings.
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings; v3
+# adds compression="auto" (a codec per column) and the top-level "codecs" record.
+READ_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 SHARD_DIR = "shards"
 INDEX_DIR = "index"
