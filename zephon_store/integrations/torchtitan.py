@@ -156,6 +156,11 @@ class ZephonDataLoader(BaseDataLoader):
         cache_dir: str = ""
         """Local disk cache for remote shards; empty = zephon's default location."""
 
+        decoded_cache_dir: str = ""
+        """A node-local folder keeping decoded row groups for later epochs and the node's
+        other ranks (docs/loader.md, "The decoded cache"); empty: the one at
+        $ZEPHON_DECODED_CACHE_DIR when that is set, else none."""
+
         num_workers: int = 0
         """0: prefetch with threads (default); N: N worker processes. Any value can resume
         any checkpoint."""
@@ -233,6 +238,7 @@ class ZephonDataLoader(BaseDataLoader):
         # Other build kwargs (0.3.0's snapshot_every_n_steps) need no handling: the state is
         # one cursor, exact after every batch.
         cache = ChunkCache(config.cache_dir) if config.cache_dir else None
+        decoded = config.decoded_cache_dir or None
         self.config = config
         spec = None
         if config.mixture:
@@ -241,7 +247,7 @@ class ZephonDataLoader(BaseDataLoader):
             url = config.mixture
             spec = mixture_spec(url)
             # Each source with its own storage options (the mixture file's).
-            self._datasets = open_mixture_sources(spec, cache=cache)
+            self._datasets = open_mixture_sources(spec, cache=cache, decoded_cache=decoded)
             self.seq_len = _common_seq_len(self._datasets, spec.source_names)
         else:
             url = config.dataset or os.environ.get(DATASET_ENV, "")
@@ -249,7 +255,7 @@ class ZephonDataLoader(BaseDataLoader):
                 raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset "
                                  f"URL or --dataloader.mixture FILE (or ${DATASET_ENV})")
             self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
-                                        cache=cache)
+                                        cache=cache, decoded_cache=decoded)
             self._datasets = [self.dataset]
             self.seq_len = dataset_seq_len(self.dataset)
         if seq_len is not None and local_batch_size is not None:
