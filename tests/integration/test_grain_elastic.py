@@ -28,9 +28,8 @@ TIMEOUT = 240
 
 def _host(argv: list[str]) -> None:
     """One host of one phase (run in its own process)."""
-    from zephon_store import BatchOptions, Topology
+    from zephon_store import BatchOptions, Topology, WorkerOptions
     from zephon_store.grain import ZephonIterDataset
-    from zephon_store.load.options import WorkerOptions
 
     p = argparse.ArgumentParser()
     for name in ("data", "log", "save"):

@@ -22,10 +22,16 @@ from stateful_helper import (
     small_dataset,
 )
 
-from zephon_store import BatchOptions, Order, OrderOptions, StopOptions, Topology
+from zephon_store import (
+    BatchOptions,
+    Order,
+    OrderOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+)
 from zephon_store.errors import StateMismatchError
 from zephon_store.grain import ZephonIterDataset
-from zephon_store.load.options import WorkerOptions
 from zephon_store.load.runlog import read_run_log
 from zephon_store.load.state import STATE_KEYS
 from zephon_store.order.assign import positions_for_rank

@@ -94,6 +94,7 @@ class ZephonIterDataset(grain.IterDataset):
 
     @property
     def topology(self) -> Topology:
+        """Who reads: the global batch, the number of hosts and this host's rank."""
         return self._options["topology"]
 
     def __iter__(self) -> ZephonDatasetIterator:

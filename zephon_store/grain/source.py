@@ -65,9 +65,9 @@ class ZephonSource:
     ``.toml``/``.json``, its dict, a ``MixtureSpec``, a ``MixedDataset``), opened with
     ``storage_options``, ``cache`` and ``decoded_cache``; ``columns``: the columns each
     record holds (default all); ``order``: index by Zephon's order instead of by sample id
-    (a mixture file's seed applies unless ``order`` is given); ``length``: positions
-    exposed in that case (default: the source's samples, capped where a capped mixture
-    source runs out); ``with_seq``: each record also holds ``_seq`` (the sample's id in
+    (its seed must agree with a mixture file's, when the file sets one); ``length``:
+    positions exposed in that case (default: the source's samples, capped where a capped
+    mixture source runs out; more spans several epochs); ``with_seq``: each record also holds ``_seq`` (the sample's id in
     its dataset) and, for a mixture, ``_source`` (the source's index); ``global_batch``:
     the run's, which converts a mixture's stage starts given in steps; ``coalesce``: how
     neighbouring row groups of a remote source merge into one GET.
