@@ -185,8 +185,8 @@ def test_info_text_lists_what_the_docs_list(ds_path, tmp_path, capsys):
     assert main(["info", ds_path]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert lines["format"].split()[-1] == "2"
-    assert "compression=zstd" in lines["writer"] and "row_group_rows=25" in lines["writer"]
+    assert lines["format"].split()[-1] == "3"
+    assert "compression=auto" in lines["writer"] and "row_group_rows=25" in lines["writer"]
     assert lines["inputs"].startswith("inputs    2 files,")
     assert lines["skipped"].endswith("none")
     # One shard is "1 shard", not "1 shards".

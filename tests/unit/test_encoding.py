@@ -219,7 +219,7 @@ def test_dataset_round_trip_and_cuts_match_the_list_layout(tmp_path):
     assert list(b.manifest.rg_rows) == list(lst.manifest.rg_rows)
     assert list(b.manifest.shard_rows) == list(lst.manifest.shard_rows)
     doc = json.loads((binary / "manifest.json").read_text())
-    assert doc["format_version"] == 2 and doc["writer"]["fixed_size_lists"] == "binary"
+    assert doc["format_version"] >= 2 and doc["writer"]["fixed_size_lists"] == "binary"
     assert verify(str(binary), deep=True).ok and verify(str(listed), deep=True).ok
 
 
@@ -261,8 +261,8 @@ def test_manifest_rejects_inconsistent_storage(tmp_path):
     _reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
     with pytest.raises(ManifestError, match="lacks its 'storage'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: doc.update(format_version=3, storage={}))
-    with pytest.raises(ManifestError, match="format_version 3 is not supported.*reads 1, 2"):
+    _reseal(ds, lambda doc: doc.update(format_version=4, storage={}))
+    with pytest.raises(ManifestError, match="format_version 4 is not supported.*reads 1, 2, 3"):
         open_dataset(str(ds))
 
 

@@ -92,8 +92,9 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path):
     """Writing the golden inputs again gives the same bytes: nothing drifted.
 
     For the current version the whole dataset_id matches; for older versions (whose
-    manifests this writer no longer produces) every shard file does, when the dataset
-    holds nothing a later version stores differently.
+    manifests this writer no longer produces) every shard file does: their options name
+    the codec they were written with, and a later version's storage encodings apply only
+    where the older golden has them too.
 
     Parquet bytes include the writer's version string, so this holds for the pyarrow that
     wrote the goldens; other versions are checked by the read test above.
@@ -114,6 +115,34 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path):
     else:
         old = open_dataset(str(GOLDEN / version / name)).manifest
         new = open_dataset(str(tmp_path / "out")).manifest
-        assert not new.storage, "a later version stores this dataset differently"
+        assert new.storage == old.storage, "a later version stores this dataset differently"
         assert ([new.shard_name(i) for i in range(new.num_shards)]
                 == [old.shard_name(i) for i in range(old.num_shards)])
+
+
+def test_v3_auto_golden_has_a_codec_per_column():
+    """compression="auto" (formats/SPEC.md, "Compression"): compressible columns zstd,
+    the sha256 noise uncompressed; the manifest records the choice per column."""
+    root = GOLDEN / "v3" / "auto"
+    doc = _manifest("v3", "auto")
+    assert doc["writer"]["compression"] == "auto" and doc["writer"]["compression_level"] is None
+    shards = doc["totals"]["num_shards"]
+    assert doc["codecs"] == {"lang": {"zstd-1": shards}, "noise": {"none": shards},
+                             "text": {"zstd-1": shards}, "tokens": {"zstd-1": shards}}
+    m = open_dataset(str(root)).manifest
+    for i in range(m.num_shards):
+        md = pq.ParquetFile(root / m.shard_path(i)).metadata
+        for g in range(md.num_row_groups):
+            got = {md.row_group(g).column(c).path_in_schema: md.row_group(g).column(c).compression
+                   for c in range(md.num_columns)}
+            assert got == {"text": "ZSTD", "lang": "ZSTD", "noise": "UNCOMPRESSED",
+                           "tokens": "ZSTD"}
+
+
+def test_older_goldens_name_their_codec():
+    """Every golden written before "auto" records zstd level 3 and has no codecs entry."""
+    for version, name in CASES:
+        doc = _manifest(version, name)
+        if doc["writer"]["compression"] != "auto":
+            assert doc["writer"]["compression"] == "zstd"
+            assert doc["writer"]["compression_level"] == 3 and "codecs" not in doc

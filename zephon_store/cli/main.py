@@ -87,9 +87,12 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--row-group-size", type=parse_row_group_size, default="1MiB", metavar="SIZE",
                    help="bytes (e.g. 1MiB, before compression) or rows (e.g. 4096rows) per row "
                         "group (default 1MiB)")
-    c.add_argument("--compression", default="zstd",
-                   choices=["zstd", "snappy", "gzip", "lz4", "brotli", "none"])
-    c.add_argument("--compression-level", type=int, default=3)
+    c.add_argument("--compression", default="auto", choices=["auto", "zstd", "lz4", "snappy", "gzip", "brotli", "none"],
+                   help="auto (default): per column, zstd level 1, or none where a sample "
+                        "barely compresses (formats/SPEC.md, 'Compression'); a codec name "
+                        "applies to every column (lz4 is Parquet's LZ4_RAW)")
+    c.add_argument("--compression-level", type=int, default=None,
+                   help="zstd/gzip/brotli level with a named codec (default 3)")
     c.add_argument("--dictionary", choices=["auto", "on", "off"], default="auto",
                    help="dictionary encoding: auto (default: not for top-level text whose "
                         "values are mostly distinct, e.g. documents), on or off for every column")

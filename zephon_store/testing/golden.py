@@ -90,16 +90,42 @@ def _docs_inputs(d: str) -> list[str]:
     return [os.path.join(d, "docs.jsonl")]
 
 
+def _auto_inputs(d: str) -> list[str]:
+    # v3: compression="auto" (formats/SPEC.md, "Compression"): "text", "lang" and the small
+    # token ids compress, so they are zstd-1; "noise" (sha256 bits) does not: none.
+    import hashlib
+
+    n = 40
+    t = pa.table({
+        "text": [f"record {i}: " + "the quick brown fox jumps over the lazy dog " * (1 + i % 4)
+                 for i in range(n)],
+        "lang": [["en", "de", "ja"][i % 3] for i in range(n)],
+        "noise": pa.array([int.from_bytes(hashlib.sha256(b"n%d" % i).digest()[:8], "little")
+                           for i in range(n)], pa.uint64()),
+        "tokens": pa.array([[(i + j) % 50 for j in range(16)] for i in range(n)],
+                           pa.list_(pa.int32(), 16)),
+    })
+    path = os.path.join(d, "auto.parquet")
+    pq.write_table(t, path)
+    return [path]
+
+
 # The first three were written before use_dictionary="auto" became the default; they pin
-# use_dictionary=True so their bytes stay what they were. "docs" has the default.
+# use_dictionary=True so their bytes stay what they were. All four were written before
+# compression="auto" and pin zstd (level 3). "auto" has the defaults.
 DATASETS = {
     "text": (_text_inputs, WriteOptions(target_shard_bytes=800, row_group_rows=6,
-                                        use_dictionary=True), InputOptions()),
+                                        use_dictionary=True, compression="zstd"),
+             InputOptions()),
     "nested": (_nested_inputs, WriteOptions(target_shard_bytes=400, row_group_bytes=150,
-                                            use_dictionary=True), InputOptions()),
+                                            use_dictionary=True, compression="zstd"),
+               InputOptions()),
     "tokens": (_tokens_inputs, WriteOptions(target_shard_bytes=1000, row_group_rows=8,
-                                            use_dictionary=True), InputOptions()),
-    "docs": (_docs_inputs, WriteOptions(target_shard_bytes=900, row_group_rows=8),
+                                            use_dictionary=True, compression="zstd"),
+               InputOptions()),
+    "docs": (_docs_inputs, WriteOptions(target_shard_bytes=900, row_group_rows=8,
+                                        compression="zstd"), InputOptions()),
+    "auto": (_auto_inputs, WriteOptions(target_shard_bytes=4000, row_group_rows=8),
              InputOptions()),
 }
 

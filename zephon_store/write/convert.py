@@ -225,6 +225,8 @@ def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, 
         infos, shards_reused = _write_all(cuts, metas, area, schema, options, out, executor,
                                           progress)
         lap("write")
+        if options.compression == "auto":
+            found = {**found, "codecs": _codec_counts(infos)}
     return metas, cuts, infos, schema, (inputs_reused, shards_reused), found
 
 
@@ -239,6 +241,17 @@ def _with_found(extra: dict | None, found: dict) -> dict | None:
         both = isinstance(old, dict) and isinstance(value, dict)
         merged[key] = {**old, **value} if both else value
     return merged
+
+
+def _codec_counts(infos) -> dict[str, dict[str, int]]:
+    """What ``compression="auto"`` chose: column -> codec -> number of shards (the manifest's
+    ``codecs``; formats/SPEC.md, "Compression")."""
+    out: dict[str, dict[str, int]] = {}
+    for info in infos:
+        for column, codec in info.codecs.items():
+            out.setdefault(column, {})
+            out[column][codec] = out[column].get(codec, 0) + 1
+    return {c: dict(sorted(v.items())) for c, v in sorted(out.items())}
 
 
 def _own_roots(out: Storage, staging_dir: str | None) -> list[str]:

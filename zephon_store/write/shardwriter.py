@@ -24,6 +24,12 @@ from .._util.sizes import parse_size
 from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 from ..format.footer import row_group_byte_range
 
+#: ``WriteOptions.compression`` values; ``"lz4"`` is Parquet's LZ4_RAW (pyarrow's name for it).
+COMPRESSIONS = ("auto", "zstd", "lz4", "snappy", "gzip", "brotli", "none")
+#: What ``compression_level=None`` becomes for a named codec: the field's default before
+#: ``"auto"`` (used by zstd, gzip and brotli only, recorded for every codec as it was then).
+_LEGACY_LEVEL = 3
+
 
 @dataclass(frozen=True)
 class WriteOptions:
@@ -37,6 +43,13 @@ class WriteOptions:
     binary (decoded without Parquet's list levels; docs/benchmarks.md, "Storage encodings", and
     :mod:`zephon_store.format.encoding`); ``"list"`` keeps Parquet's list layout, which can
     hold null elements.
+    ``compression``: ``"auto"`` (the default) picks a codec per column from a sample of the
+    shard's own values (:func:`choose_codecs`; the rule and the grid behind it are in
+    formats/SPEC.md, "Compression"); any other value (``"zstd"``, ``"lz4"`` = Parquet's
+    LZ4_RAW, ``"snappy"``, ``"gzip"``, ``"brotli"``, ``"none"``) applies to every column.
+    ``compression_level``: used by zstd, gzip and brotli; ``None`` with a named codec becomes
+    3, the field's default before ``"auto"``, so ``WriteOptions(compression="zstd")`` writes
+    and records what it always did; ``"auto"`` picks its own levels and takes none.
     ``use_dictionary``: ``"auto"`` (the default) dictionary-encodes every column except
     top-level string and binary columns whose values are mostly distinct in the shard
     (documents, URLs, ids; see :func:`dictionary_columns`): there a dictionary saves no
@@ -52,8 +65,8 @@ class WriteOptions:
     target_shard_bytes: int = 128 << 20
     row_group_bytes: int | None = 1 << 20
     row_group_rows: int | None = None
-    compression: str = "zstd"
-    compression_level: int | None = 3
+    compression: str = "auto"
+    compression_level: int | None = None
     use_dictionary: bool | str = "auto"
     write_statistics: bool = True
     data_page_size: int = 1 << 20
@@ -72,10 +85,17 @@ class WriteOptions:
             raise ValueError(f"row_group_bytes must be > 0, got {self.row_group_bytes}")
         if self.row_group_rows is not None and self.row_group_rows <= 0:
             raise ValueError(f"row_group_rows must be > 0, got {self.row_group_rows}")
-        if self.compression not in ("zstd", "snappy", "gzip", "lz4", "brotli", "none"):
-            raise ValueError(
-                f"compression must be one of zstd, snappy, gzip, lz4, brotli, none; "
-                f"got {self.compression!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}; "
+                             f"got {self.compression!r}")
+        if self.compression == "auto" and self.compression_level is not None:
+            raise ValueError(f"compression='auto' chooses its own levels; got compression_level="
+                             f"{self.compression_level} (name a codec, e.g. compression='zstd', "
+                             "to set a level)")
+        if self.compression_level is None and self.compression != "auto":
+            # Recorded as the number, so explicit options keep the writer record (and the
+            # dataset_id) of every dataset written when 3 was the field's default.
+            object.__setattr__(self, "compression_level", _LEGACY_LEVEL)
         if self.use_dictionary not in (True, False, "auto"):
             raise ValueError(f"use_dictionary must be True, False or 'auto'; "
                              f"got {self.use_dictionary!r}")
@@ -108,6 +128,8 @@ class ShardInfo:
     footer_offset: int
     footer_xxh3: str
     row_groups: list[RowGroupInfo] = field(default_factory=list)
+    # compression="auto": what choose_codecs picked per top-level column; empty otherwise.
+    codecs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -135,15 +157,20 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
     encodings = storage_encodings(table.schema, options.fixed_size_lists)
     table = to_storage(table, encodings)
-    compression = None if options.compression == "none" else options.compression
-    level = options.compression_level if compression in ("zstd", "gzip", "brotli") else None
+    codecs: dict[str, str] = {}
+    if options.compression == "auto":
+        codecs = choose_codecs(table)
+        compression, level = _per_leaf(table.schema, codecs)
+    else:
+        compression = options.compression
+        level = options.compression_level if compression in ("zstd", "gzip", "brotli") else None
     use_dictionary: bool | list[str] = options.use_dictionary is not False
     if options.use_dictionary == "auto":
         use_dictionary = dictionary_columns(table, exclude=encodings)
     elif use_dictionary and encodings:
         use_dictionary = [p for p in _leaf_paths(table.schema) if p not in encodings]
     with pq.ParquetWriter(
-        path, table.schema, compression=compression or "none", compression_level=level,
+        path, table.schema, compression=compression, compression_level=level,
         use_dictionary=use_dictionary, write_statistics=options.write_statistics,
         data_page_size=options.data_page_size, version=options.parquet_version,
         store_schema=True, write_page_index=False,
@@ -152,7 +179,68 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
         for n in row_group_rows:
             writer.write_table(table.slice(start, n), row_group_size=n)
             start += n
-    return describe_shard(path)
+    info = describe_shard(path)
+    info.codecs = codecs
+    return info
+
+
+#: ``compression="auto"``, per top-level column of each shard (formats/SPEC.md, "Compression";
+#: the grid behind the numbers: docs/benchmarks_format.md). The sample is the column's first
+#: rows, about this many bytes of Arrow buffers, compressed with zstd level 1.
+AUTO_SAMPLE_BYTES = 1 << 20
+#: A column whose sample shrinks less than this (raw / compressed) is stored uncompressed.
+AUTO_MIN_RATIO = 1.25
+#: The codec and level of every other column.
+AUTO_CODEC, AUTO_LEVEL = "zstd", 1
+
+
+def choose_codecs(table: pa.Table) -> dict[str, str]:
+    """Top-level column -> codec, by the ``compression="auto"`` rule: a pure function of rows.
+
+    Each column's first rows (about :data:`AUTO_SAMPLE_BYTES` of their Arrow buffers) are
+    compressed with zstd level 1. A column that shrinks by less than
+    :data:`AUTO_MIN_RATIO` (random-looking ids, hashes, floats) is stored ``"none"``: a
+    codec would cost every read and the conversion time and save little. Every other column
+    gets ``"zstd-1"`` (:data:`AUTO_CODEC` at :data:`AUTO_LEVEL`).
+
+    >>> import numpy as np
+    >>> t = pa.table({"text": ["the same words again and again"] * 500,
+    ...               "h": np.random.default_rng(0).integers(0, 2**63, 500)})
+    >>> choose_codecs(t)
+    {'text': 'zstd-1', 'h': 'none'}
+    """
+    out = {}
+    for i, f in enumerate(table.schema):
+        raw = _sample(table.column(i), f)
+        packed = pa.Codec("zstd", 1).compress(raw)
+        compressible = len(raw) >= AUTO_MIN_RATIO * packed.size
+        out[f.name] = f"{AUTO_CODEC}-{AUTO_LEVEL}" if compressible else "none"
+    return out
+
+
+def _sample(col: pa.ChunkedArray, f: pa.Field) -> bytes:
+    """The buffers (values, offsets, validity) of the column's first rows, about
+    :data:`AUTO_SAMPLE_BYTES`: what Parquet's pages will hold, without any framing that
+    would make random bytes look compressible."""
+    rows = len(col)
+    if rows and col.nbytes > AUTO_SAMPLE_BYTES:
+        rows = max(1, rows * AUTO_SAMPLE_BYTES // col.nbytes)
+    # concat_arrays copies the slice into fresh buffers that start at offset 0.
+    head = pa.concat_arrays(col.slice(0, rows).chunks) if rows else pa.array([], f.type)
+    return b"".join(b.to_pybytes() for b in head.buffers() if b is not None)
+
+
+def _per_leaf(schema: pa.Schema, codecs: dict[str, str]) -> tuple[dict, dict]:
+    """pyarrow's per-leaf ``compression`` and ``compression_level`` for column codecs."""
+    compression, level = {}, {}
+    for path in _leaf_paths(schema):
+        top = path if path in codecs else max(
+            (n for n in schema.names if path.startswith(n + ".")), key=len)
+        name, _, level_str = codecs[top].partition("-")
+        compression[path] = name
+        if level_str:
+            level[path] = int(level_str)
+    return compression, level
 
 
 #: Rows of a shard that :func:`dictionary_columns` looks at (its first rows).
