@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
 
-.PHONY: env demo test lint bench bench-peers bench-start clean
+.PHONY: env demo test lint bench bench-peers bench-start bench-format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench-peers:
 bench-start:
 	bash benchmarks/peers/setup_env.sh
 	.venv-bench/bin/python -m benchmarks.start.run
+
+# The format grid (issue 32; docs/benchmarks_format.md): codec, page and row-group size per
+# corpus, against the old default and raw pyarrow (and LitData's reads when installed).
+bench-format: $(STAMP)
+	$(PY) -m benchmarks.format
 
 clean:
 	rm -rf $(VENV) .demo .bench

@@ -154,15 +154,21 @@ def ensure(kind: str, mb: int, *, log=print) -> dict:
     """Build the corpus input if not cached; return its meta (with ``dir`` and ``input``)."""
     if kind not in ("text", "tokens"):
         raise ValueError(f"kind must be 'text' or 'tokens', got {kind!r}")
-    d = corpus_dir(kind, mb)
+    return cached(corpus_dir(kind, mb), _write_text if kind == "text" else _write_tokens,
+                  kind, mb, version=VERSION, log=log)
+
+
+def cached(d: str, write, kind: str, mb: int, *, version: int, log=print) -> dict:
+    """The corpus in folder ``d``: ``write(input_dir, mb) -> meta`` runs once, then its
+    meta (with ``dir`` and ``input``) is read back from ``d/meta.json``."""
     meta_path = os.path.join(d, "meta.json")
     if not os.path.exists(meta_path):
         shutil.rmtree(d, ignore_errors=True)
         inp = os.path.join(d, "input")
         os.makedirs(inp)
         log(f"building the {kind} corpus ({mb} MB) in {d}")
-        meta = _write_text(inp, mb) if kind == "text" else _write_tokens(inp, mb)
-        meta.update(kind=kind, mb=mb, version=VERSION, input_bytes=du(inp))
+        meta = write(inp, mb)
+        meta.update(kind=kind, mb=mb, version=version, input_bytes=du(inp))
         with open(meta_path + ".tmp", "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(meta_path + ".tmp", meta_path)  # written last: present means complete
