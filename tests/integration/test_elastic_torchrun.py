@@ -8,11 +8,15 @@ One job over a shuffled dataset (2,000 samples, 40 row groups, global batch 12):
 - phase 3: from phase 2's checkpoint, once at ``--nproc_per_node=1`` and once at
   ``--nproc_per_node=4`` (the two launches run side by side), 30 steps each.
 
-Every rank logs each step's ``_seq`` ids (``zephon_store.testing.elastic_worker``, the
-module the demo runs). The test compares the union over ranks of every step with the same step of an
-uninterrupted single-process run computed here, and checks that nothing repeats or drops
-across restarts and that the complete epoch holds each id exactly once. A second test runs
-``scripts/elastic_demo.py`` against a dataset on a real S3 server.
+Every phase appends its segment to the run log (``zephon_store.testing.elastic_worker``,
+the module the demo runs), the one record of what the job consumed: the library's audit of
+it (``RunContext.audit``, what ``zephon audit`` runs) proves each sample exactly once per
+epoch, with no gap or overlap at either restart. The run log records positions, not the
+ids the batches actually held, so every rank also logs each step's delivered ``_seq`` ids:
+they must equal the run log's trace rank by rank, and, step by step, the same step of an
+uninterrupted single-process run computed here (the proof compares the actual consumed
+sequence, not only the log's account of it). A second test runs ``scripts/elastic_demo.py``
+against a dataset on a real S3 server.
 """
 
 from __future__ import annotations
@@ -20,22 +24,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-from stateful_helper import (
-    Step,
-    assert_exactly_once_per_epoch,
-    assert_matches_reference,
-    by_position,
-    reference_ids,
-    small_dataset,
-)
+from stateful_helper import Step, assert_matches_reference, reference_ids, small_dataset
 
-from zephon_store.load.audit import ConsumedStep, audit_stream
+from zephon_store.load.accounting import RunContext
 from zephon_store.order import Order, OrderOptions
-from zephon_store.order.assign import positions_for_rank
 from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
@@ -123,13 +120,22 @@ def dataset_url(tmp_path_factory) -> str:
 def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stream(
         dataset_url, tmp_path) -> None:
     logs, ck1, ck2 = str(tmp_path / "logs"), str(tmp_path / "ck1"), str(tmp_path / "ck2")
+    run_log = str(tmp_path / "run.jsonl")
     common = [dataset_url, "--global-batch", str(B), "--seed", str(SEED), "--window-blocks",
               str(WINDOW_BLOCKS), "--lanes", str(LANES), "--log-dir", logs]
-    run_phase(2, *common, "--steps", "40", "--save", ck1, "--tag", "p1")
+    run_phase(2, *common, "--steps", "40", "--save", ck1, "--tag", "p1", "--run-log", run_log)
     run_phase(3, *common, "--steps", "140", "--num-workers", "2", "--load", ck1,
-              "--save", ck2, "--tag", "p2")
-    p3 = [launch(1, *common, "--steps", "30", "--load", ck2, "--tag", "p3w1"),
-          launch(4, *common, "--steps", "30", "--load", ck2, "--tag", "p3w4")]
+              "--save", ck2, "--tag", "p2", "--run-log", run_log)
+    # The two phase-3 launches run side by side from one checkpoint: each continues its
+    # own copy of the run log.
+    tails = {}
+    for tag in ("p3w1", "p3w4"):
+        tails[tag] = str(tmp_path / f"{tag}.jsonl")
+        shutil.copyfile(run_log, tails[tag])
+    p3 = [launch(1, *common, "--steps", "30", "--load", ck2, "--tag", "p3w1",
+                 "--run-log", tails["p3w1"]),
+          launch(4, *common, "--steps", "30", "--load", ck2, "--tag", "p3w4",
+                 "--run-log", tails["p3w4"])]
     for proc in p3:
         finish(proc)
 
@@ -162,31 +168,29 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
                             with_seq=True)
 
     reference = reference_ids(make, global_batch=B, samples=210 * B)
-    order = Order(ds.manifest.rg_rows, OPTIONS)
-    assert order.effective_lanes == 20
+    assert Order(ds.manifest.rg_rows, OPTIONS).effective_lanes == 20
 
-    def positions(c, b, w, r):
-        # torchrun --standalone puts every rank on one node (LOCAL_WORLD_SIZE = W).
-        return positions_for_rank(c, b, w, r, lanes=order.effective_lanes, epoch_size=N,
-                                  ranks_per_node=w)
-
-    for tail in (p3w1, p3w4):
+    for tag, tail in (("p3w1", p3w1), ("p3w4", p3w4)):
         job = p1 + p2 + tail
-        # Per step, the union over ranks equals the single-process step; the cursors chain
-        # without a gap or an overlap across both restarts.
+        # The run log is the record: three segments, and the library's audit of it finds
+        # each sample once in the complete epoch, nothing repeated or skipped at a restart.
+        ctx = RunContext(dataset_url, tails[tag])
+        assert [(s.first_step, s.cursor, s.world_size, s.num_workers)
+                for s in ctx.segments] == [(0, 0, 2, 0), (40, 40 * B, 3, 2),
+                                           (180, 180 * B, tail[0].world_size, 0)]
+        report = ctx.audit(end_step=210)
+        assert report.ok, report.to_dict()
+        assert report.positions == 210 * B and not [e for e in report.events if e.failure]
+        complete = [e for e in report.epochs if e.complete]
+        assert [(e.epoch, e.once) for e in complete] == [(0, N)]
+        # What the batches held: rank by rank, the run log's trace; step by step, the
+        # uninterrupted single-process run; the cursors chain across both restarts.
+        traced = ctx.trace(range(210), end_step=210)
+        assert [(t.cursor, t.ranks) for t in traced] == [(s.cursor, s.ids) for s in job]
         assert_matches_reference(job, reference)
         assert job[0].cursor == 0 and job[-1].cursor == 209 * B
-        ids_at = by_position(job, positions)
-        assert ids_at == dict(enumerate(reference))
-        assert assert_exactly_once_per_epoch(ids_at, N) == 1  # positions [0, 2000)
         consumed = [i for s in job for r in s.ids for i in r]
         assert sorted(consumed) == sorted(reference)  # no repeat, no drop
-        # The product's audit (the demo's proof) agrees, with the real loader's reference.
-        report = audit_stream([ConsumedStep(s.cursor, s.global_batch, s.world_size, s.ids,
-                                            ranks_per_node=s.world_size)
-                               for s in job], order, reference=reference)
-        assert report.ok, report
-        assert (report.samples, report.complete_epochs_checked) == (210 * B, 1)
     # The epoch boundary (position 2000) fell inside phase 2, with worker processes.
     assert p2[0].cursor < N < p2[-1].cursor
 

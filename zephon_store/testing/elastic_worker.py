@@ -3,29 +3,37 @@
 
 Each rank builds a :class:`~zephon_store.torch.ZephonLoader` (world size and rank from
 torchrun), optionally restores it from a ``torch.distributed.checkpoint`` (DCP) directory,
-consumes ``--steps`` global steps and logs every step's ``_seq`` ids, then saves the loader
-state with DCP. The loader state is replicated (identical on every rank), so DCP stores each
-value once and any world size can load it.
+consumes ``--steps`` global steps, then saves the loader state with DCP. The loader state
+is replicated (identical on every rank), so DCP stores each value once and any world size
+can load it.
 
     torchrun --standalone --nproc_per_node=4 -m zephon_store.testing.elastic_worker \\
-        DATASET --global-batch 12 --steps 20 --save ckpt/1 --log-dir logs --tag phase1
+        DATASET --global-batch 12 --steps 20 --save ckpt/1 --run-log run.jsonl \\
+        --log-dir logs --tag phase1
     torchrun --standalone --nproc_per_node=3 -m zephon_store.testing.elastic_worker \\
         DATASET --global-batch 12 --steps 30 --num-workers 2 --load ckpt/1 --save ckpt/2 \\
-        --log-dir logs --tag phase2
+        --run-log run.jsonl --log-dir logs --tag phase2
 
-Log: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per step ``{"tag", "rank", "world_size",
-"num_workers", "step", "global_step", "cursor", "global_batch", "ids"}`` (``cursor``: before
-the step; ``step`` counts this phase's steps, ``global_step`` the run's; ``masked`` and
-``denied_payload`` with ``--deny-list``: the flags, and how many payload values of the
-denied rows were not blank, which must be 0), and
-lines ``{"event": "loaded" | "saved", "state": ...}``. Used by ``scripts/elastic_demo.py`` and
-``tests/integration/test_elastic_torchrun.py``. With ``--run-log`` the loader appends the
-phase's segment to the run log, which ``zephon audit`` and ``zephon trace`` read.
+Two records, for two questions:
+
+- ``--run-log``: the loader appends the phase's segment to the run log, the one record of
+  what a run consumed; ``zephon audit``, ``trace`` and ``where``
+  (:class:`~zephon_store.load.accounting.RunContext`) read it.
+- ``--log-dir``: what the batches actually held, which a run log (positions and the order
+  that places samples there) cannot show: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per
+  step ``{"tag", "rank", "world_size", "num_workers", "step", "global_step", "cursor",
+  "global_batch", "ids"}`` (``cursor``: before the step; ``step`` counts this phase's
+  steps, ``global_step`` the run's; ``ids`` the delivered ``_seq``; ``masked`` and
+  ``denied_payload`` with ``--deny-list``: the flags, and how many payload values of the
+  denied rows were not blank, which must be 0; ``sources`` for a mixture), and lines
+  ``{"event": "loaded" | "saved", "state": ...}``. Tests and ``scripts/elastic_demo.py``
+  check these ids against the run log's trace and an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -49,8 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-log", default=None,
                    help="the loader's run log (rank 0 appends this phase's segment)")
     p.add_argument("--deny-list", default=None, help="deny list file: mask those samples")
-    p.add_argument("--log-dir", required=True)
-    p.add_argument("--tag", required=True)
+    p.add_argument("--log-dir", default=None,
+                   help="write each rank's delivered ids per step to <log-dir>/<tag>.rank<r>.jsonl")
+    p.add_argument("--tag", default="run", help="the name of this phase's files in --log-dir")
     return p.parse_args(argv)
 
 
@@ -113,11 +122,16 @@ def main(argv: list[str] | None = None) -> int:
                           prefetch=args.prefetch, with_seq=True, max_steps=args.steps,
                           storage_options=storage_options, run_log=args.run_log,
                           deny_list=args.deny_list)
-    os.makedirs(args.log_dir, exist_ok=True)
-    log_path = os.path.join(args.log_dir, f"{args.tag}.rank{rank}.jsonl")
-    with open(log_path, "w", encoding="utf-8") as log:
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        ids_log = open(os.path.join(args.log_dir, f"{args.tag}.rank{rank}.jsonl"), "w",
+                       encoding="utf-8")
+    else:
+        ids_log = contextlib.nullcontext()
+    with ids_log as log:
         def write(record: dict) -> None:
-            log.write(json.dumps({"tag": args.tag, "rank": rank, **record}) + "\n")
+            if log is not None:
+                log.write(json.dumps({"tag": args.tag, "rank": rank, **record}) + "\n")
 
         if args.load:
             # DCP loads in place into a template with the same keys: the fresh loader's own
