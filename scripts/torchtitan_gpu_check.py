@@ -5,7 +5,7 @@ llama3 debug model) on the Python standard library, write it with a tokenizer_co
 naming BOS/EOS (TorchTitan's HuggingFaceTokenizer reads it), and write the corpus: one JSONL
 record per standard-library module. Nothing is downloaded.
 
-``compare``: given the audit logs (``ZephonDataLoader.Config.audit_dir``) and the training
+``compare``: given the run logs (in ``ZephonDataLoader.Config.audit_dir``) and the training
 logs of an uninterrupted run and of a stopped-and-resumed run, check that every stream
 position was consumed exactly once in both and held the same sample, and print the two loss
 curves side by side. Exit status 1 on any data mismatch or a loss gap above ``--loss-tol``.
@@ -64,20 +64,33 @@ def prep(args) -> int:
     return 0
 
 
-def _consumed(audit_dir: str) -> dict[int, int]:
-    """Position -> sample id over every audit file of one run; a position twice is an error."""
+def _consumed(dataset: str, audit_dir: str, total: int) -> dict[int, int]:
+    """Position -> sample id over every rank of one run, from the run log in ``audit_dir``
+    (``ZephonDataLoader.Config.audit_dir``), by the library's run accounting (what
+    ``zephon trace`` prints); the library's audit must pass on it."""
+    from zephon_store.load.accounting import RunContext
+    from zephon_store.load.audit import rank_positions, segment_at
+    from zephon_store.load.runlog import RUNLOG_NAME
+
+    log = os.path.join(audit_dir, RUNLOG_NAME)
+    if not os.path.exists(log):
+        raise SystemExit(f"no run log {log}")
+    ctx = RunContext(dataset, log)
+    # The loader's steps are the trainer's micro-batches (local batch x DP windows each):
+    # the run's end, in the last segment's steps.
+    last = ctx.segments[-1]
+    steps = last.first_step + (total - last.cursor) // last.global_batch
+    report = ctx.audit(end_step=steps)
+    if not report.ok:
+        raise SystemExit(f"{log}: zephon audit fails: {report.to_dict()}")
     out: dict[int, int] = {}
-    paths = sorted(glob.glob(os.path.join(audit_dir, "*.jsonl")))
-    if not paths:
-        raise SystemExit(f"no audit logs in {audit_dir}")
-    for path in paths:
-        with open(path) as fh:
-            for line in fh:
-                rec = json.loads(line)
-                for p, s in zip(rec["positions"], rec["seq"]):
-                    if p in out:
-                        raise SystemExit(f"{path}: position {p} consumed twice (repeat)")
-                    out[p] = s
+    for t in ctx.trace(range(steps), end_step=steps):
+        seg = segment_at(ctx.segments, t.step)
+        for pos, ids in zip(rank_positions(seg, ctx.order_for(seg), t.step), t.ranks):
+            for p, s in zip(pos.tolist(), ids):
+                if p in out:
+                    raise SystemExit(f"{log}: position {p} consumed twice (repeat)")
+                out[p] = s
     return out
 
 
@@ -94,7 +107,8 @@ def _losses(logs: list[str]) -> dict[int, float]:
 
 def compare(args) -> int:
     total = args.steps * args.global_batch
-    ref, run = _consumed(args.ref_audit), _consumed(args.run_audit)
+    ref = _consumed(args.dataset, args.ref_audit, total)
+    run = _consumed(args.dataset, args.run_audit, total)
     ok = True
     for name, got in (("reference", ref), ("stopped+resumed", run)):
         if sorted(got) != list(range(total)):
@@ -144,6 +158,7 @@ def main(argv=None) -> int:
     a.add_argument("--max-bytes", type=int, default=8_000_000)
     a.add_argument("--inputs", type=int, default=8, help="JSONL files to write")
     c = sub.add_parser("compare")
+    c.add_argument("--dataset", required=True, help="the dataset both runs read")
     c.add_argument("--ref-audit", required=True)
     c.add_argument("--run-audit", required=True)
     c.add_argument("--ref-log", nargs="+", required=True)

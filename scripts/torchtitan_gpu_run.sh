@@ -93,6 +93,6 @@ echo "== 5. run B: resume on $DP_B GPU(s), local batch $LOCAL_BATCH_B, up to ste
 train "$DP_B" "$LOCAL_BATCH_B" "$STEPS" "$WORK/run" "$WORK/run-audit" "${CKPT[@]}"
 
 echo "== 6. compare"
-"$PY" "$HERE/torchtitan_gpu_check.py" compare --ref-audit "$WORK/ref-audit" \
+"$PY" "$HERE/torchtitan_gpu_check.py" compare --dataset "$WORK/ds" --ref-audit "$WORK/ref-audit" \
   --run-audit "$WORK/run-audit" --ref-log "$WORK/ref.log" --run-log "$WORK/run.log" \
   --steps "$STEPS" --global-batch "$GLOBAL_BATCH" --resume-step "$STOP"
