@@ -8,12 +8,13 @@ steps fail to commit and are served again, replicas leave, and joining replicas 
 state of a present one (torchft's state transfer). Checked against the single-process
 stream: a single dataset, a mixture with stages, a deny list, the run log with the library
 audit (``RunContext.audit``, what ``zephon audit`` runs), byte prefetch into the disk cache
-(real S3), the decoded cache and an elastic resume; process workers are refused.
+(real S3), the decoded cache, process workers and an elastic resume.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +88,10 @@ class Job:
             self.counter += 1
         return {r: drawn[r] for r in participants}
 
-    def play(self, plan=PLAN, *, churn: bool = True):
-        """Run ``plan`` with replicas 0-2 (1 leaves after step 2 and rejoins at step 3);
-        yields ``(cursor, batches, committed)`` per step."""
-        for r in range(3):
+    def play(self, plan=PLAN, *, churn: bool = True, replicas: int = 3):
+        """Run ``plan`` with ``replicas`` replicas (with ``churn``, 1 leaves after step 2
+        and rejoins at step 3); yields ``(cursor, batches, committed)`` per step."""
+        for r in range(replicas):
             self.join(r)
         for k, (participants, commit) in enumerate(plan):
             if churn and k == 2:
@@ -316,10 +317,23 @@ def test_an_elastic_resume_of_a_live_state(url, reference) -> None:
     assert sorted(ranks) == sorted(reference[70:80])
 
 
-def test_process_workers_are_refused_in_one_line(url) -> None:
-    with pytest.raises(ValueError, match=r"^a live loader makes batches in threads; "
-                                         r"num_workers > 0 is refused"):
-        LiveZephonLoader(url, global_batch=B, participants=lambda: (0, 1), num_workers=2)
+def _pid(batch: dict) -> dict:
+    return {**batch, "pid": np.full(len(batch["_seq"]), os.getpid())}
+
+
+def test_process_workers_make_each_quorum_shapes_batches(url, reference) -> None:
+    """num_workers=2: each quorum shape's batches come from a DataLoader of 2 workers (the
+    transform runs there; a replica that only watches a step starts none); the committed
+    steps are the reference's, a step served again is the same batch."""
+    plan = [([0, 1], True), ([0, 1], False), ([0, 1], True), ([1], True), ([1, 0], True)]
+    job = Job(_live(url, num_workers=2, transform=_pid))
+    steps = list(job.play(plan, churn=False, replicas=2))
+    committed = [(c, sorted(i for b in bs.values() for i in b["_seq"].tolist()))
+                 for c, bs, ok in steps if ok]
+    assert committed == [(c, sorted(reference[c:c + B])) for c in range(0, 4 * B, B)]
+    pids = {int(p) for _, bs, _ in steps for b in bs.values() for p in b["pid"]}
+    assert os.getpid() not in pids and len(pids) >= 2
+    assert steps[1][1][1]["pid"] is steps[2][1][1]["pid"]          # served again: reused
 
 
 def test_the_run_log_field_is_compatible_both_ways() -> None:

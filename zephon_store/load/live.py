@@ -427,8 +427,9 @@ class LiveLoader(Loader):
     :meth:`commit` after each step); ``agree(claim)`` all-gathers the participants' claims
     (None: not checked); ``group_size``/``group_rank`` split a participant's share among
     the ranks of its replica group. Unlike the Loader, a loaded state applies to the live
-    iterator's next step: that is how a replica heals mid-run. Process workers are refused:
-    see ``docs/live-elastic.md``.
+    iterator's next step: that is how a replica heals mid-run. Process workers (a front end
+    that has them, :class:`~zephon_store.torch.LiveZephonLoader`) make the batches of each
+    quorum shape; a step this process only watches is made here (it reads nothing).
 
     >>> quorum = [(1, 3)]                     # participant 1 of 3
     >>> loader = LiveLoader(tiny_dataset, global_batch=8, seed=7,
@@ -445,12 +446,6 @@ class LiveLoader(Loader):
                  commits: Callable[[], int] | None = None,
                  agree: Callable[[StepClaim], Sequence[StepClaim] | None] | None = None,
                  group_size: int = 1, group_rank: int = 0, **options) -> None:
-        workers = options.get("workers")
-        if workers is not None and workers.num_workers:
-            raise ValueError(
-                "a live loader makes batches in threads; num_workers > 0 is refused: each "
-                "quorum change would restart the worker processes in the recovery step "
-                "(docs/live-elastic.md); a transform runs in the producer thread (prefetch)")
         if participants is None:
             raise ValueError("pass participants= (a callable giving (index, count) for the "
                              "current step)")
@@ -532,5 +527,12 @@ class LiveLoader(Loader):
             g_size, g_rank = self.group
             self.share = LiveShare(self._engine, global_batch=self.topology.global_batch,
                                    group_size=g_size, group_rank=g_rank,
-                                   batches=self._threaded)
+                                   batches=self._batches_of)
         return self.share
+
+    def _batches_of(self, engine: ShareEngine) -> Iterator:
+        """One quorum shape's batches: by the process workers, if any, unless this process
+        only watches (it reads nothing: no worker is started for an empty share)."""
+        if self.num_workers and engine.stream.split.index is not None:
+            return self._processes(engine)
+        return self._threaded(engine)

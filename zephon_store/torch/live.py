@@ -20,10 +20,9 @@ which torchft's ``Optimizer.zero_grad()`` calls) and before ``should_commit()``:
         model(batch).backward()        # gradients averaged by torchft's DDP
         optimizer.step()               # should_commit(); the cursor follows
 
-Without torchft, pass ``participants`` (a callable giving ``(index, count)`` for the
-current step; ``index`` None: present but not reading), and either ``commits`` (a counter of
-committed steps) or call :meth:`LiveZephonLoader.commit` after each step; ``agree`` (for
-example :func:`distributed_agreement`) checks the participants.
+Without torchft: ``participants`` (``(index, count)`` of the current step; ``index`` None:
+present, not reading), ``commits`` (a counter of committed steps) or :meth:`commit` after
+each step, and ``agree`` (e.g. :func:`distributed_agreement`).
 
 >>> loader = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
 ...                           participants=lambda: (1, 3))   # participant 1 of 3
@@ -33,8 +32,7 @@ example :func:`distributed_agreement`) checks the participants.
 >>> loader.commit(False)                 # the step broke: served again, to any quorum
 >>> next(batches)["id"].tolist()
 [78, 45, 68]
->>> loader.commit(True)
->>> loader.state_dict()["cursor"]
+>>> loader.commit(True); loader.state_dict()["cursor"]
 8
 """
 
@@ -48,7 +46,7 @@ import torch
 from ..load.live import LiveLoader, LiveTopologyError, StepClaim
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..order.order import OrderOptions
-from .loader import to_torch
+from .loader import ZephonLoader, to_torch
 
 __all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
            "manager_participants"]
@@ -142,8 +140,7 @@ def distributed_agreement(group=None) -> Agree:
 
 
 class LiveZephonLoader(LiveLoader):
-    """Batches of a live-elastic run: this replica's share of each step, the cursor moved by
-    commits. See the module docstring for the torchft and plain-callable wiring.
+    """This replica's share of each step of a live-elastic run (module docstring: wiring).
 
     Arguments: ``global_batch`` samples per committed step over all participants (any
     participant count splits it, unevenly when it does not divide); ``manager`` a torchft
@@ -157,8 +154,8 @@ class LiveZephonLoader(LiveLoader):
     ``prefetch_bytes``, ``coalesce``, ``decode_ahead_bytes``, ``decoded_cache``,
     ``prefetch`` (batches a transform runs ahead), ``expect_dataset_id``, ``deny_list`` and
     ``run_log`` (every replica appends a ``"live": true`` line when it takes the run up;
-    ``zephon audit`` checks the run). ``num_workers > 0`` is refused (docs/live-elastic.md).
-    The state and how a load applies: :class:`~zephon_store.load.live.LiveLoader`.
+    ``zephon audit`` checks the run), ``num_workers``/``multiprocessing_context`` (each
+    quorum shape's batches from a new ``DataLoader``). State and loads: ``LiveLoader``'s.
     """
 
     def __init__(self, dataset, *, global_batch: int, manager=None,
@@ -174,6 +171,7 @@ class LiveZephonLoader(LiveLoader):
                  prefetch_bytes: int | None = None, coalesce=None,
                  decode_ahead_bytes: int | None = None, decoded_cache=None,
                  num_workers: int = 0, prefetch: int = 4,
+                 multiprocessing_context: str | None = None,
                  expect_dataset_id: str | None = None, deny_list=None,
                  run_log: str | None = None, state_key: str = "zephon_loader") -> None:
         if manager is not None:
@@ -191,9 +189,13 @@ class LiveZephonLoader(LiveLoader):
             read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes,
                                         coalesce=coalesce, **ahead),
             stop=StopOptions(epochs=epochs, drop_last=drop_last),
-            workers=WorkerOptions(num_workers=num_workers, prefetch=prefetch),
+            workers=WorkerOptions(num_workers=num_workers, prefetch=prefetch,
+                                  multiprocessing_context=multiprocessing_context),
             storage_options=storage_options, cache=cache, decoded_cache=decoded_cache,
             expect_dataset_id=expect_dataset_id, run_log=run_log, deny_list=deny_list,
             collate=collate)
         if manager is not None:
             manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
+
+    # Workers hold no state (the commit rule is this process's): ZephonLoader's DataLoader.
+    _processes = ZephonLoader._processes
