@@ -15,7 +15,8 @@ allreduce), ``reduced`` (after the allreduce, before ``should_commit``) or ``com
         --log logs/replica1.0.jsonl --kill 12:reduced --run-log logs/run.jsonl
 
 Log: one JSON line per event, flushed at once (a killed process keeps what it wrote):
-``{"event": "served", "step", "cursor", "participants", "index", "ids"}``, then
+``{"event": "served", "step", "cursor", "participants", "index", "ids", "made_by"}``
+(``made_by``: the process that made the batch, with ``--num-workers``), then
 ``{"event": "reduced", "step", "cursor", "sums"}`` and ``{"event": "committed", "step",
 "cursor", "ok", "sums"}``, and ``{"event": "done", "model", "state"}`` at the end.
 Used by ``tests/integration/test_live_torchft.py``.
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log", required=True)
     p.add_argument("--run-log", default=None,
                    help="the loader's run log (every replica appends to the same file)")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="the loader's process workers (forked beside torchft's threads)")
     return p.parse_args(argv)
 
 
@@ -73,11 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     loader = LiveZephonLoader(args.dataset, global_batch=args.global_batch,
                               order=_order_options(args), manager=manager, with_seq=True,
                               epochs=args.epochs, participants=_participants(args, manager),
-                              run_log=args.run_log)
+                              run_log=args.run_log, num_workers=args.num_workers,
+                              transform=_made_by if args.num_workers else None)
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     with open(args.log, "a", encoding="utf-8") as log:
         def write(record: dict) -> None:
-            log.write(json.dumps({"replica": args.replica_id, **record}) + "\n")
+            log.write(json.dumps({"replica": args.replica_id, "pid": os.getpid(), **record})
+                      + "\n")
             log.flush()
 
         _train(args, manager, loader, model, write)
@@ -86,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     manager.shutdown(wait=False)
     del store
     return 0
+
+
+def _made_by(batch: dict) -> dict:
+    """The batch with ``_pid``: the process that made it (a worker's, with workers)."""
+    import numpy as np
+
+    return {**batch, "_pid": np.full(len(batch["_seq"]), os.getpid(), dtype=np.int64)}
 
 
 def _order_options(args: argparse.Namespace):
@@ -167,8 +179,10 @@ def _train(args: argparse.Namespace, manager, loader, model, write) -> None:
         claim = loader.last_step
         step = manager.current_step()
         ids = [int(i) for i in batch["_seq"].tolist()]
+        made_by = int(batch["_pid"][0]) if "_pid" in batch and len(ids) else None
         write({"event": "served", "step": step, "cursor": claim.cursor,
-               "participants": claim.participants, "index": claim.index, "ids": ids})
+               "participants": claim.participants, "index": claim.index, "ids": ids,
+               "made_by": made_by})
         maybe_die("served", claim.participants)
         time.sleep(args.step_delay)
         grad = torch.tensor([len(ids), sum(ids), sum(i * i for i in ids)], dtype=torch.int64)
