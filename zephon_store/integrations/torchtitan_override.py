@@ -7,8 +7,11 @@ No config edits: activate it on any TorchTitan command line (the validator keeps
 
 The keyword arguments are :class:`ZephonDataLoader.Config` fields. Without ``dataset`` the
 URL comes from ``$ZEPHON_DATASET``, else ``--dataloader.dataset_path``, else
-``--dataloader.dataset`` when it looks like a path or URL rather than a TorchTitan dataset
-name. ``num_workers`` and ``infinite`` are carried over from the replaced config unless given.
+``--dataloader.dataset`` when it is a string that looks like a path or URL rather than a
+TorchTitan dataset name (TorchTitan main's ``GrainDataLoader.Config.dataset`` is a dataset
+graph, never a URL). ``num_workers`` and ``infinite`` are carried over from the replaced config
+unless given; from TorchTitan main's ``GrainDataLoader.Config``, its ``repeat`` becomes
+``infinite``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from .torchtitan import DATASET_ENV, BaseDataLoader, ZephonDataLoader
 
 __all__ = ["use_zephon"]
 
-_CARRIED = ("num_workers", "infinite")
+# (field of the replaced config, ZephonDataLoader.Config field): 0.3.0's HF loader has the
+# first two; main's GrainDataLoader says ``repeat`` for what zephon calls ``infinite``.
+_CARRIED = (("num_workers", "num_workers"), ("infinite", "infinite"), ("repeat", "infinite"))
 
 
 def _dataset_from(cfg) -> str:
@@ -33,6 +38,8 @@ def _dataset_from(cfg) -> str:
     if path:
         return path
     name = getattr(cfg, "dataset", "") or ""
+    if not isinstance(name, str):   # main: a Grain dataset graph (DatasetConfig), no URL
+        return ""
     # "c4_test" names a TorchTitan registry entry; "/data/ds" or "s3://b/ds" is ours.
     if "/" in name or "://" in name or os.path.isdir(name):
         return name
@@ -50,9 +57,9 @@ def use_zephon(cfg, **fields) -> ZephonDataLoader.Config:
                         f"{sorted(valid)}")
     if isinstance(cfg, ZephonDataLoader.Config):
         return dataclasses.replace(cfg, **fields)
-    for name in _CARRIED:
-        if name not in fields and hasattr(cfg, name):
-            fields[name] = getattr(cfg, name)
+    for theirs, ours in _CARRIED:
+        if ours not in fields and hasattr(cfg, theirs):
+            fields[ours] = getattr(cfg, theirs)
     if fields.get("mixture"):       # a mixture file instead of one dataset
         fields.setdefault("dataset", "")
     elif not fields.get("dataset"):
