@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
 
-.PHONY: env demo test lint bench bench-peers bench-start bench-format clean
+.PHONY: env demo test test-titan-main lint bench bench-peers bench-start bench-format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests zephon_store docs/design.md --doctest-modules --doctest-glob=design.md
+
+# Optional (CI cannot reach GitHub): the TorchTitan integration against TorchTitan main, in its
+# own venv built from a snapshot of its repository (TITAN_MAIN: a source tree or a bare git
+# dir); without TITAN_MAIN the venv built last time is tested. docs/torchtitan.md, section 7.
+TITAN_VENV ?= .venv-titan-main
+test-titan-main: $(STAMP)
+	$(if $(TITAN_MAIN),bash scripts/titan_main_env.sh "$(TITAN_MAIN)" "$(abspath $(TITAN_VENV))")
+	ZEPHON_TITAN_MAIN_VENV="$(abspath $(TITAN_VENV))" $(PY) -m pytest -q -rs -p no:cacheprovider \
+		tests/integration/test_torchtitan_main.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zephon_store tests benchmarks scripts conftest.py
