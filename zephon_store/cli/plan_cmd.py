@@ -7,7 +7,18 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from .common import UsageError, build_options, emit, positive_int
+
+# AWS S3's documented floor per partitioned prefix (GET/HEAD per second); beyond it S3 answers
+# 503 SlowDown while it repartitions. Content-hashed shard keys spread over partitions only
+# after S3 has split the prefix, so a cold bucket is held to this.
+S3_PREFIX_GETS_PER_S = 5500
+# A node start's metadata GETs: manifest.json and the shard and row-group side tables, once
+# per node (docs/storage.md, "The start"); before issue 31 every rank made a HEAD + GET of each.
+METADATA_GETS_PER_NODE = 3
+METADATA_REQUESTS_PER_RANK_BEFORE = 6
 
 
 def _steps(text: str) -> tuple[int, int]:
@@ -58,6 +69,10 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--cursor", type=int, default=0, help="start from this cursor, not step 0")
     p.add_argument("--simulate-steps", type=positive_int, default=None,
                    help="steps to simulate for the read figures (default: one epoch, <= 20000)")
+    p.add_argument("--start-window", type=float, default=None, metavar="SECONDS",
+                   help="also estimate the fleet's start: the requests every node makes for "
+                        "its first batch (metadata, footers, coalesced row-group GETs), in "
+                        "total, and the request rate if every node starts within SECONDS")
     p.add_argument("--json", action="store_true")
     from .common import add_storage_options
 
@@ -106,6 +121,11 @@ def cmd_plan(args) -> int:
                       "worker": batch_owner(s, args.workers),
                       "ranks": [ids.tolist() for ids in rank_ids(order, topology, cursor)]})
     sim = simulate(m, options, topology, cursor=args.cursor, steps=args.simulate_steps)
+    if args.start_window is not None:
+        if not args.start_window > 0:
+            raise UsageError(f"--start-window must be > 0 seconds, got {args.start_window}")
+        sim["start"] = start_requests(m, rank_ids(order, topology, args.cursor),
+                                      topology.ranks_per_node, window=args.start_window)
     out = {"dataset_id": m.dataset_id, "num_samples": m.num_samples,
            "world_size": args.world_size, "global_batch": args.global_batch,
            "num_workers": args.workers, "ranks_per_node": topology.ranks_per_node,
@@ -125,4 +145,62 @@ def cmd_plan(args) -> int:
           f"{sim['read_amplification_max_node']}) over {sim['simulated_steps']} steps; "
           f"row groups/step/node {sim['distinct_row_groups_per_step_per_node']}; "
           f"cache footprint {sim['cache_footprint_bytes_max'] / 1e6:.1f} MB")
+    if "start" in sim:
+        _print_start(sim["start"])
     return 0
+
+
+def start_requests(manifest, ids_per_rank, ranks_per_node: int, *, window: float) -> dict:
+    """What a fleet's start asks storage for, from the manifest alone.
+
+    Per node: the metadata GETs (3: one process fetches each object for the node), one
+    footer GET per shard its first step reads, and one ranged GET per coalesced run of the
+    row groups it reads (``coalesce_ranges``, as the prefetcher groups them); every other
+    request of the node's processes is served by its disk cache. In total and as a rate if
+    all nodes start evenly within ``window`` seconds, against S3's 5,500 GET/s per prefix;
+    ``hot_object_gets_per_s``: the rate every node's GET of ``manifest.json`` (and of each
+    side table) puts on that one object. ``before``: the metadata requests of a node before
+    issue 31 (a HEAD and a GET of 3 objects per rank).
+    """
+    from ..format.index import locate
+    from ..io.coalesce import RowGroupSpan, coalesce_ranges
+
+    nodes = -(-len(ids_per_rank) // ranks_per_node)
+    footers, ranges = [], []
+    for n in range(nodes):
+        ids = np.concatenate(ids_per_rank[n * ranks_per_node:(n + 1) * ranks_per_node])
+        rgs = np.unique(locate(manifest, ids).row_group)
+        footers.append(int(np.unique(manifest.rg_shard[rgs]).size))
+        ranges.append(len(coalesce_ranges(
+            RowGroupSpan(int(rg), int(manifest.rg_offset[rg]), int(manifest.rg_length[rg]),
+                         int(manifest.rg_shard[rg])) for rg in rgs)))
+    per_node = [METADATA_GETS_PER_NODE + f + r for f, r in zip(footers, ranges)]
+    total = int(sum(per_node))
+    rate = total / window
+    return {
+        "nodes": nodes, "ranks_per_node": ranks_per_node, "window_s": window,
+        "metadata_per_node": METADATA_GETS_PER_NODE,
+        "footers_per_node_max": max(footers), "row_group_gets_per_node_max": max(ranges),
+        "requests_per_node_mean": round(total / nodes, 1), "requests_per_node_max": max(per_node),
+        "requests_total": total, "gets_per_s": round(rate, 1),
+        "hot_object_gets_per_s": round(nodes / window, 1),
+        "s3_prefix_gets_per_s": S3_PREFIX_GETS_PER_S,
+        "fits_one_prefix": rate <= S3_PREFIX_GETS_PER_S,
+        "min_window_s": round(total / S3_PREFIX_GETS_PER_S, 2),
+        "before": {"metadata_per_node": METADATA_REQUESTS_PER_RANK_BEFORE * ranks_per_node,
+                   "requests_total": total + nodes * (
+                       METADATA_REQUESTS_PER_RANK_BEFORE * ranks_per_node
+                       - METADATA_GETS_PER_NODE)},
+    }
+
+
+def _print_start(st: dict) -> None:
+    print(f"start of {st['nodes']} nodes x {st['ranks_per_node']} ranks within "
+          f"{st['window_s']:g} s: {st['requests_per_node_mean']} requests per node (max "
+          f"{st['requests_per_node_max']}: {st['metadata_per_node']} metadata, "
+          f"{st['footers_per_node_max']} footers, {st['row_group_gets_per_node_max']} row-group "
+          f"GETs), {st['requests_total']} in total, {st['gets_per_s']} GET/s "
+          f"({'within' if st['fits_one_prefix'] else 'ABOVE'} S3's "
+          f"{st['s3_prefix_gets_per_s']}/s per prefix; the shortest window that fits: "
+          f"{st['min_window_s']} s); manifest.json gets {st['hot_object_gets_per_s']} GET/s; "
+          f"before issue 31: {st['before']['requests_total']} in total")
