@@ -7,9 +7,9 @@ seeded plan makes replicas SIGKILL themselves at random steps, at random points 
 (after drawing their share, after the gradient allreduce, after the commit); each is
 restarted at once with the same replica id and rejoins the running job, receiving the cursor
 (and the "model") in torchft's state transfer. At most one replica is down at a time, so a
-quorum of 2 keeps training. It runs with torchft's asynchronous quorum, its synchronous one,
-and the asynchronous one with 2 process workers per replica (forked beside torchft's
-threads; every share checked to come from a worker).
+quorum of 2 keeps training. It runs with torchft's asynchronous quorum and threads, and with
+its synchronous quorum and 2 process workers per replica (forked beside torchft's threads;
+every share checked to come from a worker).
 
 Checked against an uninterrupted single-process run:
 
@@ -200,8 +200,8 @@ def sums(ids) -> list[int]:
     return [len(ids), sum(ids), sum(i * i for i in ids)]
 
 
-@pytest.mark.parametrize("sync,workers", [(False, 0), (True, 0), (False, 2)],
-                         ids=["async-quorum", "sync-quorum", "async-quorum-process-workers"])
+@pytest.mark.parametrize("sync,workers", [(False, 0), (True, 2)],
+                         ids=["async-quorum", "sync-quorum-process-workers"])
 def test_replicas_die_and_rejoin_and_the_committed_steps_consume_the_single_process_stream(
         dataset_url, tmp_path, sync, workers) -> None:
     plan = kill_plan(20 + sync)
