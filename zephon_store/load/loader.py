@@ -77,7 +77,8 @@ class Loader:
         self.workers = workers or WorkerOptions()
         if self.workers.num_workers and type(self)._processes is Loader._processes:
             raise ValueError("process workers (num_workers > 0) need torch's DataLoader: use "
-                             "zephon_store.torch.ZephonLoader")
+                             "zephon_store.torch.ZephonLoader (LiveZephonLoader for a live "
+                             "run)")
         self.stop = stop or StopOptions()
         self.batch_options = batch or BatchOptions()
         self.run_log = run_log
