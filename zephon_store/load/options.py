@@ -27,7 +27,7 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from .state import MAX_CURSOR
 
-__all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions"]
+__all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions", "option_group"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,35 @@ class WorkerOptions:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
+
+
+def option_group(name: str, given, cls: type, **flat):
+    """The ``cls`` group a front end uses: ``given`` (the group passed as ``name=``) or one
+    made from its flat keywords ``flat``; both at once is refused when a flat keyword is not
+    its default, naming them (each setting is given once).
+
+    >>> option_group("stop", None, StopOptions, max_steps=3, epochs=None, drop_last=True)
+    StopOptions(max_steps=3, epochs=None, drop_last=True)
+    >>> option_group("stop", StopOptions(epochs=1.0), StopOptions, max_steps=None,
+    ...              epochs=None, drop_last=True).epochs
+    1.0
+    >>> option_group("stop", StopOptions(epochs=1.0), StopOptions, max_steps=3, epochs=None,
+    ...              drop_last=True)
+    Traceback (most recent call last):
+    TypeError: stop=StopOptions(...) and the keyword max_steps=3 both set where the run stops: give max_steps in the group or drop stop=
+    """
+    if given is None:
+        return cls(**flat)
+    if not isinstance(given, cls):
+        raise TypeError(f"{name}= must be a {cls.__name__}, got {type(given).__name__}")
+    default = cls()
+    changed = [k for k, v in flat.items() if v is not getattr(default, k)
+               and v != getattr(default, k)]
+    if changed:
+        what = {"BatchOptions": "what a batch holds", "ReadAheadOptions": "the read-ahead",
+                "StopOptions": "where the run stops",
+                "WorkerOptions": "the process workers"}.get(cls.__name__, cls.__name__)
+        keywords = ", ".join(f"{k}={flat[k]!r}" for k in changed)
+        raise TypeError(f"{name}={cls.__name__}(...) and the keyword {keywords} both set "
+                        f"{what}: give {', '.join(changed)} in the group or drop {name}=")
+    return given

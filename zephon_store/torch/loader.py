@@ -29,7 +29,7 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.engine import ShareEngine
 from ..load.loader import Loader
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
 from ..load.source import Source
 from ..order.order import OrderOptions
 from ..order.topology import Topology
@@ -121,6 +121,10 @@ class ZephonLoader(Loader):
     :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` or its folder, for a dataset
     given by URL or a mixture) keeps decoded row groups on the node for later epochs and the node's other
     ranks (docs/loader.md, "Decoded cache").
+
+    The option groups of :mod:`zephon_store.load.options` may be given whole instead of their
+    keywords (``batch=BatchOptions(columns=("tokens",))``, ``read_ahead=``, ``stop=``,
+    ``workers=``); a group and one of its own keywords together are refused (TypeError).
     """
 
     def __init__(self, dataset: str | Dataset | Source, *, global_batch: int, seed: int | None = None,
@@ -137,15 +141,22 @@ class ZephonLoader(Loader):
                  coalesce: CoalesceOptions | None = None, drop_last: bool = True,
                  expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
                  run_log: str | None = None,
-                 deny_list=None, decoded_cache=None) -> None:
-        # The keywords travel on as named groups (load/options.py), validated there.
-        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch,
-                                multiprocessing_context=multiprocessing_context,
-                                pin_memory=pin_memory)
-        stop = StopOptions(max_steps=max_steps, epochs=epochs, drop_last=drop_last)
-        batch = BatchOptions(columns=columns, with_seq=with_seq, transform=transform)
-        read_ahead = ReadAheadOptions(prefetch_bytes=prefetch_bytes,
-                                      decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce)
+                 deny_list=None, decoded_cache=None, batch: BatchOptions | None = None,
+                 read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
+                 workers: WorkerOptions | None = None) -> None:
+        # The keywords travel on as named groups (load/options.py), validated there; a
+        # group given whole replaces its keywords.
+        workers = option_group("workers", workers, WorkerOptions, num_workers=num_workers,
+                               prefetch=prefetch,
+                               multiprocessing_context=multiprocessing_context,
+                               pin_memory=pin_memory)
+        stop = option_group("stop", stop, StopOptions, max_steps=max_steps, epochs=epochs,
+                            drop_last=drop_last)
+        batch = option_group("batch", batch, BatchOptions, columns=columns, with_seq=with_seq,
+                             transform=transform)
+        read_ahead = option_group("read_ahead", read_ahead, ReadAheadOptions,
+                                  prefetch_bytes=prefetch_bytes,
+                                  decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce)
         ws, rk = detect_topology()
         ws = ws if world_size is None else world_size
         topology = Topology(global_batch, ws, rk if rank is None else rank,
