@@ -5,8 +5,10 @@ CheckpointManager saving after step 6, then resumes that checkpoint at DP=3 and 
 shows the consumed windows continue exactly as in the uninterrupted run, token for token.
 The dataset is small (under 48 windows), so the runs cross an epoch boundary.
 
-TorchTitan main (Grain era) cannot be installed here; its API is exercised against stand-ins
-of its data classes (``test_main_api_with_stand_in_classes``).
+TorchTitan main (Grain era) is not on PyPI, so CI exercises its API against stand-ins of its
+data classes (``test_main_api_with_stand_in_classes``); the optional ``make test-titan-main``
+runs the same driver against main's real classes, and the resume test against main too
+(``test_torchtitan_main.py``).
 """
 
 from __future__ import annotations
@@ -531,7 +533,8 @@ print(json.dumps(out))
 
 @needs_torchtitan
 def test_main_api_with_stand_in_classes(packed, tmp_path):
-    """Flat batches and build kwargs of TorchTitan main, against stand-ins of its classes."""
+    """Flat batches and build kwargs of TorchTitan main, against stand-ins of its classes
+    (checked against the real ones by test_torchtitan_main.py, make test-titan-main)."""
     _, url, windows, _ = packed
     fake = tmp_path / "fake"
     files = {"torchtitan/__init__.py": "", "torchtitan/components/__init__.py": "",
