@@ -11,7 +11,8 @@ Supported TorchTitan APIs, picked by what the trainer passes to ``build``:
 
 - 0.3.0 (``components/dataloader.py``; tested): ``build(dp_world_size, dp_rank, tokenizer,
   seq_len, local_batch_size, ...)``; batches ``({"input", "positions"}: [B, L], labels)``.
-- main after the Grain move (``components/data/loader.py``; untested here): ``build(
+- main after the Grain move (``components/data/loader.py``; tested at commit b5bcd76c by the
+  optional ``make test-titan-main``): ``build(
   dp_world_size, dp_rank, tokenizer, max_context_length, num_tokens_per_batch)``; batches are
   flat token streams (see :mod:`zephon_store.integrations.titan_batches`).
 
