@@ -27,25 +27,34 @@ SNAPSHOT="$1"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${2:-$ROOT/.venv-titan-main}"
 
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --quiet)
-
-# The source: a tree as given, or the pinned commit of a git directory.
+# The source: a tree as given, or the pinned commit of a git directory (checked before
+# anything is removed or created).
 if [ -f "$SNAPSHOT/pyproject.toml" ]; then
-  SRC="$(cd "$SNAPSHOT" && pwd)"
-  COMMIT="$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)"
+  TREE="$(cd "$SNAPSHOT" && pwd)"
+  COMMIT="$(git -C "$TREE" rev-parse HEAD 2>/dev/null || echo unknown)"
 elif git --git-dir="$SNAPSHOT" cat-file -e "$TITAN_COMMIT^{commit}" 2>/dev/null; then
-  SRC="$VENV/src/torchtitan"
-  mkdir -p "$SRC"
+  TREE=""
   COMMIT="$(git --git-dir="$SNAPSHOT" rev-parse "$TITAN_COMMIT^{commit}")"
-  # Only what the package build reads: a snapshot may lack large test assets (LFS-sized blobs).
-  git --git-dir="$SNAPSHOT" archive "$COMMIT" -- pyproject.toml README.md LICENSE \
-      assets/version.txt torchtitan torchtitan_recipes | tar -x -C "$SRC"
 else
   echo "$SNAPSHOT is neither a torchtitan source tree (no pyproject.toml) nor a git directory" \
        "holding commit $TITAN_COMMIT; fetch the repository or set TITAN_COMMIT" >&2
   exit 2
+fi
+if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+  echo "$VENV exists and is not a virtual environment; name another VENV" >&2
+  exit 2
+fi
+
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --quiet)
+SRC="${TREE:-$VENV/src/torchtitan}"
+if [ -z "$TREE" ]; then
+  mkdir -p "$SRC"
+  # Only what the package build reads: a snapshot may lack large test assets (LFS-sized
+  # blobs); git 2.39 then still prints "invalid object" for one and exits 0.
+  git --git-dir="$SNAPSHOT" archive "$COMMIT" -- pyproject.toml README.md LICENSE \
+      assets/version.txt torchtitan torchtitan_recipes | tar -x -C "$SRC"
 fi
 
 CONSTRAINTS="$VENV/constraints.txt"
