@@ -1,7 +1,7 @@
 """The table "Every feature in every front end" in docs/loader.md cannot rot.
 
 Every row of issue 30 item 3 and every front end is there; each cell is ✅ or ⛔ (a refusal)
-naming at least one test, or, in the live column only, the placeholder the lead replaces;
+naming at least one test;
 every test a cell names exists (its file, a module-level ``def``, and a parametrize value
 for ``name[value]``), and a cell of ``test_front_ends.py`` cites its own column's case.
 """
@@ -23,7 +23,6 @@ ROWS = ["a single dataset", "a mixture with stages", "a deny list",
         "the decoded cache", "process workers", "an elastic resume"]
 # The value each column's cases of tests/integration/test_front_ends.py are parametrized by.
 FRONT_END_CASE = {COLUMNS[0]: "torch", COLUMNS[2]: "titan"}
-PENDING = "pending: live on Loader"
 TEST_ID = re.compile(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`")
 
 
@@ -53,8 +52,6 @@ def problems(text: str) -> list[str]:
     for row in rows:
         for column, cell in zip(header[1:], row[1:]):
             where = f"{row[0]!r} x {column}"
-            if cell == PENDING and column == COLUMNS[1]:
-                continue
             if not cell.startswith(("✅", "⛔")) or not cited(cell):
                 out.append(f"{where}: {cell!r} is neither ✅ nor ⛔ with a test")
                 continue
@@ -91,7 +88,7 @@ def test_the_table_names_every_row_column_and_an_existing_test_per_cell() -> Non
     (("test_process_workers[torch]", "test_process_workers[titan]"), "another column's case"),
     (("test_an_elastic_resume[torch]", "test_an_elastic_resume[jax]"), "parametrized by 'jax'"),
     (("| ✅ `tests/integration/test_front_ends.py::test_the_decoded_cache[titan]`",
-      "| pending: live on Loader"), "neither"),
+      "| pending"), "neither"),
     (("| an elastic resume |", "| a resume |"), "rows"),
 ])
 def test_a_rotten_table_is_caught(edit, found) -> None:
