@@ -58,3 +58,29 @@ def test_a_group_of_the_wrong_type_is_refused(tiny_dataset):
     with pytest.raises(TypeError, match="stop= must be a StopOptions, got dict"):
         ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=1, rank=0,
                      stop={"max_steps": 1})
+
+
+def test_the_live_loader_takes_the_groups_too(tiny_dataset):
+    from zephon_store.torch import LiveZephonLoader
+
+    def first_steps(loader, n=3):
+        batches = iter(loader)
+        out = []
+        for _ in range(n):
+            out.append(next(batches)["id"].tolist())
+            loader.commit(True)
+        return out, loader.state_dict()
+
+    flat = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (1, 3),
+                            columns=["id"], epochs=2.0, collate=None)
+    grouped = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
+                               participants=lambda: (1, 3), collate=None,
+                               batch=BatchOptions(columns=("id",)),
+                               stop=StopOptions(epochs=2.0))
+    assert first_steps(flat) == first_steps(grouped)
+    with pytest.raises(TypeError, match="batch=.*columns="):
+        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (0, 1),
+                         batch=BatchOptions(), columns=["id"])
+    with pytest.raises(ValueError, match="max_steps is not a bound of a live run"):
+        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (0, 1),
+                         stop=StopOptions(max_steps=2))

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..load.live import LiveLoader, LiveTopologyError, StepClaim
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
 from ..order.order import OrderOptions
 from .loader import ZephonLoader, to_torch
 
@@ -155,7 +155,9 @@ class LiveZephonLoader(LiveLoader):
     ``prefetch`` (batches a transform runs ahead), ``expect_dataset_id``, ``deny_list`` and
     ``run_log`` (every replica appends a ``"live": true`` line when it takes the run up;
     ``zephon audit`` checks the run), ``num_workers``/``multiprocessing_context`` (each
-    quorum shape's batches from a new ``DataLoader``). State and loads: ``LiveLoader``'s.
+    quorum shape's batches from a new ``DataLoader``). The option groups may be given whole
+    (``batch=``, ``read_ahead=``, ``stop=``, ``workers=``), as to ``ZephonLoader``. State and
+    loads: ``LiveLoader``'s.
     """
 
     def __init__(self, dataset, *, global_batch: int, manager=None,
@@ -173,7 +175,9 @@ class LiveZephonLoader(LiveLoader):
                  num_workers: int = 0, prefetch: int = 4,
                  multiprocessing_context: str | None = None,
                  expect_dataset_id: str | None = None, deny_list=None,
-                 run_log: str | None = None, state_key: str = "zephon_loader") -> None:
+                 run_log: str | None = None, state_key: str = "zephon_loader",
+                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+                 stop: StopOptions | None = None, workers: WorkerOptions | None = None) -> None:
         if manager is not None:
             participants = participants or manager_participants(manager)
             commits = commits or manager.current_step
@@ -182,15 +186,22 @@ class LiveZephonLoader(LiveLoader):
             raise ValueError("pass manager= (torchft) or participants= (a callable giving "
                              "(index, count) for the current step)")
         ahead = {} if prefetch_bytes is None else {"prefetch_bytes": prefetch_bytes}
+        stop = option_group("stop", stop, StopOptions, epochs=epochs, drop_last=drop_last)
+        if stop.max_steps is not None:
+            raise ValueError("LiveZephonLoader: stop.max_steps is not a bound of a live run "
+                             "(a step counts when it commits); bound it with epochs")
         super().__init__(
             dataset, global_batch=global_batch, participants=participants, commits=commits,
             agree=agree, group_size=group_size, group_rank=group_rank, seed=seed, order=order,
-            batch=BatchOptions(columns=columns, with_seq=with_seq, transform=transform),
-            read_ahead=ReadAheadOptions(decode_ahead_bytes=decode_ahead_bytes,
-                                        coalesce=coalesce, **ahead),
-            stop=StopOptions(epochs=epochs, drop_last=drop_last),
-            workers=WorkerOptions(num_workers=num_workers, prefetch=prefetch,
-                                  multiprocessing_context=multiprocessing_context),
+            batch=option_group("batch", batch, BatchOptions, columns=columns,
+                               with_seq=with_seq, transform=transform),
+            read_ahead=option_group("read_ahead", read_ahead, ReadAheadOptions,
+                                    decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce,
+                                    **ahead),
+            stop=stop,
+            workers=option_group("workers", workers, WorkerOptions, num_workers=num_workers,
+                                 prefetch=prefetch,
+                                 multiprocessing_context=multiprocessing_context),
             storage_options=storage_options, cache=cache, decoded_cache=decoded_cache,
             expect_dataset_id=expect_dataset_id, run_log=run_log, deny_list=deny_list,
             collate=collate)
