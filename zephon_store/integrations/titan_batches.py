@@ -13,7 +13,8 @@ Two layouts, chosen by the trainer's build arguments:
   ``input``/``positions``/``labels`` of shape ``[B * L]``; window boundaries are segment
   boundaries (positions restart at 0). The token count travels as
   ``input_dict.num_valid_tokens`` (attribute, and ``pop("num_valid_tokens")``), never as a
-  key, so it cannot leak into the model's keyword arguments.
+  key, so it cannot leak into the model's keyword arguments. (At main ``b5bcd76c`` the
+  trainer counts ``labels != -100`` itself and reads neither; earlier commits read it.)
 """
 
 from __future__ import annotations
