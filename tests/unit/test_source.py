@@ -23,11 +23,10 @@ from zephon_store.read.dataset import Dataset, open_dataset
 PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
 ASKS = re.compile(r"is_mixture|isinstance\([^)]*MixedDataset")
 # Where the question is still asked, each to leave with its change (issue 30 items 1, 4):
-# the CLI's usage check and info, and the run accounting, ask the normaliser's is_mixture of
-# a spelling before opening it; the audit's order test asks the order, not the source. runlog.py's
-# _is_mixture_entry checks the shape of a log line's entry (matched by the issue's grep).
-STILL_ASKING = {"cli/main.py", "load/accounting.py", "load/audit.py", "load/runlog.py",
-                "load/mixed.py"}   # mixed.py: open_mixture takes an open MixedDataset as it is
+# the CLI's usage check and info ask the normaliser's is_mixture of a spelling before
+# opening it; the run accounting, and the audit's order test (which asks the order, not
+# the source).
+STILL_ASKING = {"cli/main.py", "load/accounting.py", "load/audit.py"}
 
 
 def _convert(root, name: str, n: int) -> str:

@@ -624,9 +624,20 @@ def open_mixture(mixture, *, columns: Sequence[str] | None = None,
     its dict or a :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source
     opened with its own storage options; remote ones through ``cache``; every one through
     ``decoded_cache``, as for :func:`~zephon_store.open_dataset`). ``defer_stage_order``:
-    see :func:`build_mixture`."""
-    if isinstance(mixture, MixedDataset):
-        return mixture.select(columns)
+    see :func:`build_mixture`. The normaliser (:func:`~zephon_store.load.source.open_source`)
+    tells an open mixture from one to open; any other spelling is read as a mixture's."""
+    from .source import open_source
+
+    return open_source(mixture, columns=columns, global_batch=global_batch, cache=cache,
+                       decoded_cache=decoded_cache, defer_stage_order=defer_stage_order,
+                       as_mixture=True)
+
+
+def open_mixture_spec(mixture, *, columns: Sequence[str] | None = None,
+                      global_batch: int | None = None, cache=None,
+                      decoded_cache=None, defer_stage_order: bool = False) -> MixedDataset:
+    """The :class:`MixedDataset` of a mixture file path, its dict or a
+    :class:`~zephon_store.format.mixture_file.MixtureSpec` (see :func:`open_mixture`)."""
     spec = mixture_spec(mixture)
     return build_mixture(spec, open_sources(spec, cache=cache, decoded_cache=decoded_cache),
                          columns=columns, global_batch=global_batch,

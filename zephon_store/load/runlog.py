@@ -141,7 +141,7 @@ class RunSegment:
                                 or not 1 <= rpn <= MAX_WORLD_SIZE):
             raise ValueError(f"ranks_per_node must be an int in [1, {MAX_WORLD_SIZE}] or "
                              f"null, got {rpn!r}")
-        if self.mixture is not None and not _is_mixture_entry(self.mixture):
+        if self.mixture is not None and not _well_formed_mixture_entry(self.mixture):
             raise ValueError("mixture must be null or an object with a list of \"sources\" "
                              "(objects) and a \"schedule\" object")
         if not isinstance(self.order, OrderOptions):
@@ -242,7 +242,9 @@ def _check_deny_entry(entry: object) -> None:
         raise ValueError(f"'deny_list.path' must be a string, got {entry.get('path')!r:.60}")
 
 
-def _is_mixture_entry(mixture: object) -> bool:
+def _well_formed_mixture_entry(mixture: object) -> bool:
+    """Whether a log line's ``mixture`` value has the entry's shape: an object with a list
+    of ``sources`` (objects) and a ``schedule`` object."""
     return (isinstance(mixture, dict) and isinstance(mixture.get("sources"), list)
             and all(isinstance(s, dict) for s in mixture["sources"])
             and isinstance(mixture.get("schedule"), dict))

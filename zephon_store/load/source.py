@@ -117,7 +117,8 @@ def is_mixture(obj) -> bool:
 def open_source(spelling, *, columns: Sequence[str] | None = None,
                 global_batch: int | None = None, storage_options: dict | None = None,
                 cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
-                defer_stage_order: bool = False, no_mixture: str | None = None) -> Source:
+                defer_stage_order: bool = False, no_mixture: str | None = None,
+                as_mixture: bool = False) -> Source:
     """The :class:`Source` that ``spelling`` names.
 
     A mixture (file, dict, ``MixtureSpec`` or open ``MixedDataset``; docs/mixtures.md) is
@@ -128,20 +129,20 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
     dataset_ids, so ``expect_dataset_id`` is refused for one, and ``no_mixture`` (the
     refusal's words) refuses a mixture altogether. An open ``Dataset`` is checked against
     ``expect_dataset_id``; it is open already, so ``decoded_cache`` is refused. A URL is
-    opened with :func:`~zephon_store.read.dataset.open_dataset`.
+    opened with :func:`~zephon_store.read.dataset.open_dataset`. ``as_mixture``: read any
+    spelling as a mixture's (:func:`~zephon_store.load.mixed.open_mixture`).
     """
     from ..read.dataset import Dataset, open_dataset
 
-    if is_mixture(spelling):
+    if as_mixture or is_mixture(spelling):
         if no_mixture is not None:
             raise ValueError(no_mixture)
         if expect_dataset_id is not None:
             raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
                              "sources by their dataset_ids (checked on resume)")
-        from .mixed import open_mixture
-
-        return open_mixture(spelling, columns=columns, global_batch=global_batch, cache=cache,
-                            decoded_cache=decoded_cache, defer_stage_order=defer_stage_order)
+        return _open_mixture(spelling, columns=columns, global_batch=global_batch,
+                             cache=cache, decoded_cache=decoded_cache,
+                             defer_stage_order=defer_stage_order)
     if isinstance(spelling, Dataset):
         if decoded_cache is not None:
             raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
@@ -152,3 +153,12 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
         return spelling
     return open_dataset(spelling, storage_options=storage_options, cache=cache,
                         expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
+
+
+def _open_mixture(spelling, *, columns: Sequence[str] | None, **kw) -> Source:
+    """An open mixture with ``columns`` selected, or the mixture a spec spelling names."""
+    from .mixed import MixedDataset, open_mixture_spec
+
+    if isinstance(spelling, MixedDataset):
+        return spelling.select(columns)
+    return open_mixture_spec(spelling, columns=columns, **kw)
