@@ -28,6 +28,8 @@ from . import corpus, report
 from .grid import BASELINE, CELLS, CODE_CELLS, CORPORA
 
 RESULTS = os.path.join(corpus.BENCH, "results.json")
+# Per column kind, each codec alone (codecs.py): one file, so it can be measured apart.
+CODEC_RESULTS = os.path.join(corpus.BENCH, "codecs.json")
 MB = {"text": 50, "tokens": 50, "code": 40}
 RESUME_BATCH = {"text": 256, "tokens": 32, "code": 256}
 
@@ -107,18 +109,31 @@ def _litdata(kind: str, meta: dict, reps: int, work: str) -> dict:
     return res
 
 
-def _load() -> dict:
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
+def _load(path: str = RESULTS) -> dict:
+    if os.path.exists(path):
+        with open(path) as f:
             return json.load(f)
     return {}
 
 
-def _save(results: dict) -> None:
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS + ".tmp", "w") as f:
+def _save(results: dict, path: str = RESULTS) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
-    os.replace(RESULTS + ".tmp", RESULTS)
+    os.replace(path + ".tmp", path)
+
+
+def measure_codecs(kinds, *, fresh: bool = False) -> dict:
+    """Each corpus's per-column codec figures (codecs.py), one fresh process per corpus."""
+    out = {} if fresh else _load(CODEC_RESULTS)
+    for kind in kinds:
+        if kind not in out:
+            meta = corpus.ensure(kind, MB[kind])
+            _warm(meta["input"])
+            out[kind] = run_child("format.cell", "--what", "codecs", "--kind", kind,
+                                  "--inp", meta["input"], "--out", "-")
+            _save(out, CODEC_RESULTS)
+    return out
 
 
 def _machine() -> dict:
@@ -155,7 +170,8 @@ def main(argv=None) -> int:
             print(f"{kind}: {name}", flush=True)
             slot["cells"][name] = _cell(kind, meta, CELLS[name], a.reps, work)
             _save(results)
-    report.write(results, a.doc)
+    kinds = [] if a.report_only else a.corpus.split(",")
+    report.write(results, a.doc, measure_codecs(kinds, fresh=a.fresh))
     return 0
 
 

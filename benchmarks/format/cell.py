@@ -22,6 +22,7 @@ import statistics
 import time
 
 from ..peers.common import SEED, vm_kb
+from . import codecs
 
 READ_BATCHES = (8, 256)
 RESUME_AT = (0, 50, 99)
@@ -154,7 +155,7 @@ def _reads(a) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--what", required=True, choices=("convert", "pyarrow", "reads"))
+    ap.add_argument("--what", required=True, choices=("convert", "pyarrow", "reads", "codecs"))
     ap.add_argument("--kind", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--inp")
@@ -169,7 +170,8 @@ def main() -> None:
         import zephon_store.torch  # noqa: F401
     else:
         import zephon_store.write.convert  # noqa: F401
-    out = {"convert": _convert, "pyarrow": _pyarrow, "reads": _reads}[a.what](a)
+    out = {"convert": _convert, "pyarrow": _pyarrow, "reads": _reads,
+           "codecs": lambda a: codecs.measure(a.kind, a.inp)}[a.what](a)
     out["peak_rss_mb"] = round(vm_kb("VmHWM") / 1024, 1)
     print(json.dumps(out), flush=True)
     os._exit(0)   # skip teardown with loader threads alive: no part of the measurement

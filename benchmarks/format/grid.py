@@ -24,8 +24,9 @@ CELLS: dict[str, dict] = {
     "zstd-3, pages 64 KiB": {**OLD, "data_page_size": 64 << 10},
     # row-group size, old codec
     "zstd-3, row groups 256 KiB": {**OLD, "row_group_bytes": 256 << 10},
-    # combination
+    # combinations
     "auto, row groups 256 KiB": {"row_group_bytes": 256 << 10},
+    "auto, pages 64 KiB": {"data_page_size": 64 << 10},
 }
 
 CORPORA = ("text", "tokens", "code")

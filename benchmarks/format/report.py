@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..peers.common import ROOT
-from .grid import BASELINE
+from .grid import BASELINE, CELLS
 
 DOC = os.path.join(ROOT, "docs", "benchmarks_format.md")
 PLOT = os.path.join(ROOT, "docs", "img", "benchmarks_format.png")
@@ -36,6 +36,12 @@ def _codecs(cell: dict) -> str:
     return ", ".join(f"{c}: {'/'.join(v)}" for c, v in cell.get("codecs", {}).items()) or "-"
 
 
+def _order(name: str) -> int:
+    """Cells in the grid's order (the baseline first), unknown names last."""
+    names = list(CELLS)
+    return names.index(name) if name in names else len(names)
+
+
 def table(kind: str, slot: dict) -> str:
     """One corpus: a row per cell, then the raw-pyarrow and LitData baselines.
 
@@ -53,7 +59,8 @@ def table(kind: str, slot: dict) -> str:
              "seq b8 | shuf b8 | seq b256 | shuf b256 | resume 0/50/99 % ms | get p50 µs | "
              "cold first batch KB | codecs chosen |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, cell in slot["cells"].items():
+    for name in sorted(slot["cells"], key=_order):
+        cell = slot["cells"][name]
         x = _rates(slot, name)
         reads = " | ".join(f"{x[k]:.0f} ({base[k + '_cpu'] / x[k + '_cpu']:.2f}×)"
                            for k in READS)
@@ -87,7 +94,7 @@ def plot(results: dict, path: str = PLOT) -> None:
     for ax, kind in zip(axes[0], kinds):
         slot = results[kind]
         base = _rates(slot, BASELINE)
-        for name in slot["cells"]:
+        for name in sorted(slot["cells"], key=_order):
             x = _rates(slot, name)
             speed = sum(base[k + "_cpu"] / x[k + "_cpu"] for k in READS) / len(READS)
             ax.scatter(x["disk"] / base["disk"], speed, s=20 + 30 * x["convert"] / base["convert"])
@@ -101,9 +108,33 @@ def plot(results: dict, path: str = PLOT) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write(results: dict, doc: str = DOC) -> None:
+def codec_table(codecs: dict) -> str:
+    """Per corpus and column: the auto rule's sample ratio, then each codec's ratio and
+    CPU MB/s (of Arrow bytes) writing and reading the column, fastest of the rounds."""
+    from zephon_store.write.shardwriter import AUTO_MIN_RATIO
+
+    names = ("none", "lz4", "snappy", "zstd-1", "zstd-3")
+    lines = ["| corpus: column (storage type) | auto's sample ratio → choice | "
+             + " | ".join(f"{n}: ratio, write / read MB/s" for n in names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for kind, res in codecs.items():
+        for col, c in res["columns"].items():
+            mb = c["arrow_bytes"] / 1e6
+            choice = "zstd-1" if c["auto_ratio"] >= AUTO_MIN_RATIO else "none"
+            cells = " | ".join(
+                f"{c['arrow_bytes'] / x['bytes']:.2f}, {mb / max(x['write_s'], 1e-9):.0f} / "
+                f"{mb / max(x['read_s'], 1e-9):.0f}" for x in (c["codecs"][n] for n in names))
+            lines.append(f"| {kind}: {col} ({c['type']}) | {c['auto_ratio']:.2f} → {choice} | "
+                         f"{cells} |")
+    return "\n".join(lines)
+
+
+def write(results: dict, doc: str = DOC, codecs: dict | None = None) -> None:
     """Replace the generated part of ``doc`` (between the grid markers) and redraw the plot."""
     body = "\n\n".join(table(k, s) for k, s in results.items() if s.get("cells"))
+    if codecs:
+        body = ("### Each codec alone, per column (CPU time, one process per corpus)\n\n"
+                + codec_table(codecs) + "\n\n" + body)
     try:
         plot({k: s for k, s in results.items() if s.get("cells")})
     except ImportError:
