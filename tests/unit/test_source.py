@@ -24,9 +24,9 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
 ASKS = re.compile(r"is_mixture|isinstance\([^)]*MixedDataset")
 # Where the question is still asked, each to leave with its change (issue 30 items 1, 4):
 # the CLI's usage check and info ask the normaliser's is_mixture of a spelling before
-# opening it; the run accounting, and the audit's order test (which asks the order, not
-# the source).
-STILL_ASKING = {"cli/main.py", "load/accounting.py", "load/audit.py"}
+# opening it (the lead's edit: cli/main.py is another engineer's now); the audit's order
+# test asks the order, not the source.
+STILL_ASKING = {"cli/main.py", "load/audit.py"}
 
 
 def _convert(root, name: str, n: int) -> str:

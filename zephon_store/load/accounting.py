@@ -55,52 +55,62 @@ class RunContext:
                  global_batch: int | None = None, seed: int | None = None,
                  shuffle: bool | None = None, window_blocks: int | None = None,
                  lanes: int | str | None = None, storage_options: dict | None = None) -> None:
-        from ..errors import MixtureError
-        from ..format.manifest import load_manifest
-        from ..io.storage import Storage
-        from .mixed import open_mixture
-        from .order_inputs import run_global_batch
-        from .runlog import read_run_log
-        from .source import is_mixture
+        from .source import by_kind
 
         self.dataset, self.log, self.storage_options = dataset, log, storage_options
         self._given = {"seed": seed, "shuffle": shuffle, "window_blocks": window_blocks,
                        "lanes": lanes}
         self.mix = None
+        self.manifest = None
         self.segments = None
         self._orders: dict = {}
         self._deny: dict = {}
-        mixture = is_mixture(dataset)
-        if log and mixture:
-            self.segments = read_run_log(log)
+        # What is opened, and in which order the log is read, is each kind's own (below).
+        by_kind(dataset, dataset=lambda url: self._open_dataset(url, global_batch),
+                mixture=lambda spelling: self._open_mixture(spelling, global_batch))
+        if log:
+            self._check_order_flags()
+
+    def _run_global_batch(self, global_batch: int | None) -> int | None:
+        """The loader's rule: the log's global batch (or ``global_batch`` without a log)
+        places the stage starts in steps; a disagreeing one is refused."""
+        from ..errors import MixtureError
+        from .order_inputs import run_global_batch
+
         try:
-            # The loader's rule: the log's global batch (or global_batch without a log)
-            # places the stage starts in steps; a disagreeing one is refused.
-            self.global_batch = run_global_batch(global_batch, self.segments, log=log)
+            return run_global_batch(global_batch, self.segments, log=self.log)
         except MixtureError as exc:
             raise AuditRequestError(str(exc)) from None
-        if mixture:
-            # A mixture file: its sources' manifests; each segment's schedule comes from
-            # the log, so stages in steps that a checkpoint fixed (and that would not be in
-            # order at the first segment's batch) are not an error here (as for a loader
-            # that resumes).
-            self.mix = open_mixture(dataset, global_batch=self.global_batch,
-                                    defer_stage_order=self.segments is not None)
-            self.manifest = None
-            self.dataset_id = self.mix.dataset_id
-        else:
-            self.manifest = load_manifest(Storage(dataset, storage_options=storage_options))
-            self.dataset_id = self.manifest.dataset_id
-        if log:
-            if self.segments is None:
-                self.segments = read_run_log(log, dataset_id=self.dataset_id)
-                try:
-                    run_global_batch(global_batch, self.segments, log=log)
-                except MixtureError as exc:
-                    raise AuditRequestError(str(exc)) from None
-            if self.mix is not None:
-                self._check_mixture_log()
-            self._check_order_flags()
+
+    def _open_dataset(self, url: str, global_batch: int | None) -> None:
+        """One dataset: its manifest, then the log, which must be for this dataset."""
+        from ..format.manifest import load_manifest
+        from ..io.storage import Storage
+        from .runlog import read_run_log
+
+        self.global_batch = self._run_global_batch(global_batch)
+        self.manifest = load_manifest(Storage(url, storage_options=self.storage_options))
+        self.dataset_id = self.manifest.dataset_id
+        if self.log:
+            self.segments = read_run_log(self.log, dataset_id=self.dataset_id)
+            self._run_global_batch(global_batch)
+
+    def _open_mixture(self, spelling, global_batch: int | None) -> None:
+        """A mixture file: the log first (its global batch places the stage starts), then
+        the sources' manifests; each segment's schedule comes from the log, so stages in
+        steps that a checkpoint fixed (and that would not be in order at the first
+        segment's batch) are not an error here (as for a loader that resumes)."""
+        from .mixed import open_mixture
+        from .runlog import read_run_log
+
+        if self.log:
+            self.segments = read_run_log(self.log)
+        self.global_batch = self._run_global_batch(global_batch)
+        self.mix = open_mixture(spelling, global_batch=self.global_batch,
+                                defer_stage_order=self.segments is not None)
+        self.dataset_id = self.mix.dataset_id
+        if self.log:
+            self._check_mixture_log()
 
     def _check_order_flags(self) -> None:
         """With a log, the order options given may only repeat what every segment recorded."""

@@ -33,7 +33,7 @@ import pyarrow as pa
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 
-__all__ = ["Source", "is_mixture", "open_source"]
+__all__ = ["Source", "by_kind", "is_mixture", "open_source"]
 
 MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
@@ -112,6 +112,18 @@ def is_mixture(obj) -> bool:
         return (path.endswith(MIXTURE_FILE_SUFFIXES) and "://" not in path
                 and not os.path.isdir(path))
     return type(obj).__name__ == "MixtureSpec"
+
+
+def by_kind(spelling, *, dataset, mixture):
+    """``mixture(spelling)`` when ``spelling`` names a mixture (:func:`is_mixture`), else
+    ``dataset(spelling)``: the normaliser's one question, answered for a caller that acts on
+    a spelling before it is opened (run accounting reads a mixture's log first: its global
+    batch places the stage starts). The caller gives what each kind does, and asks nothing.
+
+    >>> by_kind({"sources": []}, dataset=lambda s: "one dataset", mixture=lambda s: "mixture")
+    'mixture'
+    """
+    return (mixture if is_mixture(spelling) else dataset)(spelling)
 
 
 def open_source(spelling, *, columns: Sequence[str] | None = None,
