@@ -127,7 +127,7 @@ def _free_port() -> int:
 
 
 def _clean_mosaic_shm() -> None:
-    from common import import_streaming
+    from ..peers.common import import_streaming
 
     import_streaming()
     from streaming.base.util import clean_stale_shared_memory
@@ -366,7 +366,7 @@ def aggregate(raw: list[dict]) -> dict:
 
 def check_env() -> None:
     try:
-        from common import import_streaming
+        from ..peers.common import import_streaming
 
         import_streaming()
         import datasets  # noqa: F401
