@@ -150,6 +150,8 @@ def test_recent_copy_is_fetched_once_per_node_and_expires(tmp_path):
     assert cache.get_or_fetch_recent("s3://b/other/manifest.json", lambda: b"o") == (b"o", False)
     cache.drop_recent("s3://b/ds/manifest.json")
     assert cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: b"v3") == (b"v3", False)
+    cache.clear()                               # zephon cache clear forgets them too
+    assert cache.get_or_fetch_recent("s3://b/ds/manifest.json", lambda: b"v4") == (b"v4", False)
 
 
 class _CountingStorage(Storage):

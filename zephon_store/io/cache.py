@@ -702,7 +702,8 @@ class ChunkCache:
                 "plans": plans}
 
     def clear(self) -> int:
-        """Remove every entry (and stale temp files); returns the bytes freed."""
+        """Remove every entry (and stale temp files) and the node's recent copies of mutable
+        objects (so the next open fetches ``manifest.json`` again); returns the bytes freed."""
         if not os.path.isdir(self._root):
             return 0
         freed = 0
@@ -714,6 +715,9 @@ class ChunkCache:
                 except FileNotFoundError:
                     pass
             self._write_usage(0)
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(self._recent):
+                    _unlink_quiet(os.path.join(self._recent, name))
         return freed
 
 
