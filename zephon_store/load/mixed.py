@@ -590,6 +590,31 @@ class MixedOrder:
         """The largest shuffle window of the sources' orders."""
         return max(o.window_samples for o in self.source_orders)
 
+    # -- the per-source view (as Order's, order/order.py: one dataset is one source) ---
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(self.mix.names)
+
+    def source_positions(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(source, position in that source's own stream) of each mixture position."""
+        src, index = self.mix.schedule.locate(np.asarray(positions, dtype=np.int64))
+        return np.asarray(src, dtype=np.int64), np.asarray(index, dtype=np.int64)
+
+    def consumed(self, position: int) -> np.ndarray:
+        """Positions of each source's stream before mixture position ``position``."""
+        return np.asarray(self.mix.schedule.consumed(position), dtype=np.int64)
+
+    def stream_position(self, source: int, index) -> np.ndarray:
+        """The mixture position of source ``source``'s stream position ``index`` (-1: the
+        schedule never reaches it)."""
+        return np.asarray(self.mix.schedule.position_of(source, np.asarray(index)),
+                          dtype=np.int64)
+
+    def split_ids(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """Virtual ids -> (source index, the source's own sample id)."""
+        return self.mix.split_ids(ids)
+
     def block_of(self, ids) -> np.ndarray:
         """The virtual row group (block) holding each virtual sample id."""
         return np.searchsorted(self.mix.manifest.rg_row_start, np.asarray(ids, np.int64),

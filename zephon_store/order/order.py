@@ -521,6 +521,36 @@ class Order:
         """w, the number of samples in one shuffle window of a lane."""
         return self._window
 
+    # -- the per-source view: one dataset's order is a mixture of one unnamed source (0),
+    # whose stream position is the position itself (as MixedOrder's, load/mixed.py).
+
+    @property
+    def source_orders(self) -> tuple[Order]:
+        """Each source's own order: this one."""
+        return (self,)
+
+    @property
+    def source_names(self) -> tuple[None]:
+        """Each source's name: None, one dataset's (a mixture's are its sources')."""
+        return (None,)
+
+    def source_positions(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(source, position in that source's own stream) of each position: (0, p)."""
+        p = np.asarray(positions, dtype=np.int64)
+        return np.zeros_like(p), p
+
+    def consumed(self, position: int) -> np.ndarray:
+        """Positions of each source's stream before ``position``: ``[position]``."""
+        return np.array([position], dtype=np.int64)
+
+    def stream_position(self, source: int, index) -> np.ndarray:
+        """The position of source ``source``'s stream position ``index``: ``index``."""
+        return np.asarray(index, dtype=np.int64)
+
+    def split_ids(self, ids) -> tuple[None, np.ndarray]:
+        """Sample ids -> (None: one dataset has no source index, the ids)."""
+        return None, np.asarray(ids, dtype=np.int64)
+
     def epoch_of(self, positions: np.ndarray | int) -> np.ndarray:
         """The epoch of each position (``p // N``)."""
         return self._check(positions) // self._n
