@@ -300,7 +300,6 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
     spans = segment_steps(segs, end_step)
     first = segs[0]
     ref = order_for(first)
-    n = int(ref.num_samples)
     events: list[RunEvent] = []
     notes: list[str] = []
     if (first.first_step, first.cursor) != (0, 0):
@@ -311,7 +310,7 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                           f"not {dataset_id}")
     for k in range(1, len(segs)):
         events += _boundary_events(segs[k - 1], segs[k], spans[k - 1][2])
-    intervals = _segment_intervals(spans, order_for, deny_for, dataset_id, n)
+    intervals = _segment_intervals(spans, order_for, deny_for, dataset_id, _epoch_sizes(ref))
     last_seg, _, last_stop = spans[-1]
     start, end = first.cursor, last_seg.cursor_at(last_stop)
     if end_step is None:
@@ -320,10 +319,12 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                      "to audit its steps")
     epochs_out: list[EpochExposure] = []
     unlisted = 0
-    if intervals and _is_mixture_order(ref):
-        epochs_out, unlisted = _mixture_epochs(intervals, ref, start, end, chunk)
-    elif intervals:
+    if intervals and ref.source_orders[0] is ref:
+        # One source whose stream positions are the positions: the same count as
+        # _source_epochs, with an epoch held at a time and chunks recomputed in threads.
         epochs_out, unlisted = _dataset_epochs(intervals, ref, start, end, chunk, workers)
+    elif intervals:
+        epochs_out, unlisted = _source_epochs(intervals, ref, start, end, chunk)
     if unlisted:
         notes.append(f"{unlisted} more whole epochs (of the dataset, or of a mixture's "
                      "sources) were never read by any segment (a cursor gap): every sample "
@@ -335,10 +336,16 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
                     notes=tuple(notes), unlisted_skipped_epochs=unlisted)
 
 
+def _epoch_sizes(order) -> list[int]:
+    """The epoch size of each source's own stream (one dataset: its own)."""
+    return [int(o.num_samples) for o in order.source_orders]
+
+
 def _segment_intervals(spans, order_for: OrderFor, deny_for, dataset_id: str | None,
-                       n: int) -> list[tuple[int, int, Any, Any]]:
+                       sizes: list[int]) -> list[tuple[int, int, Any, Any]]:
     """``(lo, hi, order, deny)``: the positions each segment consumed, with the order it read
-    (None for a segment of another dataset) and its deny list (or None)."""
+    (None for a segment of another dataset) and its deny list (or None). Every source's
+    epoch size must be the first segment's ``sizes``."""
     intervals = []
     for seg, a, b in spans:
         if b <= a:
@@ -346,9 +353,10 @@ def _segment_intervals(spans, order_for: OrderFor, deny_for, dataset_id: str | N
         lo, hi = seg.cursor_at(a), seg.cursor_at(b)
         readable = dataset_id is None or seg.dataset_id == dataset_id
         order = order_for(seg) if readable else None
-        if order is not None and not _is_mixture_order(order) and int(order.num_samples) != n:
-            raise RunLogError(f"line {seg.line}: its order has {order.num_samples} samples per "
-                              f"epoch, the first segment's {n}")
+        for got, want in zip(_epoch_sizes(order) if order is not None else [], sizes):
+            if got != want:
+                raise RunLogError(f"line {seg.line}: its order has {got} samples per epoch, "
+                                  f"the first segment's {want}")
         deny = deny_for(seg) if deny_for is not None and readable else None
         intervals.append((lo, hi, order, deny))
     return intervals
@@ -425,32 +433,29 @@ def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: in
     return sorted(touched.union(gaps)), extra
 
 
-def _is_mixture_order(order) -> bool:
-    return hasattr(order, "source_orders") and hasattr(order, "mix")
-
-
-def _mixture_epochs(intervals, ref, start: int, end: int,
-                    chunk: int) -> tuple[list[EpochExposure], int]:
-    """Per source and source epoch: a mixture position is (source k, index i in k's own
-    stream), and exposures count in k's epoch ``i // N_k``. Every source epoch touched is
-    held until the end (2 bytes per sample of each). Also returns the count of whole
-    source epochs never read and not listed (:func:`_epochs_to_list`)."""
-    names = list(ref.mix.names)
-    sizes = [int(o.num_samples) for o in ref.source_orders]
+def _source_epochs(intervals, ref, start: int, end: int,
+                   chunk: int) -> tuple[list[EpochExposure], int]:
+    """Per source and source epoch: a position is (source k, index i in k's own stream),
+    and exposures count in k's epoch ``i // N_k`` (one dataset: source 0, i the position).
+    Every source epoch touched is held until the end (2 bytes per sample of each). Also
+    returns the count of whole source epochs never read and not listed
+    (:func:`_epochs_to_list`)."""
+    names = ref.source_names
+    sizes = _epoch_sizes(ref)
     exps = [Exposures(nk) for nk in sizes]
-    for lo, hi, order, _deny in intervals:
+    for lo, hi, order, deny in intervals:
         if order is None:
             continue
         for c in range(lo, hi, chunk):
             pos = np.arange(c, min(c + chunk, hi), dtype=np.int64)
-            src, index = order.mix.schedule.locate(pos)
-            src, index = np.asarray(src, dtype=np.int64), np.asarray(index, dtype=np.int64)
+            src, index = order.source_positions(pos)
             for k in np.unique(src).tolist():
                 idx = index[src == k]
-                # locate is a bijection onto (source, index): distinct indices, distinct ids.
-                exps[k].add(idx, order.source_orders[k].sample_at(idx), distinct=True)
-    lo_k = np.asarray(ref.mix.schedule.consumed(start), dtype=np.int64)
-    hi_k = np.asarray(ref.mix.schedule.consumed(end), dtype=np.int64)
+                ids = order.source_orders[k].sample_at(idx)
+                # A bijection onto (source, index): distinct indices, distinct ids.
+                exps[k].add(idx, ids, None if deny is None else deny.masked(ids),
+                            distinct=True)
+    lo_k, hi_k = ref.consumed(start), ref.consumed(end)
     out = []
     unlisted = 0
     for k, (exp, nk) in enumerate(zip(exps, sizes)):
@@ -570,12 +575,12 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
         ids = [order.sample_at(p) for p in parts]
         deny = deny_for(seg) if deny_for is not None else None
         masked = None if deny is None else [deny.masked(i).tolist() for i in ids]
-        sources = None
-        if _is_mixture_order(order):
-            split = [order.mix.split_ids(i) for i in ids]
-            names = list(order.mix.names)
-            sources = [[names[k] for k in src.tolist()] for src, _ in split]
-            ids = [local for _, local in split]
+        # Each id as (source, the source's own id); one dataset's have no source index.
+        split = [order.split_ids(i) for i in ids]
+        names = order.source_names
+        sources = (None if split[0][0] is None else
+                   [[names[k] for k in src.tolist()] for src, _ in split])
+        ids = [local for _, local in split]
         reached = (s < end_step) if end_step is not None else seg is not last
         out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, seg.world_size, seg.line,
                              [i.tolist() for i in ids], masked, sources, reached))
@@ -600,10 +605,9 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
     [(0, 7), (3, 7)]
     """
     ids_arr = np.asarray(list(ids), dtype=np.int64)
-    mixture = _is_mixture_order(order)
-    if mixture and source is None:
-        raise ValueError("a mixture's ids belong to a source: pass source=")
-    inner = order.source_orders[source] if mixture else order
+    k = _source_of(order, source)
+    name = order.source_names[k]
+    inner = order.source_orders[k]
     n = int(inner.num_samples)
     # Epochs are taken lazily: a range of 10**12 epochs is refused, never listed.
     room = MAX_WHERE_ANSWERS // max(1, ids_arr.size)
@@ -624,23 +628,33 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
             p = int(pos[i, j])
             rec: dict[str, Any] = {"id": sid, "epoch": e, "position": p - e * n,
                                    "global_position": p}
-            if mixture:
-                rec["source"] = list(order.mix.names)[source]
+            if name is not None:
+                # A named source's own stream position, and the position that reads it.
+                rec["source"] = name
                 rec["source_position"] = p
-                rec["global_position"] = int(order.mix.schedule.position_of(
-                    source, np.array([p]))[0])
+                rec["global_position"] = int(order.stream_position(k, np.array([p]))[0])
             if segments:
                 rec["consumed"] = _consumed_at(spans, order_for, sid, e, end_step, source)
             out.append(rec)
     return out
 
 
+def _source_of(order, source: int | None) -> int:
+    """The index of the source ``source`` names in ``order``'s per-source view: the only
+    one when that one is unnamed (one dataset), else ``source``, which must be given."""
+    if order.source_names[0] is None:
+        return 0
+    if source is None:
+        raise ValueError("a mixture's ids belong to a source: pass source=")
+    return source
+
+
 def _position_in(order, sid: int, epoch: int, source: int | None) -> int:
-    """The stream position of ``sid`` in ``epoch`` (a mixture: of source ``source``)."""
-    if _is_mixture_order(order):
-        p = int(order.source_orders[source].positions_of(np.array([sid]), epoch)[0])
-        return int(order.mix.schedule.position_of(source, np.array([p]))[0])
-    return int(order.positions_of(np.array([sid]), epoch)[0])
+    """The position of ``sid`` in ``epoch`` of source ``source``'s own stream (one
+    dataset: its own), as the position that reads it."""
+    k = _source_of(order, source)
+    p = int(order.source_orders[k].positions_of(np.array([sid]), epoch)[0])
+    return int(order.stream_position(k, np.array([p]))[0])
 
 
 def _consumed_at(spans, order_for, sid: int, epoch: int, end_step,
