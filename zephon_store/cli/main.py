@@ -204,14 +204,18 @@ _ONE_DATASET = {
 def _refuse_mixture(args) -> None:
     """A mixture file given where one dataset is read: one line saying so (else the reader
     fails on ``<file>/manifest.json`` with NotADirectoryError)."""
-    from ..load.source import is_mixture
+    from ..load.source import by_kind
 
     url = getattr(args, "url", None)
-    if args.command not in _ONE_DATASET or url is None or not is_mixture(url):
+    if args.command not in _ONE_DATASET or url is None:
         return
     if (args.command == "plan" and args.mixture is not None) or (
             args.command == "cache" and args.action != "fill"):
         return
+    by_kind(url, dataset=lambda _: None, mixture=lambda _: _mixture_refused(args, url))
+
+
+def _mixture_refused(args, url: str) -> None:
     command = "cache fill" if args.command == "cache" else args.command
     instead = _ONE_DATASET[args.command].format(url=url)
     raise UsageError(f"{url} is a mixture file, not a dataset, and 'zephon {command}' reads one "
@@ -299,13 +303,15 @@ def cmd_verify(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from ..load.source import is_mixture
+    from ..load.source import by_kind
+    from .mixture_cmd import cmd_mixture_info
+
+    return by_kind(args.url, dataset=lambda _: _dataset_info(args),
+                   mixture=lambda _: cmd_mixture_info(args))
+
+
+def _dataset_info(args) -> int:
     from ..read.dataset import open_dataset
-
-    if is_mixture(args.url):
-        from .mixture_cmd import cmd_mixture_info
-
-        return cmd_mixture_info(args)
 
     with open_dataset(args.url, storage_options=args.storage_options) as ds:
         m = ds.manifest
