@@ -48,15 +48,21 @@ def _warm(path: str) -> None:
                     pass
 
 
-def _cell(kind: str, meta: dict, options: dict, reps: int, work: str) -> dict:
-    out = os.path.join(work, "ds")
-    conv = []
+def _conversions(what: str, kind: str, inp: str, out: str, reps: int, *args: str) -> list:
+    """``reps`` conversions into ``out``, each from a warm input in a fresh process."""
+    runs = []
     for _ in range(reps):
         shutil.rmtree(out, ignore_errors=True)
-        _warm(meta["input"])
-        conv.append(run_child("format.cell", "--what", "convert", "--kind", kind,
-                              "--inp", meta["input"], "--out", out,
-                              "--options", json.dumps(options)))
+        _warm(inp)
+        runs.append(run_child("format.cell", "--what", what, "--kind", kind, "--inp", inp,
+                              "--out", out, *args))
+    return runs
+
+
+def _cell(kind: str, meta: dict, options: dict, reps: int, work: str) -> dict:
+    out = os.path.join(work, "ds")
+    conv = _conversions("convert", kind, meta["input"], out, reps,
+                        "--options", json.dumps(options))
     reads = []
     for _ in range(reps):
         _warm(out)
@@ -73,12 +79,7 @@ def _cell(kind: str, meta: dict, options: dict, reps: int, work: str) -> dict:
 
 def _baselines(kind: str, meta: dict, reps: int, work: str) -> dict:
     out = os.path.join(work, "pyarrow")
-    runs = []
-    for _ in range(reps):
-        shutil.rmtree(out, ignore_errors=True)
-        _warm(meta["input"])
-        runs.append(run_child("format.cell", "--what", "pyarrow", "--kind", kind,
-                              "--inp", meta["input"], "--out", out))
+    runs = _conversions("pyarrow", kind, meta["input"], out, reps)
     res = {"pyarrow": {**_median(runs), "disk_bytes": du(out)}}
     if kind != "code" and _have("litdata"):
         res["litdata"] = _litdata(kind, meta, reps, work)
