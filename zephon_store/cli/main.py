@@ -323,6 +323,9 @@ def _dataset_info(args) -> int:
     }
     if m.packing is not None:
         info["packing"] = m.packing
+    codecs = m.doc.get("codecs")   # compression="auto": the codec chosen per column (SPEC 3.2)
+    if codecs is not None:
+        info["codecs"] = codecs
     if args.json:
         emit(info)
         return 0
@@ -336,6 +339,10 @@ def _dataset_info(args) -> int:
     skipped = {k: v for k, v in (m.skipped or {}).items() if v}
     print("skipped   " + (", ".join(f"{k}={v}" for k, v in skipped.items()) or "none"))
     print(f"writer    {_key_values(m.writer)}")
+    if codecs is not None:
+        print("codecs    " + "; ".join(
+            f"{col}: " + ", ".join(f"{codec} x{n}" for codec, n in sorted(per.items()))
+            for col, per in codecs.items()))
     if m.packing is not None:
         print(f"packing   {_key_values(m.packing)}")
     print("schema")
