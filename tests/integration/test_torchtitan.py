@@ -289,7 +289,7 @@ def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
 
 @needs_torchtitan
 def test_load_state_dict_while_iterating_applies_at_the_next_iter(packed):
-    """A live iterator is closed by load_state_dict and never moves the loaded cursor."""
+    """A open iterator is closed by load_state_dict and never moves the loaded cursor."""
     _, url, windows, _ = packed
     ids = _window_ids(windows)
     make_loader = _loader_factory(url)

@@ -32,9 +32,9 @@ from collections.abc import Iterator
 
 import grain
 
-from ..load.engine import ShareEngine
 from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from ..load.share_reader import ShareReader
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .workers import worker_batches
@@ -45,8 +45,8 @@ __all__ = ["ZephonDatasetIterator", "ZephonIterDataset"]
 class _GrainLoader(Loader):
     """The torch-free loader whose process workers are Grain's."""
 
-    def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
-        return worker_batches(engine, self.workers)
+    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
+        return worker_batches(reader, self.workers)
 
 
 class ZephonIterDataset(grain.IterDataset):

@@ -4,7 +4,7 @@ Worker ``k`` of ``n`` makes local batches ``i`` with ``i % n == k`` (the rule of
 :func:`~zephon_store.order.assign.batches_for_worker`, the torch loader's too), and Grain's
 process prefetch hands its workers' outputs out round-robin, so the loop sees batches
 ``0, 1, 2, ...`` for any number of workers. Workers hold no state: each one's share follows
-from the engine's start cursor, and the cursor lives with the loader in the main process.
+from the reader's start cursor, and the cursor lives with the loader in the main process.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import grain
 
-from ..load.engine import ShareEngine
 from ..load.options import WorkerOptions
+from ..load.share_reader import ShareReader
 
 __all__ = ["worker_batches"]
 
@@ -22,11 +22,11 @@ _KEY_BATCHES = "batches"
 
 
 class _ShareBatches(grain.IterDataset):
-    """One engine's ``(i, batch)``; Grain's process prefetch slices it among its workers."""
+    """One reader's ``(i, batch)``; Grain's process prefetch slices it among its workers."""
 
-    def __init__(self, engine: ShareEngine) -> None:
+    def __init__(self, reader: ShareReader) -> None:
         super().__init__()
-        self.engine = engine
+        self.reader = reader
         self.worker, self.workers = 0, 0   # 0 workers: every batch (no slice set)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
@@ -53,7 +53,7 @@ class _ShareIterator(grain.DatasetIterator):
 
     def __next__(self):
         if self._batches is None:
-            self._batches = self._share.engine.batches(self._share.worker, self._share.workers)
+            self._batches = self._share.reader.batches(self._share.worker, self._share.workers)
         item = next(self._batches)
         self._made += 1
         return item
@@ -74,13 +74,13 @@ class _ShareIterator(grain.DatasetIterator):
         super().close()
 
 
-def worker_batches(engine: ShareEngine, workers: WorkerOptions) -> Iterator[tuple[int, dict]]:
-    """The engine's ``(i, batch)`` in order, made by ``workers.num_workers`` Grain worker
+def worker_batches(reader: ShareReader, workers: WorkerOptions) -> Iterator[tuple[int, dict]]:
+    """The reader's ``(i, batch)`` in order, made by ``workers.num_workers`` Grain worker
     processes, each up to ``workers.prefetch`` batches ahead; closing this generator stops
     them."""
     options = grain.MultiprocessingOptions(num_workers=workers.num_workers,
                                            per_worker_buffer_size=workers.prefetch)
-    it = iter(_ShareBatches(engine).mp_prefetch(options))
+    it = iter(_ShareBatches(reader).mp_prefetch(options))
     try:
         yield from it
     finally:

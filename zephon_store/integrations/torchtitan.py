@@ -359,7 +359,7 @@ class ZephonDataLoader(BaseDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``.
 
-        As :meth:`zephon_store.torch.ZephonLoader.load_state_dict`: a live iterator is
+        As :meth:`zephon_store.torch.ZephonLoader.load_state_dict`: a open iterator is
         closed (its next ``next()`` raises StopIteration) and never moves the loaded cursor.
         """
         # An empty state is what TorchTitan passes when the checkpoint has no dataloader.

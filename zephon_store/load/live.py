@@ -12,8 +12,8 @@ quorum broke is not committed. This module makes the loader follow that, without
   commits, so a step that failed part-way is served again, to whatever quorum comes next.
 - **Reuse** (:class:`LiveShare`). A step served again to the same participant with the
   same positions gets the batch already made, not fetched or decoded again; the steps after
-  it are made ahead by one :class:`~zephon_store.load.engine.ShareEngine` as long as the
-  quorum keeps its shape (a new shape gets a new engine from that step on).
+  it are made ahead by one :class:`~zephon_store.load.share_reader.ShareReader` as long as the
+  quorum keeps its shape (a new shape gets a new reader from that step on).
 - **Agreement** (:func:`check_claims`). Before a step is read, the participants exchange
   ``(cursor, participants, index)`` through a caller-given collective (a cheap all-gather)
   and every participant checks that the claims partition the step. A participants callable
@@ -48,9 +48,9 @@ from ..errors import LiveTopologyError
 from ..order.assign import positions_for_participant, tail_positions_for_rank
 from ..order.order import OrderOptions
 from ..order.topology import Topology
-from .engine import ShareEngine
 from .loader import Loader
 from .options import BatchOptions, ReadAheadOptions
+from .share_reader import ShareReader
 
 __all__ = ["LiveTopologyError", "StepClaim", "claim_step", "check_claims", "participant_positions",
            "Participant", "LiveCursor", "LiveShare", "LiveLoader"]
@@ -288,8 +288,8 @@ class LiveCursor:
 class Participant:
     """This process's part of every live step: participant ``index`` of ``participants``
     (``index`` None: present, reads nothing), rank ``group_rank`` of its replica group of
-    ``group_size``. It is the ``split`` a :class:`~zephon_store.load.engine.ShareEngine`
-    reads by instead of the topology's rank rule; one engine per quorum shape, so nothing
+    ``group_size``. It is the ``split`` a :class:`~zephon_store.load.share_reader.ShareReader`
+    reads by instead of the topology's rank rule; one reader per quorum shape, so nothing
     about it ever changes.
 
     >>> Participant(3, 1).positions(0, 8).tolist()
@@ -309,19 +309,19 @@ class Participant:
                                      group_size=self.group_size, group_rank=self.group_rank)
 
 
-EngineFor = Callable[[int, Participant], ShareEngine]
+EngineFor = Callable[[int, Participant], ShareReader]
 
 
 class LiveShare:
     """This process's batch of any live step, reused when a step is served again.
 
     :meth:`batch` ``(cursor, participants, index)`` returns the share's decoded batch. The
-    steps after it come from one engine (``engine(cursor, participant)``, decoding ahead)
+    steps after it come from one reader (``reader(cursor, participant)``, decoding ahead)
     while the quorum keeps its shape (same participants, same index); when it changes, a new
-    engine starts at the new step. The last batch handed out is kept: a step that did not
+    reader starts at the new step. The last batch handed out is kept: a step that did not
     commit and comes back with the same positions (:attr:`reused` counts those) is handed
-    out again without fetching or decoding. ``batches(engine)`` makes an engine's
-    ``(i, batch)`` (default: :meth:`ShareEngine.batches`; the loader's producer thread
+    out again without fetching or decoding. ``batches(reader)`` makes an reader's
+    ``(i, batch)`` (default: :meth:`ShareReader.batches`; the loader's producer thread
     when it has a transform).
 
     >>> from zephon_store import open_dataset
@@ -331,19 +331,19 @@ class LiveShare:
     (True, 1, [68, 97, 30, 33])
     """
 
-    def __init__(self, engine: EngineFor, *, global_batch: int, group_size: int = 1,
+    def __init__(self, reader: EngineFor, *, global_batch: int, group_size: int = 1,
                  group_rank: int = 0,
-                 batches: Callable[[ShareEngine], Iterator] | None = None) -> None:
+                 batches: Callable[[ShareReader], Iterator] | None = None) -> None:
         if not 0 <= group_rank < group_size:
             raise ValueError(f"group_rank must be in [0, {group_size}), got {group_rank}")
-        self._engine = engine
-        self._batches = batches or ShareEngine.batches
+        self._reader = reader
+        self._batches = batches or ShareReader.batches
         self.global_batch = global_batch
         self.group = (group_size, group_rank)
         self._last: tuple[tuple, dict] | None = None
         self._run: _Run | None = None
         self.reused = 0          # batches handed out again for a step served again
-        self.decodes = 0         # row-group decodes started, over every engine
+        self.decodes = 0         # row-group decodes started, over every reader
 
     @classmethod
     def of(cls, dataset, order_options: OrderOptions, *, global_batch: int,
@@ -351,14 +351,14 @@ class LiveShare:
            end: int | None = None, group_size: int = 1, group_rank: int = 0) -> LiveShare:
         """A share of ``dataset`` (a Source) read alone; ``end``: where the run stops (a
         short last step; None: endless). :class:`LiveLoader` builds its own from its
-        loader's engine."""
-        def engine(cursor: int, part: Participant) -> ShareEngine:
+        loader's reader."""
+        def reader(cursor: int, part: Participant) -> ShareReader:
             n = None if end is None else -(-max(0, end - cursor) // global_batch)
-            return ShareEngine(dataset, order_options, Topology(global_batch), batch=batch,
+            return ShareReader(dataset, order_options, Topology(global_batch), batch=batch,
                                read_ahead=read_ahead, start_cursor=cursor, num_batches=n,
                                end=end, split=part)
 
-        return cls(engine, global_batch=global_batch, group_size=group_size,
+        return cls(reader, global_batch=global_batch, group_size=group_size,
                    group_rank=group_rank)
 
     def batch(self, cursor: int, participants: int, index: int | None) -> dict:
@@ -370,8 +370,8 @@ class LiveShare:
         run = self._run
         if run is None or run.shape != (participants, index) or run.next_cursor != cursor:
             self.close()
-            engine = self._engine(cursor, Participant(participants, index, *self.group))
-            run = self._run = _Run(engine, self._batches(engine), (participants, index),
+            reader = self._reader(cursor, Participant(participants, index, *self.group))
+            run = self._run = _Run(reader, self._batches(reader), (participants, index),
                                    cursor, self.global_batch)
         out = run.next()
         self.decodes += run.decodes_since()
@@ -386,11 +386,11 @@ class LiveShare:
 
 
 class _Run:
-    """One engine's batches over consecutive steps of one quorum shape."""
+    """One reader's batches over consecutive steps of one quorum shape."""
 
-    def __init__(self, engine: ShareEngine, batches: Iterator, shape: tuple, cursor: int,
+    def __init__(self, reader: ShareReader, batches: Iterator, shape: tuple, cursor: int,
                  global_batch: int) -> None:
-        self.engine = engine
+        self.reader = reader
         self.shape = shape
         self.next_cursor = cursor
         self.global_batch = global_batch
@@ -399,12 +399,12 @@ class _Run:
 
     def next(self) -> dict:
         i, out = next(self._it)
-        assert self.engine.start_cursor + i * self.global_batch == self.next_cursor
+        assert self.reader.start_cursor + i * self.global_batch == self.next_cursor
         self.next_cursor += self.global_batch
         return out
 
     def decodes_since(self) -> int:
-        now = self.engine.decodes
+        now = self.reader.decodes
         new, self._counted = now - self._counted, now
         return new
 
@@ -416,7 +416,7 @@ class LiveLoader(Loader):
     """A :class:`~zephon_store.load.loader.Loader` whose steps are split among each step's
     participants and whose cursor moves when a step commits; no torch.
 
-    Everything else is the Loader's, over the same engine: the source (a dataset or a
+    Everything else is the Loader's, over the same reader: the source (a dataset or a
     mixture), the order and its lanes (``lanes="auto"`` for one node: replica groups come
     and go, so they are not nodes), the option groups, the deny list, the run log, the end
     of the stream and the state (``state_dict()`` is the committed cursor and step, so a
@@ -465,7 +465,7 @@ class LiveLoader(Loader):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a checkpoint, or the quorum's state transfer) at the
-        live iterator's next step.
+        open iterator's next step.
 
         With a commit counter (torchft), load the counter's owner first: the cursor counts
         commits from the counter's value at the time of the load.
@@ -519,20 +519,20 @@ class LiveLoader(Loader):
         self._logged_loads = self._loads
 
     def _share(self) -> LiveShare:
-        """The share over this loader's engine, new after each load."""
+        """The share over this loader's reader, new after each load."""
         if self.share is None or self._share_loads != self._loads:
             if self.share is not None:
                 self.share.close()
             self._share_loads = self._loads
             g_size, g_rank = self.group
-            self.share = LiveShare(self._engine, global_batch=self.topology.global_batch,
+            self.share = LiveShare(self._reader, global_batch=self.topology.global_batch,
                                    group_size=g_size, group_rank=g_rank,
                                    batches=self._batches_of)
         return self.share
 
-    def _batches_of(self, engine: ShareEngine) -> Iterator:
+    def _batches_of(self, reader: ShareReader) -> Iterator:
         """One quorum shape's batches: by the process workers, if any, unless this process
         only watches (it reads nothing: no worker is started for an empty share)."""
-        if self.num_workers and engine.stream.split.index is not None:
-            return self._processes(engine)
-        return self._threaded(engine)
+        if self.num_workers and reader.stream.split.index is not None:
+            return self._processes(reader)
+        return self._threaded(reader)

@@ -5,7 +5,7 @@ and a one-cursor checkpoint.
 :func:`~zephon_store.load.source.open_source`), the order and its lanes, the cursor and
 the step count, ``state_dict``/``load_state_dict`` (a loaded state applies at the next
 ``iter()``, STYLE 13), the run log's segments, the deny list, the end of the stream and
-its warnings, over :class:`~zephon_store.load.engine.ShareEngine`. A batch is a dict of
+its warnings, over :class:`~zephon_store.load.share_reader.ShareReader`. A batch is a dict of
 numpy arrays. :class:`~zephon_store.torch.ZephonLoader` adds only process workers (a
 torch ``DataLoader``), the tensor collation and the topology torch.distributed knows.
 
@@ -33,10 +33,10 @@ from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .denylist import DenyList, load_deny_list, save_logged_copy
-from .engine import ShareEngine
 from .options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
+from .share_reader import ShareReader
 from .source import open_source
 from .state import MAX_CURSOR, LoaderState, check_state
 from .stream import RankStream
@@ -103,7 +103,7 @@ class Loader:
         self._warned_drop = False
         # The iterator made by the last iter(); load_state_dict closes it, and every
         # iterator made before the last load_state_dict stops (STYLE 13).
-        self._live: weakref.ref | None = None
+        self._open_iter: weakref.ref | None = None
         self._loads = 0
         # Global steps consumed since the run began (saved as the state's "step"): the run
         # log numbers segments by it, independently of the cursor (load/runlog.py).
@@ -168,13 +168,13 @@ class Loader:
         """Resume from ``state``; raises StateMismatchError if it is for other data/options.
 
         Changing world size, global batch or num_workers is allowed (and logged). The state
-        applies at the next ``iter()``: an iterator still live is closed (its next ``next()``
+        applies at the next ``iter()``: an iterator still open is closed (its next ``next()``
         raises StopIteration), so it can never hand out a batch of the old stream or move
         the loaded cursor. ``state_dict()`` returns the loaded cursor at once.
         """
         st, step = self._adopt_state(state)
         self._loads += 1
-        self._close_live()
+        self._close_open_iter()
         self.cursor = st.cursor
         self.step = step
         n = self.dataset.num_samples
@@ -235,10 +235,10 @@ class Loader:
         """The position the run stops at, when its last step may be short (drop_last=False)."""
         return None if self.drop_last else self._stream_end
 
-    def _engine(self, start: int, split=None) -> ShareEngine:
-        """The engine of this loader's batches from cursor ``start`` (``split``: another
+    def _reader(self, start: int, split=None) -> ShareReader:
+        """The reader of this loader's batches from cursor ``start`` (``split``: another
         rule for this process's share of each step, a live run's participant)."""
-        return ShareEngine(self.dataset, self.order, self.topology, batch=self.batch_options,
+        return ShareReader(self.dataset, self.order, self.topology, batch=self.batch_options,
                            read_ahead=self.read_ahead, start_cursor=start,
                            num_batches=self._num_batches(start), end=self._end, split=split)
 
@@ -277,12 +277,12 @@ class Loader:
                         start + (left // b * b if self.drop_last else left), tail)
         return True
 
-    def _close_live(self) -> None:
-        live = self._live() if self._live is not None else None
-        self._live = None
-        if live is not None:
+    def _close_open_iter(self) -> None:
+        it = self._open_iter() if self._open_iter is not None else None
+        self._open_iter = None
+        if it is not None:
             try:
-                live.close()
+                it.close()
             except ValueError:
                 # Running in another thread right now: it cannot be closed from here;
                 # _loads has changed, so it writes no cursor and ends at its next batch.
@@ -293,13 +293,13 @@ class Loader:
         # left to module teardown, its cleanup ran over cleared module globals and printed a
         # traceback.
         it = close_at_exit(self._batches(self.cursor, self._loads))
-        self._live = weakref.ref(it)
+        self._open_iter = weakref.ref(it)
         return it
 
     def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
-        engine = self._engine(start)
-        batches = self._threaded(engine) if self.num_workers == 0 else self._processes(engine)
+        reader = self._reader(start)
+        batches = self._threaded(reader) if self.num_workers == 0 else self._processes(reader)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
         first_step = self.step
@@ -345,7 +345,7 @@ class Loader:
                             "or epochs")
         return n
 
-    def _threaded(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
+    def _threaded(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
         # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead
         # into the disk cache (the prefetcher). Without a transform the batches are cut here,
         # in the loop's thread: that is a numpy slice or gather (token windows, numbers) or
@@ -354,20 +354,20 @@ class Loader:
         # (tokenizing, say) can be heavy, so it runs in a thread up to `prefetch` batches
         # ahead.
         if self.batch_options.transform is None:
-            yield from engine.batches()
+            yield from reader.batches()
             return
-        yield from threaded_batches(engine, self.workers.prefetch)
+        yield from threaded_batches(reader, self.workers.prefetch)
 
-    def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
+    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
         """Batches made by process workers (torch's DataLoader: ZephonLoader)."""
         raise ValueError("process workers need zephon_store.torch.ZephonLoader")
 
 
-def threaded_batches(engine: ShareEngine, prefetch: int) -> Iterator[tuple[int, dict]]:
-    """The engine's ``(i, batch)``, made by one producer thread up to ``prefetch`` batches
+def threaded_batches(reader: ShareReader, prefetch: int) -> Iterator[tuple[int, dict]]:
+    """The reader's ``(i, batch)``, made by one producer thread up to ``prefetch`` batches
     ahead of the consumer (the transform runs there), with a remote source's bytes fetched
     ahead; closing the iterator never waits for a decode."""
-    pre = engine.prefetcher() if engine.dataset.cache is not None else None
+    pre = reader.prefetcher() if reader.dataset.cache is not None else None
     ready: queue.Queue = queue.Queue(maxsize=prefetch)
     stop = threading.Event()
 
@@ -381,7 +381,7 @@ def threaded_batches(engine: ShareEngine, prefetch: int) -> Iterator[tuple[int, 
                 continue
         return False
 
-    pipeline = engine.pipeline(stop=stop)
+    pipeline = reader.pipeline(stop=stop)
 
     def produce() -> None:
         try:

@@ -1,7 +1,7 @@
 """What the loader reads: the :class:`Source` contract, and the one normaliser to it.
 
-A *source* is everything the engine (:mod:`zephon_store.load.stream`,
-:mod:`zephon_store.load.engine`, :mod:`zephon_store.load.pipeline`) and the loaders need
+A *source* is everything the reader (:mod:`zephon_store.load.stream`,
+:mod:`zephon_store.load.share_reader`, :mod:`zephon_store.load.pipeline`) and the loaders need
 from "what is read": its identity, the order over it and that order's seed rule, the ids of
 a position split into (source, own id), the row-group tables, reads and prefetch, the
 working set a rank keeps decoded, its entry in the checkpoint and the resume from one, and
@@ -40,7 +40,7 @@ MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
 @runtime_checkable
 class Source(Protocol):
-    """What the loader reads (see the module docstring); every member is used by the engine
+    """What the loader reads (see the module docstring); every member is used by the reader
     or a loader."""
 
     url: str

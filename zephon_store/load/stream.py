@@ -2,8 +2,8 @@
 
 ``RankStream`` ties the order (which sample at which position), the assignment (which rank
 reads which position) and the reader (the bytes) together: local batch ``i`` after a start
-cursor ``c`` is the rank's share of global step ``[c + i*B, c + (i+1)*B)``. The engine
-(:mod:`zephon_store.load.engine`), and through it the torch and TorchTitan loaders, build
+cursor ``c`` is the rank's share of global step ``[c + i*B, c + (i+1)*B)``. The reader
+(:mod:`zephon_store.load.share_reader`), and through it the torch and TorchTitan loaders, build
 on it.
 """
 

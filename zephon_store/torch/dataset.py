@@ -1,5 +1,5 @@
 """An ``IterableDataset`` yielding one rank's batches from a start cursor: a shell over
-:class:`~zephon_store.load.engine.ShareEngine`.
+:class:`~zephon_store.load.share_reader.ShareReader`.
 
 Worker ``k`` of ``n`` makes local batches ``i`` with ``i % n == k``; torch's DataLoader
 returns worker outputs round-robin, so the main process sees batches ``0, 1, 2, ...`` for
@@ -15,8 +15,8 @@ import torch.utils.data
 
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
-from ..load.engine import ShareEngine
 from ..load.options import BatchOptions, ReadAheadOptions
+from ..load.share_reader import ShareReader
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 
@@ -37,7 +37,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
                  decode_ahead_bytes: int | None = None,
                  coalesce: CoalesceOptions | None = None, end: int | None = None) -> None:
         super().__init__()
-        self.engine = ShareEngine(
+        self.reader = ShareReader(
             dataset, order, topology,
             batch=BatchOptions(columns=columns, with_seq=with_seq, transform=transform),
             read_ahead=ReadAheadOptions(prefetch_bytes=prefetch_bytes,
@@ -46,21 +46,21 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
             start_cursor=start_cursor, num_batches=num_batches, end=end)
 
     @classmethod
-    def over(cls, engine: ShareEngine) -> ZephonIterableDataset:
-        """The dataset of an engine already built (the loader's)."""
+    def over(cls, reader: ShareReader) -> ZephonIterableDataset:
+        """The dataset of an reader already built (the loader's)."""
         self = cls.__new__(cls)
         torch.utils.data.IterableDataset.__init__(self)
-        self.engine = engine
+        self.reader = reader
         return self
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         info = torch.utils.data.get_worker_info()
         if info is None:
-            yield from self.engine.batches()
+            yield from self.reader.batches()
             return
         # A forked worker inherits the parent's Dataset, including its I/O thread pool
         # (whose threads did not survive the fork: reads would wait forever) and locks
         # a parent thread may have held. A copy goes through __getstate__/__setstate__
         # and gets fresh ones; the manifest is shared, not reloaded.
-        self.engine.stream.dataset = copy.copy(self.engine.stream.dataset)
-        yield from self.engine.batches(info.id, info.num_workers)
+        self.reader.stream.dataset = copy.copy(self.reader.stream.dataset)
+        yield from self.reader.batches(info.id, info.num_workers)

@@ -27,9 +27,9 @@ import torch
 
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
-from ..load.engine import ShareEngine
 from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
+from ..load.share_reader import ShareReader
 from ..load.source import Source
 from ..order.order import OrderOptions
 from ..order.topology import Topology
@@ -168,11 +168,11 @@ class ZephonLoader(Loader):
                          decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
                          run_log=run_log, deny_list=deny_list, collate=collate)
 
-    def _processes(self, engine: ShareEngine) -> Iterator[tuple[int, dict]]:
+    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
         from torch.utils.data import DataLoader
 
         w = self.workers
-        dl = DataLoader(ZephonIterableDataset.over(engine), batch_size=None,
+        dl = DataLoader(ZephonIterableDataset.over(reader), batch_size=None,
                         num_workers=w.num_workers, prefetch_factor=w.prefetch,
                         pin_memory=w.pin_memory,
                         multiprocessing_context=w.multiprocessing_context, collate_fn=_identity)

@@ -1,16 +1,16 @@
 """One share's batches, wired once: rank stream + decode-ahead pipeline + byte prefetch.
 
 A *share* is what one process makes: a rank's batches, or one DataLoader worker's part of
-them. :class:`ShareEngine` builds the rank stream once and hands out, for a share, its
+them. :class:`ShareReader` builds the rank stream once and hands out, for a share, its
 pipeline (row groups decoded ahead, batches cut in order) and, for a remote dataset, its
 prefetcher (bytes fetched ahead into the disk cache). The torch loader, its
 ``IterableDataset`` and the TorchTitan loader are thin shells over it; nothing here imports
 torch.
 
 >>> from zephon_store import open_dataset
->>> engine = ShareEngine(open_dataset(tiny_dataset), OrderOptions(seed=7), Topology(8, 2, 0),
+>>> reader = ShareReader(open_dataset(tiny_dataset), OrderOptions(seed=7), Topology(8, 2, 0),
 ...                      num_batches=2)
->>> for i, batch in engine.batches():
+>>> for i, batch in reader.batches():
 ...     i, batch["id"].tolist(), batch["text"][0]
 (0, [79, 41, 78, 45], 'record 79')
 (1, [49, 5, 87, 4], 'record 49')
@@ -29,10 +29,10 @@ from .options import BatchOptions, ReadAheadOptions
 from .pipeline import BatchPipeline, default_decode_threads
 from .stream import RankStream
 
-__all__ = ["ShareEngine"]
+__all__ = ["ShareReader"]
 
 
-class ShareEngine:
+class ShareReader:
     """The batches ``[start_cursor, ...)`` of one rank, for the whole rank or one worker.
 
     ``num_batches=None`` is endless (epochs follow each other, each a fresh permutation).
@@ -57,11 +57,11 @@ class ShareEngine:
 
     @property
     def decodes(self) -> int:
-        """Row-group decodes started by this engine's pipelines (for tests)."""
+        """Row-group decodes started by this reader's pipelines (for tests)."""
         return sum(p.decodes for p in self._pipelines)
 
     def __getstate__(self) -> dict:
-        # A worker process gets the engine without the parent's pipelines (threads, locks).
+        # A worker process gets the reader without the parent's pipelines (threads, locks).
         return {**self.__dict__, "_pipelines": []}
 
     @property
@@ -74,7 +74,7 @@ class ShareEngine:
             step_cursor(self.start_cursor, i, self.stream.topology.global_batch))
 
     def prefetcher(self, *, stride: int = 1, offset: int = 0) -> Prefetcher:
-        """A prefetcher over this engine's batches (``stride``/``offset``: one worker's share)."""
+        """A prefetcher over this reader's batches (``stride``/``offset``: one worker's share)."""
         def rgs(j: int):
             return self.step_row_groups(offset + j * stride)
 

@@ -1,6 +1,6 @@
 """``load_state_dict`` while an iterator is live (STYLE 13, issue 15).
 
-The loaded state applies at the next ``iter()``; the live iterator is closed, so it can
+The loaded state applies at the next ``iter()``; the open iterator is closed, so it can
 neither hand out another batch of the old stream nor write its cursor over the loaded one.
 """
 

@@ -1,4 +1,4 @@
-"""The load engine and the loader's option groups (issue 15): torch-free, one share at a time."""
+"""The load reader and the loader's option groups (issue 15): torch-free, one share at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 from stateful_helper import small_dataset
 
-from zephon_store.load.engine import ShareEngine
 from zephon_store.load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from zephon_store.load.share_reader import ShareReader
 from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import positions_for_rank
 from zephon_store.read.dataset import open_dataset
@@ -19,14 +19,14 @@ OPTIONS = OrderOptions(seed=4, window_blocks=2, lanes=12)
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("engine")), files=3, records=101,
+    url = small_dataset(str(tmp_path_factory.mktemp("reader")), files=3, records=101,
                         row_group_rows=10)
     return open_dataset(url)
 
 
-def test_engine_imports_without_torch() -> None:
+def test_the_share_reader_imports_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import zephon_store.load.engine, zephon_store.load.options\n"
+            "import zephon_store.load.share_reader, zephon_store.load.options\n"
             "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -34,11 +34,11 @@ def test_engine_imports_without_torch() -> None:
 @pytest.mark.parametrize("workers", [0, 2, 3])
 def test_worker_shares_partition_the_rank_and_hold_the_ordered_ids(ds, workers) -> None:
     topo = Topology(12, 3, 1)
-    engine = ShareEngine(ds, OPTIONS, topo, batch=BatchOptions(with_seq=True),
+    reader = ShareReader(ds, OPTIONS, topo, batch=BatchOptions(with_seq=True),
                          start_cursor=24, num_batches=10)
     got = {}
     for w in range(max(1, workers)):
-        for i, batch in engine.batches(w, workers):
+        for i, batch in reader.batches(w, workers):
             assert i not in got
             got[i] = batch["_seq"].tolist()
     assert sorted(got) == list(range(10))
@@ -50,10 +50,10 @@ def test_worker_shares_partition_the_rank_and_hold_the_ordered_ids(ds, workers) 
 
 
 def test_batch_options_select_columns_and_transform(ds) -> None:
-    engine = ShareEngine(ds, OPTIONS, Topology(6),
+    reader = ShareReader(ds, OPTIONS, Topology(6),
                          batch=BatchOptions(columns=["id"], transform=lambda b: {"n": b["id"]}),
                          num_batches=2)
-    batches = [b for _, b in engine.batches()]
+    batches = [b for _, b in reader.batches()]
     assert [list(b) for b in batches] == [["n"], ["n"]]
     assert BatchOptions(columns=["a", "b"]).columns == ("a", "b")
 
