@@ -7,6 +7,7 @@ on every run: the open iterator was closed during module teardown.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -45,3 +46,47 @@ def test_open_iterator_at_exit_prints_nothing(ds_path, num_workers, mode, runs):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr == ""
+
+
+KILLED = """
+import multiprocessing, os, sys, time
+from zephon_store.torch import ZephonLoader
+calls = [0]
+def busy_after_first(batch):      # each worker's first batch at once, then busy for minutes
+    calls[0] += 1
+    if calls[0] > 1:
+        time.sleep(300)
+    return batch
+loader = ZephonLoader(sys.argv[1], global_batch=8, num_workers=2, transform=busy_after_first)
+batches = iter(loader)
+next(batches)
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+os._exit(0)      # a rank killed without any shutdown: no DataLoader teardown runs
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_rank_is_killed(ds_path):
+    import time
+
+    out = subprocess.run([sys.executable, "-c", KILLED, ds_path], capture_output=True,
+                         text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr[-2000:]
+    # Busy workers never reach torch's own parent check: only the workers' watch ends them.
+    deadline = time.monotonic() + 30     # a bound for a hang, not a speed claim
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if _running(p)]
+    for p in left:
+        os.kill(p, 9)
+    assert not left, f"DataLoader workers {left} outlived their killed rank"

@@ -320,7 +320,7 @@ class LiveShare:
     while the quorum keeps its shape (same participants, same index); when it changes, a new
     reader starts at the new step. The last batch handed out is kept: a step that did not
     commit and comes back with the same positions (:attr:`reused` counts those) is handed
-    out again without fetching or decoding. ``batches(reader)`` makes an reader's
+    out again without fetching or decoding. ``batches(reader)`` makes a reader's
     ``(i, batch)`` (default: :meth:`ShareReader.batches`; the loader's producer thread
     when it has a transform).
 

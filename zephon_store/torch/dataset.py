@@ -9,6 +9,9 @@ any ``num_workers``. Workers hold no state: everything follows from the start cu
 from __future__ import annotations
 
 import copy
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import torch.utils.data
@@ -47,7 +50,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
 
     @classmethod
     def over(cls, reader: ShareReader) -> ZephonIterableDataset:
-        """The dataset of an reader already built (the loader's)."""
+        """The dataset of a reader already built (the loader's)."""
         self = cls.__new__(cls)
         torch.utils.data.IterableDataset.__init__(self)
         self.reader = reader
@@ -58,9 +61,38 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         if info is None:
             yield from self.reader.batches()
             return
+        _exit_with_parent()
         # A forked worker inherits the parent's Dataset, including its I/O thread pool
         # (whose threads did not survive the fork: reads would wait forever) and locks
         # a parent thread may have held. A copy goes through __getstate__/__setstate__
         # and gets fresh ones; the manifest is shared, not reloaded.
         self.reader.stream.dataset = copy.copy(self.reader.stream.dataset)
         yield from self.reader.batches(info.id, info.num_workers)
+
+
+_watching = False
+
+
+def _exit_with_parent(interval: float = 1.0) -> None:
+    """In a DataLoader worker: end this process as soon as the process that started it is
+    gone (its parent id changes), once per worker process.
+
+    A rank killed by its scheduler (SIGKILL, ``os._exit``) runs no DataLoader shutdown;
+    torch's own parent check runs only while a worker waits for work, and a worker whose
+    decode or prefetch threads are busy, or whose exit waits for them, stayed alive holding
+    its memory and connections (seen in the start benchmark: every worker of a node
+    outlived its rank). ``os._exit`` here skips that teardown: the worker holds nothing
+    that must be saved, its parent is gone.
+    """
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
