@@ -104,6 +104,26 @@ def test_overlapping_segments_are_refused_and_a_same_step_restart_replaces(tmp_p
         (0, 2, 1), (10, 1, 3)]
 
 
+def test_a_late_live_line_the_log_already_places_is_not_written(tmp_path) -> None:
+    """A replica that stalled before logging where it took a live run up, while the others
+    committed past a later heal: its line says nothing new and is dropped under the lock;
+    one that disagrees with the log is written, and reads as the overlap it is."""
+    live = SEG.replace(world_size=1, live=True)
+    path = str(tmp_path / "live.jsonl")
+    assert append_segment(path, live.replace(first_step=4, cursor=32))
+    assert append_segment(path, live.replace(first_step=9, cursor=72))
+    assert not append_segment(path, live.replace(first_step=6, cursor=48))   # placed: 72-24
+    assert [(s.first_step, s.cursor) for s in read_run_log(path)] == [(4, 32), (9, 72)]
+    assert append_segment(path, live.replace(first_step=6, cursor=56))       # disagrees
+    with pytest.raises(RunLogError, match="line 3: segment starts at step 6, inside"):
+        read_run_log(path)
+    other = str(tmp_path / "not-live.jsonl")   # a resume from an older checkpoint: kept
+    append_segment(other, SEG.replace(first_step=9, cursor=72))
+    assert append_segment(other, SEG.replace(first_step=6, cursor=48))
+    with pytest.raises(RunLogError, match="overlapping segments"):
+        read_run_log(other)
+
+
 @pytest.mark.parametrize("line, message", [
     ({"kind": "other"}, "line 1: not a zephon run log line"),
     ({**SEG.to_dict(), "version": 9}, "line 1: run log version 9 is not supported"),

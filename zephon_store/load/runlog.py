@@ -262,6 +262,12 @@ def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
     new one) never interleave, and the line is on disk before training goes on. A file whose
     last line was cut by a crash gets a newline first, so the new line stays readable (the
     cut line itself is still reported by :func:`read_run_log`).
+
+    A live line older than the live line last written (a replica that stalled between taking
+    the run up and logging it, while the others committed past a later heal) is not
+    written when the last line's segment already places its step at its cursor: it says
+    nothing new, and written after it, it would read as overlapping segments. One that
+    disagrees is written, so that the audit reports it.
     """
     if rank != 0:
         return False
@@ -272,6 +278,8 @@ def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
     try:
         with _locked(fd):
             size = os.fstat(fd).st_size
+            if segment.live and size and _already_placed(path, size, segment):
+                return False
             if size:
                 with open(path, "rb") as f:
                     f.seek(size - 1)
@@ -282,6 +290,27 @@ def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _already_placed(path: str, size: int, segment: RunSegment) -> bool:
+    """Whether the last complete line of ``path`` (``size`` bytes) is a live segment of the
+    same stream and global batch that starts after ``segment`` and places ``segment``'s first
+    step at its cursor."""
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (1 << 16)))
+        tail = f.read(size - f.tell())
+    lines = [ln for ln in tail.split(b"\n") if ln.strip()]
+    if not lines:
+        return False
+    try:
+        last = RunSegment.from_dict(json.loads(lines[-1]))
+    except (ValueError, RunLogError):
+        return False    # a cut or foreign last line: write, read_run_log reports it
+    return (last.live and last.first_step > segment.first_step
+            and last.global_batch == segment.global_batch and last.same_stream(segment)
+            and (last.deny_list or {}).get("id") == (segment.deny_list or {}).get("id")
+            and last.cursor - segment.cursor
+            == (last.first_step - segment.first_step) * segment.global_batch)
 
 
 @contextlib.contextmanager
