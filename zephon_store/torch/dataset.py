@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 import torch.utils.data
 
 from ..io.coalesce import CoalesceOptions
-from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.options import BatchOptions, ReadAheadOptions
 from ..load.share_reader import ShareReader
 from ..order.order import OrderOptions
@@ -36,7 +35,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
     def __init__(self, dataset, *, order: OrderOptions, topology: Topology, start_cursor: int = 0,
                  num_batches: int | None = None, columns: list[str] | None = None,
                  with_seq: bool = False, transform: Callable[[dict], dict] | None = None,
-                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 prefetch_bytes: int = ReadAheadOptions.prefetch_bytes,
                  decode_ahead_bytes: int | None = None,
                  coalesce: CoalesceOptions | None = None, end: int | None = None) -> None:
         super().__init__()

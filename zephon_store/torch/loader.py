@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from ..io.coalesce import CoalesceOptions
-from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
 from ..load.share_reader import ShareReader
@@ -136,7 +135,7 @@ class ZephonLoader(Loader):
                  max_steps: int | None = None, epochs: float | None = None,
                  storage_options: dict | None = None, cache=None,
                  multiprocessing_context: str | None = None, pin_memory: bool = False,
-                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 prefetch_bytes: int = ReadAheadOptions.prefetch_bytes,
                  decode_ahead_bytes: int | None = None,
                  coalesce: CoalesceOptions | None = None, drop_last: bool = True,
                  expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
