@@ -88,7 +88,10 @@ def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zephon_store._util.decode import decode_table
+    try:
+        from zephon_store._util.to_numpy import table_to_numpy
+    except ImportError:   # a checkout from before the rename (ab's "before")
+        from zephon_store._util.decode import decode_table as table_to_numpy
 
     paths = corpora.shard_paths(corpus)
     to_logical = corpora.logical(corpus)
@@ -102,7 +105,7 @@ def case_arrow_scan(corpus: dict, kind: str, batch: int, *, decode: bool = False
             # fixed-size list (a zero-copy view) before anything reads the values.
             t = to_logical(pa.Table.from_batches([rb]))
             if decode:
-                decode_table(t)
+                table_to_numpy(t)
             n += rb.num_rows
             if first is None:
                 first = time.perf_counter() - t0

@@ -39,10 +39,13 @@ def random_access(kind: str, path: str):
 def random_access_take(kind: str, path: str):
     """``take([i])`` decoded the way the loader does (tokens: a numpy view, not a list)."""
     from zephon_store import open_dataset
-    from zephon_store._util.decode import decode_table
+    try:
+        from zephon_store._util.to_numpy import table_to_numpy
+    except ImportError:   # a checkout from before the rename (ab's "before")
+        from zephon_store._util.decode import decode_table as table_to_numpy
 
     ds = open_dataset(path)
-    return lambda i: decode_table(ds.take([i]))
+    return lambda i: table_to_numpy(ds.take([i]))
 
 
 def resume_state(kind: str, path: str, cursor: int, *, shuffle: bool = True) -> dict:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
-from zephon_store._util.decode import decode_table
+from zephon_store._util.to_numpy import table_to_numpy
 from zephon_store.load.pipeline import BatchPipeline, plan_steps, step_rows
 from zephon_store.load.stream import RankStream
 from zephon_store.order import OrderOptions, Topology
@@ -30,9 +30,9 @@ def ds(tmp_path_factory):
 
 def decoded_batch(stream: RankStream, cursor: int) -> dict:
     """The reference batch of a step, made without the pipeline: ``Dataset.take`` of the
-    step's ids, decoded by ``decode_table``, with ``_seq`` when the stream has it."""
+    step's ids, decoded by ``table_to_numpy``, with ``_seq`` when the stream has it."""
     ids = stream.ids(cursor, ahead=False)
-    out = decode_table(stream.select(stream.dataset.take(ids)))
+    out = table_to_numpy(stream.select(stream.dataset.take(ids)))
     if stream.with_seq:
         out["_seq"] = ids
     return out
@@ -324,7 +324,7 @@ def long_docs(tmp_path_factory):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_documents_match_decode_table(long_docs, shuffle, start):
     """Text gathered for shuffled steps (row by row for the first step, from whole-row-group
-    lists after it) and cut for sequential ones equals decode_table's."""
+    lists after it) and cut for sequential ones equals table_to_numpy's."""
     order = OrderOptions(seed=2, shuffle=shuffle, window_blocks=3)
     stream = RankStream(open_dataset(long_docs), order, Topology(17))
     ref = RankStream(open_dataset(long_docs), order, Topology(17))

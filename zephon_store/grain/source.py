@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from .._util.decode import decode_table
+from .._util.to_numpy import table_to_numpy
 from ..io.coalesce import CoalesceOptions
 from ..load.mixed import SOURCE_KEY
 from ..load.source import open_source
@@ -134,7 +134,7 @@ class ZephonSource:
         """The records at ``indices``, in that order (repeats allowed): each row group
         they touch read and decoded once, a remote source's bytes in coalesced GETs."""
         table, extra = self._rows(indices)
-        cols = decode_table(table)
+        cols = table_to_numpy(table)
         for name, col in cols.items():
             if isinstance(col, list) and _is_list(table.schema.field(name).type):
                 # Grain treats a Python list as a tree of leaves: a list value comes as one
@@ -157,7 +157,7 @@ class ZephonSource:
         ([35, 7, 50, 32], 'record 35')
         """
         table, extra = self._rows(indices)
-        return {**decode_table(table), **extra}
+        return {**table_to_numpy(table), **extra}
 
     __getitems__ = _getitems
 

@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.arrow import gather_pylist, is_flat_binary
-from .._util.decode import array_type, array_view, decode_column, decode_table
 from .._util.exit_close import close_at_exit
+from .._util.to_numpy import array_type, array_view, column_to_numpy, table_to_numpy
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY, DenyListError, blank_denied
@@ -231,7 +231,7 @@ class _Runs:
 
 class _PerStep:
     """A group's column of numbers with nulls somewhere: each step's rows are decoded on
-    their own, so that a step without nulls gets numpy as it would alone (decode_column)."""
+    their own, so that a step without nulls gets numpy as it would alone (column_to_numpy)."""
 
     __slots__ = ("col",)
 
@@ -239,7 +239,7 @@ class _PerStep:
         self.col = col
 
     def __getitem__(self, cut: slice):
-        return decode_column(self.col.slice(cut.start, cut.stop - cut.start))
+        return column_to_numpy(self.col.slice(cut.start, cut.stop - cut.start))
 
 
 def split_group(batch: dict, parts: list[tuple[int, int]]) -> Iterator[tuple[int, dict]]:
@@ -421,11 +421,11 @@ class BatchPipeline:
                              for d, (b, n) in zip(decoded, step.runs)]
                     col = parts[0] if len(parts) == 1 else pa.chunked_array(
                         [c for part in parts for c in part.chunks], type=parts[0].type)
-                else:   # text and other objects, or numbers with nulls: as decode_table does
+                else:   # text and other objects, or numbers with nulls: as table_to_numpy does
                     col = _cut([d.table.select([name]) for d in decoded], step).column(0)
                 # Numbers with nulls in a group: each step's rows decide numpy or list.
                 grouped = len(step.parts) > 1 and array_type(col.type)
-                out[name] = _PerStep(col) if grouped else decode_column(col)
+                out[name] = _PerStep(col) if grouped else column_to_numpy(col)
         if self.stream.with_seq:
             out.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
@@ -499,7 +499,7 @@ class BatchPipeline:
         if decoded:
             return self._assemble(step, decoded, whole)
         # A short last step can leave a rank no rows: an empty batch.
-        batch = decode_table(self.stream.select(self.dataset.schema.empty_table()))
+        batch = table_to_numpy(self.stream.select(self.dataset.schema.empty_table()))
         if self.stream.with_seq:
             batch.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:

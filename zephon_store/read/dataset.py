@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.arrow import i64
-from .._util.decode import array_view
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE
+from .._util.to_numpy import array_view
 from ..errors import ManifestError
 from ..format.index import Located, as_seqs, locate
 from ..format.manifest import Manifest, load_manifest

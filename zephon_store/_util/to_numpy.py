@@ -1,6 +1,6 @@
 """Arrow columns to what a batch hands the caller: numpy where Arrow allows, else lists.
 
-Batches are decoded per batch, never per sample: fixed-size list columns (token windows)
+Batches are converted per batch, never per sample: fixed-size list columns (token windows)
 become one 2-D numpy array, primitive columns one 1-D array; only string/binary and nested
 variable-length columns become Python lists.
 """
@@ -13,32 +13,32 @@ import pyarrow as pa
 from .arrow import np_view
 
 
-def decode_table(table: pa.Table) -> dict:
+def table_to_numpy(table: pa.Table) -> dict:
     """Arrow columns to numpy arrays (batch-level, zero-copy where Arrow allows) or lists.
 
     - fixed-size lists of numbers (e.g. ``tokens: fixed_size_list<int32>[2049]``) -> 2-D array;
     - numbers and booleans without nulls -> 1-D array;
     - anything else (strings, variable lists, structs, nullable numbers) -> Python list.
 
-    >>> decode_table(pa.table({"x": [1, 2]}))["x"].tolist()
+    >>> table_to_numpy(pa.table({"x": [1, 2]}))["x"].tolist()
     [1, 2]
     """
     out = {}
     for name, col in zip(table.column_names, table.columns):
-        out[name] = decode_column(col)
+        out[name] = column_to_numpy(col)
     return out
 
 
 def array_type(t: pa.DataType) -> bool:
-    """True if :func:`decode_column` may give a numpy array for a column of type ``t``.
+    """True if :func:`column_to_numpy` may give a numpy array for a column of type ``t``.
 
     (It still gives a list when the column holds nulls.) Other types always become lists.
     """
     return _is_numeric(t) or pa.types.is_boolean(t) or pa.types.is_fixed_size_list(t)
 
 
-def decode_column(col: pa.ChunkedArray):
-    """One column as :func:`decode_table` gives it: a numpy array where it can, else a list."""
+def column_to_numpy(col: pa.ChunkedArray):
+    """One column as :func:`table_to_numpy` gives it: a numpy array where it can, else a list."""
     if not array_type(col.type):
         # Python objects either way; chunk by chunk skips the copy combine_chunks makes.
         return col.to_pylist()
