@@ -44,8 +44,19 @@ def test_take_returns_rows_in_request_order(ds_and_records, seqs):
     assert ds.take(seqs).to_pylist() == [records[s] for s in seqs]
 
 
+def test_the_memory_cache_is_sized_by_memory_cache_bytes_and_its_old_name_warns(
+        ds_and_records):
+    url = ds_and_records[0].url
+    assert open_dataset(url, memory_cache_bytes=0).row_groups._lru.budget == 0
+    assert open_dataset(url).row_groups._lru.budget == 256 << 20
+    with pytest.warns(DeprecationWarning, match=r"decode_cache_bytes=\) is now "
+                                                r"memory_cache_bytes="):
+        ds = open_dataset(url, decode_cache_bytes=1 << 20)
+    assert ds.row_groups._lru.budget == 1 << 20
+
+
 def test_take_reads_each_row_group_once_per_call(ds_and_records, monkeypatch):
-    ds = open_dataset(ds_and_records[0].url, decode_cache_bytes=0)  # count real reads
+    ds = open_dataset(ds_and_records[0].url, memory_cache_bytes=0)  # count real reads
     calls = []
     orig = ds.storage.read_range
     monkeypatch.setattr(ds.storage, "read_range",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from typing import Literal
 
 import numpy as np
@@ -25,9 +26,9 @@ from ..io.cache import ChunkCache
 from ..io.storage import Storage, is_local_url
 from ..io.throttle import NodeThrottle
 from .decoded_disk import DecodedDiskCache, as_decoded_cache
-from .rowgroups import DEFAULT_DECODE_CACHE_BYTES, RowGroups
+from .rowgroups import DEFAULT_MEMORY_CACHE_BYTES, RowGroups
 
-__all__ = ["DEFAULT_DECODE_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
+__all__ = ["DEFAULT_MEMORY_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
            "gather_rows", "open_dataset"]
 
 
@@ -43,7 +44,7 @@ class Dataset:
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
                  cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
-                 decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
+                 memory_cache_bytes: int = DEFAULT_MEMORY_CACHE_BYTES, retry=None,
                  io_threads: int = 8, expect_dataset_id: str | None = None,
                  decoded_cache: DecodedDiskCache | str | os.PathLike | Literal[False] | None = None,
                  ) -> None:
@@ -53,7 +54,7 @@ class Dataset:
         self._cache_arg = as_cache(cache)
         self._decoded_disk = as_decoded_cache(decoded_cache)
         self._retry = retry
-        self._decode_cache_bytes = decode_cache_bytes
+        self._memory_cache_bytes = memory_cache_bytes
         self._io_threads = io_threads
         self.storage = self._storage()
         # The node's processes share the startup objects through the disk cache.
@@ -85,7 +86,7 @@ class Dataset:
     def _open_row_groups(self) -> None:
         cache = self._node_cache()
         self.row_groups = RowGroups(self.manifest, self.storage, cache=cache,
-                                    decode_cache_bytes=self._decode_cache_bytes,
+                                    memory_cache_bytes=self._memory_cache_bytes,
                                     io_threads=self._io_threads, dataset_url=self.url,
                                     decoded_disk=self._decoded_disk)
 
@@ -113,7 +114,7 @@ class Dataset:
         return {"url": self.url, "storage_options": self.storage_options,
                 "_cache_arg": cache.clone() if isinstance(cache, ChunkCache) else cache,
                 "_retry": self._retry,
-                "_decode_cache_bytes": self._decode_cache_bytes,
+                "_memory_cache_bytes": self._memory_cache_bytes,
                 "_io_threads": self._io_threads, "manifest": self.manifest,
                 "_decoded_disk": (self._decoded_disk.clone() if self._decoded_disk is not None
                                   else None)}
@@ -398,10 +399,10 @@ def _rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 def open_dataset(url: str, *, storage_options: dict | None = None,
                  cache: ChunkCache | str | os.PathLike | Literal[False] | None = None,
-                 decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, retry=None,
+                 memory_cache_bytes: int = DEFAULT_MEMORY_CACHE_BYTES, retry=None,
                  expect_dataset_id: str | None = None,
                  decoded_cache: DecodedDiskCache | str | os.PathLike | Literal[False] | None = None,
-                 ) -> Dataset:
+                 decode_cache_bytes: int | None = None) -> Dataset:
     """Open the dataset at ``url`` (local path or any fsspec URL, e.g. ``s3://b/ds``).
 
     ``cache``: the :class:`~zephon_store.io.cache.ChunkCache` remote row groups go through;
@@ -416,8 +417,12 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
     :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` (or its folder) that keeps
     decoded row groups uncompressed for later epochs and the node's other processes;
     ``None`` (default) uses one at ``$ZEPHON_DECODED_CACHE_DIR`` when that is set, else none;
-    ``False`` none. Use it as a context manager (or call :meth:`Dataset.close`) to stop its
-    threads.
+    ``False`` none. ``memory_cache_bytes`` (default 256 MiB; 0 keeps none) bounds the
+    decoded row groups this process keeps in memory (``decode_cache_bytes``, its old name,
+    still works and warns). So the three caches are: ``cache``, the node's compressed
+    shard bytes on disk; ``memory_cache_bytes``, this process's decoded row groups in
+    memory; ``decoded_cache``, the node's decoded row groups on disk. Use it as a context
+    manager (or call :meth:`Dataset.close`) to stop its threads.
 
     >>> with open_dataset(tiny_dataset) as ds:
     ...     ds.take([0]).to_pylist()
@@ -425,8 +430,13 @@ def open_dataset(url: str, *, storage_options: dict | None = None,
 
     A remote one: ``open_dataset("s3://bucket/ds", storage_options={"endpoint_url": ...})``.
     """
+    if decode_cache_bytes is not None:
+        warnings.warn("open_dataset(decode_cache_bytes=) is now memory_cache_bytes= (the "
+                      "decoded row groups kept in memory); the old name will go",
+                      DeprecationWarning, stacklevel=2)
+        memory_cache_bytes = decode_cache_bytes
     return Dataset(url, storage_options=storage_options, cache=cache,
-                   decode_cache_bytes=decode_cache_bytes, retry=retry,
+                   memory_cache_bytes=memory_cache_bytes, retry=retry,
                    expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
 
 

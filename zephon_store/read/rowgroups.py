@@ -49,12 +49,12 @@ from .mapped import MappedShards
 from .once import OncePerKey
 from .rangefile import RangeFile
 
-DEFAULT_DECODE_CACHE_BYTES = 256 << 20
+DEFAULT_MEMORY_CACHE_BYTES = 256 << 20
 
 
 class DecodedLRU:
     """A thread-safe LRU of decoded row groups in memory, bounded by bytes (``budget <= 0``:
-    keeps none); ``open_dataset(decode_cache_bytes=)`` sizes it. Not the *decoded cache*
+    keeps none); ``open_dataset(memory_cache_bytes=)`` sizes it. Not the *decoded cache*
     (``decoded_cache=``, :class:`~zephon_store.read.decoded_disk.DecodedDiskCache`, on disk)."""
 
     def __init__(self, budget: int) -> None:
@@ -99,7 +99,7 @@ class RowGroups:
     """
 
     def __init__(self, manifest: Manifest, storage: Storage, *, cache: ChunkCache | None,
-                 decode_cache_bytes: int = DEFAULT_DECODE_CACHE_BYTES, io_threads: int = 8,
+                 memory_cache_bytes: int = DEFAULT_MEMORY_CACHE_BYTES, io_threads: int = 8,
                  dataset_url: str = "", decoded_disk: DecodedDiskCache | None = None) -> None:
         self.manifest = manifest
         self.storage = storage
@@ -112,7 +112,7 @@ class RowGroups:
         self.footers = Footers(manifest, self._fetch, self.forged)
         self._mapped = (MappedShards(manifest, lambda s: storage.url(manifest.shard_path(s)))
                         if storage.local else None)
-        self._lru = DecodedLRU(decode_cache_bytes)
+        self._lru = DecodedLRU(memory_cache_bytes)
         # Threads asking for the same row group at once (the loader's decode threads: a
         # sequential token batch is a quarter of one) wait for the one decode.
         self._decoding: OncePerKey[pa.Table] = OncePerKey()
