@@ -34,7 +34,7 @@ def test_info_json(ds_path, capsys):
     assert info["dataset_id"] == ds.dataset_id and info["num_samples"] == 600
     assert info["num_shards"] == ds.num_shards and info["num_row_groups"] == 24
     assert [f["name"] for f in info["schema"]] == ["id", "text", "score", "tags"]
-    assert info["codecs"] == ds.manifest.doc["codecs"]    # the default, compression="auto"
+    assert info["codecs"] == ds.manifest.codecs    # the default, compression="auto"
     assert set(info["codecs"]) == {"id", "text", "score", "tags"}
     assert main(["info", ds_path]) == 0
     text = capsys.readouterr().out

@@ -323,7 +323,7 @@ def _dataset_info(args) -> int:
     }
     if m.packing is not None:
         info["packing"] = m.packing
-    codecs = m.doc.get("codecs")   # compression="auto": the codec chosen per column (SPEC 3.2)
+    codecs = m.codecs   # compression="auto": the codec chosen per column (SPEC 3.2)
     if codecs is not None:
         info["codecs"] = codecs
     if args.json:

@@ -307,6 +307,13 @@ class Manifest:
         info = self.doc.get("packing")
         return info if isinstance(info, dict) else None
 
+    @property
+    def codecs(self) -> dict | None:
+        """What ``compression="auto"`` chose per top-level column, ``{column: {codec:
+        shards}}`` (SPEC.md 3.2), or None when a named codec applied to every column."""
+        info = self.doc.get("codecs")
+        return info if isinstance(info, dict) else None
+
     def shard_name(self, shard: int) -> str:
         return self._shard_names[int(shard)].as_py()
 
