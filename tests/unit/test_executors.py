@@ -152,3 +152,39 @@ def test_a_grpc_server_passes_the_address_check_and_a_refusing_cluster_is_one_er
         assert "\n" not in str(info.value) and not info.value.malformed
     finally:
         server.stop(None)
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+from zephon_store.write.executors import LocalExecutor
+
+def main():
+    # The kernel may hand a Ctrl-C to any thread: make it one that is not the main thread.
+    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # this thread and later ones
+    with LocalExecutor(int(sys.argv[1])) as ex:
+        results = ex.map(time.sleep, [60, 60])
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            list(results)
+        except KeyboardInterrupt:
+            print(f"interrupted {time.monotonic() - t0:.1f}", flush=True)
+            os._exit(0)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_reaches_the_main_thread_while_it_waits_on_a_task(tmp_path, workers):
+    """A SIGINT delivered to another thread raised KeyboardInterrupt only when the running
+    task ended (a thread pool: 60 s here); the waits now return in slices."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    out = subprocess.run([sys.executable, str(script), str(workers)], capture_output=True,
+                         text=True, timeout=120)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("interrupted")]
+    assert lines, out.stderr[-2000:]
+    assert float(lines[0].split()[1]) < 30, lines   # the tasks take 60 s: not waited for

@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Any
 
 __all__ = ["ENGINES", "Executor", "LocalExecutor", "make_executor"]
@@ -141,7 +141,36 @@ class LocalExecutor(Executor):
     def map(self, fn, tasks, *, name: str = "") -> Iterator:
         if self._ex is None:
             return map(fn, tasks)
-        return self._ex.map(fn, tasks)
+        return _interruptible_map(self._ex, fn, tasks)
+
+
+# How long the main thread waits on a task at a time (see _interruptible_map).
+_WAIT_SLICE_S = 0.25
+
+
+def _interruptible_map(ex, fn, tasks) -> Iterator:
+    """``ex.map(fn, tasks)`` (every task submitted at once, results in task order, the rest
+    cancelled when the caller stops), waiting for each result in short slices.
+
+    A Ctrl-C is a process signal: the kernel may hand it to any thread, and when that is
+    not the main thread, a main thread blocked in ``Future.result()`` is not woken; Python
+    raises ``KeyboardInterrupt`` only once the running task ends, minutes later for a large
+    input (the pool's workers ignore SIGINT, so they go on). A wait that returns every
+    ``_WAIT_SLICE_S`` lets the main thread see the signal at once.
+    """
+    futures = [ex.submit(fn, task) for task in tasks]   # at once, as Executor.map does
+    return _in_order(futures)
+
+
+def _in_order(futures: list) -> Iterator:
+    try:
+        for fut in futures:
+            while not fut.done():
+                wait([fut], timeout=_WAIT_SLICE_S)
+            yield fut.result()
+    finally:
+        for fut in futures:
+            fut.cancel()
 
 
 def make_executor(engine: str = "local", *, workers: int | None = None,
