@@ -328,7 +328,10 @@ def test_ctrl_c_with_workers_prints_one_line_and_exits_130(src, tmp_path):
 
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    script = ("import sys; import zephon_store.write.convert as c; from tests.gate import gated_parse; "
+    # A shell starts a background job with SIGINT ignored, and a Python started so never
+    # raises KeyboardInterrupt: the child takes the handler a terminal's foreground job has.
+    script = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "import zephon_store.write.convert as c; from tests.gate import gated_parse; "
               "from zephon_store.cli.main import main; real = c.convert; "
               "c.convert = lambda *a, **k: real(*a, parse_fn=gated_parse, **k); "
               "sys.exit(main(sys.argv[1:]))")

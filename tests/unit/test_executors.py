@@ -159,6 +159,7 @@ import os, signal, sys, threading, time
 from zephon_store.write.executors import LocalExecutor
 
 def main():
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started in background
     # The kernel may hand a Ctrl-C to any thread: make it one that is not the main thread.
     threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # this thread and later ones
