@@ -426,11 +426,16 @@ class BatchPipeline:
                 # Numbers with nulls in a group: each step's rows decide numpy or list.
                 grouped = len(step.parts) > 1 and array_type(col.type)
                 out[name] = _PerStep(col) if grouped else column_to_numpy(col)
+        return self._with_id_fields(out, step)
+
+    def _with_id_fields(self, batch: dict, step: _Step) -> dict:
+        """``batch`` with the fields of the step's ids: ``_seq`` (``with_seq``) and
+        ``_masked`` (a deny list)."""
         if self.stream.with_seq:
-            out.update(self.stream.seq_fields(step.ids))
+            batch.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
-            out[MASK_KEY] = self.deny_list.masked(step.ids)
-        return out
+            batch[MASK_KEY] = self.deny_list.masked(step.ids)
+        return batch
 
     def _transformed(self, batch: dict):
         """The transform's output; with a deny list, a dict that carries ``_masked``.
@@ -499,12 +504,8 @@ class BatchPipeline:
         if decoded:
             return self._assemble(step, decoded, whole)
         # A short last step can leave a rank no rows: an empty batch.
-        batch = table_to_numpy(self.stream.select(self.dataset.schema.empty_table()))
-        if self.stream.with_seq:
-            batch.update(self.stream.seq_fields(step.ids))
-        if self.deny_list is not None:
-            batch[MASK_KEY] = self.deny_list.masked(step.ids)
-        return batch
+        return self._with_id_fields(
+            table_to_numpy(self.stream.select(self.dataset.schema.empty_table())), step)
 
     def _handed_out(self, sub: dict):
         """One step's batch as the caller gets it: denied rows blanked, then transformed."""
