@@ -37,6 +37,7 @@ from ..format.manifest import (
     table_from_ipc,
 )
 from ..io.storage import Storage
+from .verify_codecs import auto_codec_problems, named_codec_problem, shard_codecs
 
 
 @dataclass
@@ -127,14 +128,26 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     shards = range(m.num_shards)
     from tqdm import tqdm
 
+    per_shard: list[dict | None] = []
     with ThreadPoolExecutor(max(1, workers)) as pool:
         results = pool.map(lambda s: _check_shard(st, m, s, deep), shards)
-        for found in tqdm(results, total=len(shards), desc="verify", unit="shard",
-                          disable=not progress, leave=False):
+        for found, codecs in tqdm(results, total=len(shards), desc="verify", unit="shard",
+                                  disable=not progress, leave=False):
             report.findings.extend(found)
             report.shards_checked += 1
+            per_shard.append(codecs)
+    _check_auto_codecs(m, per_shard, murl, add)
     _check_orphans(st, m, add)
     return report
+
+
+def _check_auto_codecs(m: Manifest, per_shard: list[dict | None], murl: str, add) -> None:
+    """``compression="auto"``: the manifest's ``codecs`` record against every footer. Only
+    when every footer was read: a missing or damaged shard is reported on its own."""
+    if m.writer.get("compression") != "auto" or any(c is None for c in per_shard):
+        return
+    for problem in auto_codec_problems(m.codecs, per_shard):
+        add(Finding(None, "codec_mismatch", f"{murl}: {problem}"))
 
 
 def _check_orphans(st: Storage, m: Manifest, add) -> None:
@@ -194,32 +207,40 @@ def _load_tables(st: Storage, doc: dict, murl: str, add) -> dict | None:
     return tables if ok else None
 
 
-def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
+def _check_shard(st: Storage, m: Manifest, s: int,
+                 deep: bool) -> tuple[list[Finding], dict[str, set[str]] | None]:
+    """Shard ``s``'s findings, and the codecs its verified footer names per column (``None``
+    when the footer could not be read)."""
     name = m.shard_name(s)
     try:
         rel = shard_path(name)
     except UnsafePathError as exc:
-        return [Finding(name, "unsafe_path", str(exc))]
+        return [Finding(name, "unsafe_path", str(exc))], None
     url = st.url(rel)
     try:
         require_regular_file(st, rel)
         data = st.read_file(rel)
     except FileNotFoundError:
-        return [Finding(name, "missing_shard", f"{url} is missing")]
+        return [Finding(name, "missing_shard", f"{url} is missing")], None
     except OSError as exc:
-        return [Finding(name, "read_error", f"{url}: {exc}")]
+        return [Finding(name, "read_error", f"{url}: {exc}")], None
     out: list[Finding] = []
     sound = _check_shard_bytes(m, s, name, url, data, out)
     footer = _read_footer(m, s, name, url, data, out)
     if footer is None:
-        return out
+        return out, None
     md, schema = footer
     _check_footer_counts(m, s, name, url, md, sound, out)
+    codecs = shard_codecs(md, schema)
+    problem = (None if m.writer.get("compression") == "auto"
+               else named_codec_problem(m.writer.get("compression"), codecs))
+    if problem is not None:
+        out.append(Finding(name, "codec_mismatch", f"{url}: {problem}"))
     try:
         want = m.storage_schema
     except ManifestError as exc:
         out.append(Finding(name, "schema_mismatch", f"{url}: {exc}"))
-        return out
+        return out, codecs
     if not schema.equals(want, check_metadata=False):
         what = "storage schema" if m.storage else "schema"
         out.append(Finding(name, "schema_mismatch", f"{url}: schema {schema} differs from the "
@@ -227,7 +248,7 @@ def _check_shard(st: Storage, m: Manifest, s: int, deep: bool) -> list[Finding]:
     if deep and md.num_row_groups == int(m.shard_num_rgs[s]) and schema.equals(
             want, check_metadata=False):
         _decode_row_groups(m, name, url, data, md, sound, out)
-    return out
+    return out, codecs
 
 
 def _check_shard_bytes(m: Manifest, s: int, name: str, url: str, data: bytes,
