@@ -318,7 +318,7 @@ def test_load_state_dict_while_iterating_applies_at_the_next_iter(packed):
 
 # -- errors, selection, optional extra -----------------------------------------------------
 @needs_torchtitan
-def test_seq_len_mismatch_and_missing_dataset_are_clear(packed, monkeypatch):
+def test_seq_len_mismatch_and_missing_dataset_are_clear(packed, monkeypatch, tmp_path):
     from zephon_store.integrations.torchtitan import ZephonDataLoader
 
     _, url, _, _ = packed
@@ -331,6 +331,12 @@ def test_seq_len_mismatch_and_missing_dataset_are_clear(packed, monkeypatch):
                                         local_batch_size=2)
     with pytest.raises(ValueError, match="storage_options must be a JSON object"):
         ZephonDataLoader.Config(dataset=url, storage_options="[1]")
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"stages": [{"name": "s", "start": {"samples": 0}}],
+                               "sources": [{"name": "a", "url": url, "weights": [1]}]}))
+    with pytest.raises(ValueError, match="is a mixture file; pass it as --dataloader.mixture"):
+        ZephonDataLoader.Config(dataset=str(mix)).build(
+            dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)
     monkeypatch.setenv("ZEPHON_DATASET", url)
     dl = ZephonDataLoader.Config().build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32,
                                          local_batch_size=2)

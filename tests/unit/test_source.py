@@ -22,6 +22,10 @@ from zephon_store.read.dataset import Dataset, open_dataset
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
 ASKS = re.compile(r"is_mixture|isinstance\([^)]*MixedDataset")
+# What makes a mixture from a spelling (load/mixed.py's parts): named, even imported under
+# another name, anywhere but the normaliser and the module that defines them.
+BUILDS = re.compile(r"\b(build_mixture|open_sources|mixture_spec|open_mixture_spec)\b"
+                    r"|\bMixedDataset\(")
 
 
 def _convert(root, name: str, n: int) -> str:
@@ -107,6 +111,51 @@ def test_only_the_normaliser_asks_whether_it_holds_a_mixture() -> None:
         if rel != "load/source.py" and ASKS.search(path.read_text(encoding="utf-8")):
             asking.add(rel)
     assert not asking, f"asks whether it holds a mixture: {sorted(asking)}"
+
+
+def _builders(texts: dict[str, str]) -> list[str]:
+    return sorted(rel for rel, text in texts.items()
+                  if rel not in ("load/source.py", "load/mixed.py") and BUILDS.search(text))
+
+
+def test_only_the_normaliser_builds_a_mixture() -> None:
+    """Every front end (the loaders, TorchTitan, Grain, the CLI, plan) gets its mixture
+    from :func:`open_source`, so the seed rule, the columns and the stage placement are
+    the normaliser's; TorchTitan, which needs the sources' seq_len before its global batch,
+    opens them with ``open_parts`` and hands those to the loader."""
+    texts = {path.relative_to(PKG).as_posix(): path.read_text(encoding="utf-8")
+             for path in PKG.rglob("*.py")}
+    assert not _builders(texts), f"builds a mixture itself: {_builders(texts)}"
+    # TorchTitan's former spelling is caught, under its import alias too.
+    before = ("from ..load.mixed import open_sources as open_mixture_sources\n"
+              "spec = mixture_spec(url)\nmix = build_mixture(spec, open_mixture_sources(spec))")
+    assert _builders({"integrations/torchtitan.py": before}) == ["integrations/torchtitan.py"]
+
+
+def test_parts_open_first_and_resolve_as_the_whole_spelling_does(urls) -> None:
+    """``open_parts`` then ``open_source`` gives the mixture ``open_source`` gives at once:
+    same identity and schedule, its stage starts in steps placed by the batch given to
+    the second call; a dataset's parts are the dataset itself."""
+    from zephon_store.load.source import MixtureParts, open_parts
+
+    d = {"seed": 4, "stages": [{"name": "s", "start": {"samples": 0}},
+                               {"name": "t", "start": {"steps": 3}}],
+         "sources": [{"name": k, "url": u, "weights": [0.5, 0.5]} for k, u in urls.items()]}
+    parts = open_parts(d)
+    assert isinstance(parts, MixtureParts) and not isinstance(parts, Source)
+    assert [n for n, _ in parts.parts()] == ["a", "b"] and parts.order_seed(None) == 4
+    with pytest.raises(MixtureError, match="sets seed 4 but seed 1 was given"):
+        parts.order_seed(1)
+    for batch in (4, 6):
+        mix = open_source(parts, global_batch=batch, columns=["id"])
+        whole = open_source(d, global_batch=batch, columns=["id"])
+        assert mix.dataset_id == whole.dataset_id and mix.columns == ["id"]
+        assert [s for s, _ in mix.schedule.stages] == [0, 3 * batch]
+        assert mix.sources == parts.sources      # opened once, shared
+    ds = open_dataset(urls["a"])
+    assert open_parts(ds) is ds and open_parts(urls["a"]).dataset_id == ds.dataset_id
+    with pytest.raises(ValueError, match="not here"):
+        open_parts(d, no_mixture="not here")
 
 
 def test_a_mixture_reads_and_prefetches_through_its_sources(urls, tmp_path) -> None:

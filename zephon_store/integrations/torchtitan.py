@@ -66,12 +66,10 @@ except ImportError as _main_error:
 
 from ..io.cache import ChunkCache  # noqa: E402
 from ..load.denylist import MASK_KEY  # noqa: E402
-from ..load.mixed import build_mixture, mixture_spec  # noqa: E402
-from ..load.mixed import open_sources as open_mixture_sources  # noqa: E402
 from ..load.runlog import RUNLOG_NAME  # noqa: E402
-from ..load.source import Source  # noqa: E402
+from ..load.source import MixtureParts, Source, open_parts  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
-from ..read.dataset import Dataset, open_dataset  # noqa: E402
+from ..read.dataset import Dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
 from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
 from .titan_batches import TitanInputs, flat_batch, rows_batch  # noqa: E402
@@ -88,9 +86,10 @@ _DEFAULT_ORDER = OrderOptions()
 IGNORE_INDEX = -100
 
 
-def dataset_seq_len(dataset: Source) -> int:
+def dataset_seq_len(dataset: Source | MixtureParts) -> int:
     """The ``L`` of a dataset of ``L + 1``-token windows (from its manifest or its schema);
-    of a mixture, the ``L`` all its sources share."""
+    of a mixture (or its parts, :func:`~zephon_store.load.source.open_parts`), the ``L``
+    all its sources share."""
     parts = dataset.parts()
     return _common_seq_len([d for _, d in parts], [n for n, _ in parts])
 
@@ -238,27 +237,13 @@ class ZephonDataLoader(BaseDataLoader):
                  num_tokens_per_batch: int | None = None, **_: Any) -> None:
         # Other build kwargs (0.3.0's snapshot_every_n_steps) need no handling: the state is
         # one cursor, exact after every batch.
-        cache = ChunkCache(config.cache_dir) if config.cache_dir else None
-        decoded = config.decoded_cache_dir or None
         self.config = config
-        spec = None
-        if config.mixture:
-            if config.dataset:
-                raise ValueError("set --dataloader.dataset or --dataloader.mixture, not both")
-            url = config.mixture
-            spec = mixture_spec(url)
-            # Each source with its own storage options (the mixture file's).
-            self._datasets = open_mixture_sources(spec, cache=cache, decoded_cache=decoded)
-            self.seq_len = _common_seq_len(self._datasets, spec.source_names)
-        else:
-            url = config.dataset or os.environ.get(DATASET_ENV, "")
-            if not url:
-                raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset "
-                                 f"URL or --dataloader.mixture FILE (or ${DATASET_ENV})")
-            self.dataset = open_dataset(url, storage_options=config.storage_options_dict(),
-                                        cache=cache, decoded_cache=decoded)
-            self._datasets = [self.dataset]
-            self.seq_len = dataset_seq_len(self.dataset)
+        # The datasets first: the batch counts windows of their seq_len, and the columns
+        # depend on what they hold; the loader's normaliser then makes the Source (a
+        # mixture's stage starts in steps placed with this run's global batch).
+        url, opened = self._open_parts(config)
+        self._datasets = [d for _, d in opened.parts()]
+        self.seq_len = dataset_seq_len(opened)
         if seq_len is not None and local_batch_size is not None:
             self.layout = "rows"
             if seq_len != self.seq_len:
@@ -289,23 +274,40 @@ class ZephonDataLoader(BaseDataLoader):
         columns = [TOKENS_COLUMN]
         if config.positions and all(DOC_STARTS_COLUMN in d.schema.names for d in self._datasets):
             columns.append(DOC_STARTS_COLUMN)
-        order = config.order_options()
-        if spec is not None:
-            # Deferred: a checkpoint may fix stage starts this batch would put out of order.
-            self.dataset = build_mixture(spec, self._datasets, columns=columns,
-                                         global_batch=rows * dp_world_size,
-                                         defer_stage_order=True)
-            # Config.seed's default 0 means "not given": the file's seed then applies, by
-            # the source's own seed rule (the loader's); another seed is refused.
-            order = order.replace(seed=self.dataset.order_seed(config.seed or None))
+        # Config.seed's default 0 means "not given": a mixture file's seed then applies, by
+        # the source's own seed rule (the loader's); another seed is refused.
+        order = config.order_options().replace(seed=opened.order_seed(config.seed or None))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
-            self.dataset, global_batch=rows * dp_world_size, order=order,
+            opened, global_batch=rows * dp_world_size, order=order,
             world_size=dp_world_size, rank=dp_rank, num_workers=config.num_workers,
             prefetch=config.prefetch, columns=columns, collate=None,
             epochs=None if config.infinite else 1, run_log=self._run_log(),
             deny_list=config.deny_list or None)
+        self.dataset = self._loader.dataset
         self._iter: Iterator | None = None
+
+    @staticmethod
+    def _open_parts(config: Config):
+        """``(what is read, its datasets opened)``: ``config.mixture``'s sources, each with the
+        mixture file's storage options, or ``config.dataset``
+        (:func:`~zephon_store.load.source.open_parts`)."""
+        cache = ChunkCache(config.cache_dir) if config.cache_dir else None
+        decoded = config.decoded_cache_dir or None
+        if config.mixture:
+            if config.dataset:
+                raise ValueError("set --dataloader.dataset or --dataloader.mixture, not both")
+            return config.mixture, open_parts(config.mixture, cache=cache,
+                                              decoded_cache=decoded, as_mixture=True)
+        url = config.dataset or os.environ.get(DATASET_ENV, "")
+        if not url:
+            raise ValueError("ZephonDataLoader needs a dataset: set --dataloader.dataset "
+                             f"URL or --dataloader.mixture FILE (or ${DATASET_ENV})")
+        return url, open_parts(
+            url, storage_options=config.storage_options_dict(), cache=cache,
+            decoded_cache=decoded,
+            no_mixture=f"dataset {url} is a mixture file; pass it as --dataloader.mixture "
+                       "(its sources carry their own storage options)")
 
     def _run_log(self) -> str | None:
         """The run log this process writes: global rank 0's (one writer per job, whatever

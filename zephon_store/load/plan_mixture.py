@@ -38,18 +38,18 @@ class PlanRequestError(ZephonError, ValueError):
 
 
 def _open(path: str, global_batch: int | None):
-    """``(spec, mixture)``; the mixture is None when stage starts in steps need a global
-    batch and none was given."""
-    from .mixed import build_mixture, mixture_spec, open_sources
+    """``(parts, mixture)``: the file's :class:`~zephon_store.load.source.MixtureParts`
+    and, through the normaliser, its mixture; None when stage starts in steps need a
+    global batch and none was given."""
+    from .source import open_parts, open_source
 
-    spec = mixture_spec(path)
-    sources = open_sources(spec)
+    parts = open_parts(path, as_mixture=True)
     try:
-        return spec, build_mixture(spec, sources, global_batch=global_batch)
+        return parts, open_source(parts, global_batch=global_batch)
     except MixtureError:
-        if global_batch is not None or not any(st.unit == "steps" for st in spec.stages):
+        if global_batch is not None or not any(st.unit == "steps" for st in parts.spec.stages):
             raise
-        return spec, None   # stage starts in steps: samples need --global-batch
+        return parts, None   # stage starts in steps: samples need --global-batch
 
 
 def mixture_info(path: str, global_batch: int | None = None) -> dict[str, Any]:
@@ -60,10 +60,8 @@ def mixture_info(path: str, global_batch: int | None = None) -> dict[str, Any]:
     With the module's example file: ``mixture_info(mix, global_batch=512)["stages"][0]``
     has ``"start": {"samples": 0}`` and ``"start_sample": 0``.
     """
-    spec, mix = _open(path, global_batch)
-    from .mixed import open_sources
-
-    sources = mix.sources if mix is not None else open_sources(spec)
+    parts, mix = _open(path, global_batch)
+    spec, sources = parts.spec, parts.sources
     starts = [s for s, _ in mix.schedule.stages] if mix is not None else [None] * len(
         spec.stages)
     sample_weights = ([[float(w) for w in ws] for _, ws in mix.schedule.stages]
@@ -162,7 +160,8 @@ def plan_mixture(path: str, *, global_batch: int, world_size: int, ranks_per_nod
     from .simulate import rank_ids, simulate
 
     b = global_batch
-    spec, mix = _open(path, b)
+    parts, mix = _open(path, b)
+    spec = parts.spec
     options, topology = _plan_inputs(path, spec, global_batch=b, world_size=world_size,
                                      ranks_per_node=ranks_per_node, seed=seed,
                                      shuffle=shuffle, window_blocks=window_blocks)

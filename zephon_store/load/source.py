@@ -11,7 +11,11 @@ which one it holds.
 
 :func:`open_source` turns every spelling a loader accepts (a URL, an open ``Dataset``, a
 mixture file ``.toml``/``.json``, its dict, a ``MixtureSpec``, an open ``MixedDataset``)
-into a source; it is the one place that tells a mixture from a dataset.
+into a source; it is the one place that tells a mixture from a dataset. Its first half,
+:func:`open_parts`, opens the datasets without what depends on the run (the columns, the
+global batch that places a mixture's stage starts in steps), for a front end that decides
+those from the data (TorchTitan's batch counts windows of the sources' ``seq_len``); its
+answer is a spelling :func:`open_source` takes.
 
 >>> from zephon_store import open_dataset
 >>> ds = open_source(tiny_dataset)
@@ -33,7 +37,7 @@ import pyarrow as pa
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 
-__all__ = ["Source", "by_kind", "is_mixture", "open_source"]
+__all__ = ["MixtureParts", "Source", "by_kind", "is_mixture", "open_parts", "open_source"]
 
 MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
@@ -100,11 +104,12 @@ class Source(Protocol):
 
 
 def is_mixture(obj) -> bool:
-    """Whether ``obj`` spells a mixture: a :class:`~zephon_store.load.mixed.MixedDataset`,
-    a mixture spec or its dict, or the path of a mixture file (``.toml``/``.json``)."""
+    """Whether ``obj`` spells a mixture: a :class:`~zephon_store.load.mixed.MixedDataset`
+    or its :class:`MixtureParts`, a mixture spec or its dict, or the path of a mixture file
+    (``.toml``/``.json``)."""
     from .mixed import MixedDataset
 
-    if isinstance(obj, (MixedDataset, dict)):
+    if isinstance(obj, (MixedDataset, MixtureParts, dict)):
         return True
     if isinstance(obj, (str, os.PathLike)):
         path = os.fspath(obj)
@@ -126,23 +131,29 @@ def by_kind(spelling, *, dataset, mixture):
     return (mixture if is_mixture(spelling) else dataset)(spelling)
 
 
-def open_source(spelling, *, columns: Sequence[str] | None = None,
-                global_batch: int | None = None, storage_options: dict | None = None,
-                cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
-                defer_stage_order: bool = False, no_mixture: str | None = None,
-                as_mixture: bool = False) -> Source:
-    """The :class:`Source` that ``spelling`` names.
+def open_parts(spelling, *, storage_options: dict | None = None, cache=None,
+               decoded_cache=None, expect_dataset_id: str | None = None,
+               no_mixture: str | None = None, as_mixture: bool = False):
+    """The normaliser's first half: every dataset ``spelling`` names, opened (manifests
+    read), before what depends on the run.
 
-    A mixture (file, dict, ``MixtureSpec`` or open ``MixedDataset``; docs/mixtures.md) is
-    opened with ``columns`` selected, every source with its own storage options, remote
-    ones through ``cache`` and all through ``decoded_cache``; stage starts in steps convert
-    with ``global_batch``; ``defer_stage_order``: see
-    :func:`~zephon_store.load.mixed.build_mixture`. A mixture pins its sources by their
-    dataset_ids, so ``expect_dataset_id`` is refused for one, and ``no_mixture`` (the
-    refusal's words) refuses a mixture altogether. An open ``Dataset`` is checked against
-    ``expect_dataset_id``; it is open already, so ``decoded_cache`` is refused. A URL is
-    opened with :func:`~zephon_store.read.dataset.open_dataset`. ``as_mixture``: read any
-    spelling as a mixture's (:func:`~zephon_store.load.mixed.open_mixture`).
+    A URL opens as a :class:`~zephon_store.read.dataset.Dataset`; an open ``Dataset`` or
+    ``MixedDataset`` is returned as it is; a mixture file, its dict or a ``MixtureSpec``
+    opens as :class:`MixtureParts`: its sources open, each with its own storage options,
+    remote ones through ``cache`` and every one through ``decoded_cache``, its schedule not
+    yet placed. Each answer has ``parts()`` (``[(name, Dataset)]``) and ``order_seed()``,
+    and :func:`open_source` takes it as a spelling, with the columns and global batch a
+    caller can decide only once it has read the parts (TorchTitan: the batch in windows of
+    the sources' ``seq_len``). The keywords are :func:`open_source`'s.
+
+    >>> stages = [{"name": "s", "start": {"samples": 0}}, {"name": "t", "start": {"steps": 2}}]
+    >>> parts = open_parts({"stages": stages, "sources": [
+    ...     {"name": "a", "url": tiny_dataset, "weights": [1, 0.5]},
+    ...     {"name": "b", "url": tiny_dataset, "weights": [0, 0.5]}]})
+    >>> [name for name, _ in parts.parts()], parts.order_seed(None)
+    (['a', 'b'], 0)
+    >>> [start for start, _ in open_source(parts, global_batch=4).schedule.stages]
+    [0, 8]
     """
     from ..read.dataset import Dataset, open_dataset
 
@@ -152,9 +163,7 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
         if expect_dataset_id is not None:
             raise ValueError("expect_dataset_id pins one dataset; a mixture pins its "
                              "sources by their dataset_ids (checked on resume)")
-        return _open_mixture(spelling, columns=columns, global_batch=global_batch,
-                             cache=cache, decoded_cache=decoded_cache,
-                             defer_stage_order=defer_stage_order)
+        return _open_mixture_parts(spelling, cache=cache, decoded_cache=decoded_cache)
     if isinstance(spelling, Dataset):
         if decoded_cache is not None:
             raise ValueError("decoded_cache applies to a dataset the loader opens; this one "
@@ -167,10 +176,83 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
                         expect_dataset_id=expect_dataset_id, decoded_cache=decoded_cache)
 
 
-def _open_mixture(spelling, *, columns: Sequence[str] | None, **kw) -> Source:
-    """An open mixture with ``columns`` selected, or the mixture a spec spelling names."""
-    from .mixed import MixedDataset, open_mixture_spec
+def open_source(spelling, *, columns: Sequence[str] | None = None,
+                global_batch: int | None = None, storage_options: dict | None = None,
+                cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
+                defer_stage_order: bool = False, no_mixture: str | None = None,
+                as_mixture: bool = False) -> Source:
+    """The :class:`Source` that ``spelling`` names: :func:`open_parts`, then what depends
+    on the run.
 
-    if isinstance(spelling, MixedDataset):
-        return spelling.select(columns)
-    return open_mixture_spec(spelling, columns=columns, **kw)
+    A mixture (file, dict, ``MixtureSpec``, open ``MixedDataset`` or the
+    :class:`MixtureParts` of one; docs/mixtures.md) is opened with ``columns`` selected,
+    every source with its own storage options, remote ones through ``cache`` and all
+    through ``decoded_cache``; stage starts in steps convert with ``global_batch``;
+    ``defer_stage_order``: see :func:`~zephon_store.load.mixed.build_mixture`. A mixture
+    pins its sources by their dataset_ids, so ``expect_dataset_id`` is refused for one, and
+    ``no_mixture`` (the refusal's words) refuses a mixture altogether. An open ``Dataset``
+    is checked against ``expect_dataset_id``; it is open already, so ``decoded_cache`` is
+    refused. A URL is opened with :func:`~zephon_store.read.dataset.open_dataset`.
+    ``as_mixture``: read any spelling as a mixture's
+    (:func:`~zephon_store.load.mixed.open_mixture`).
+    """
+    from .mixed import MixedDataset
+
+    opened = open_parts(spelling, storage_options=storage_options, cache=cache,
+                        decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
+                        no_mixture=no_mixture, as_mixture=as_mixture)
+    if isinstance(opened, MixtureParts):
+        return opened.mixture(columns=columns, global_batch=global_batch,
+                              defer_stage_order=defer_stage_order)
+    if isinstance(opened, MixedDataset):
+        return opened.select(columns)
+    return opened
+
+
+class MixtureParts:
+    """A mixture's sources, open, before its schedule is placed (:func:`open_parts`).
+
+    ``spec``: the :class:`~zephon_store.format.mixture_file.MixtureSpec`; ``sources``: its
+    opened datasets, in its source order. What a caller reads before it knows the run's
+    global batch (the sources' schemas and packing, the seed rule) is here;
+    :func:`open_source` makes the :class:`~zephon_store.load.mixed.MixedDataset`.
+    """
+
+    def __init__(self, spec, sources: Sequence) -> None:
+        self.spec = spec
+        self.sources = list(sources)
+
+    def parts(self) -> list[tuple[str, Any]]:
+        """``[(name, Dataset)]`` of every source, in the mixture's order."""
+        return list(zip(self.spec.source_names, self.sources))
+
+    def order_seed(self, given: int | None) -> int:
+        """The mixture's seed rule (:func:`~zephon_store.load.order_inputs.mixture_seed`):
+        the file's seed unless one is given; a given seed that disagrees is refused."""
+        from .order_inputs import mixture_seed
+
+        return mixture_seed(self.spec.seed, given,
+                            origin=getattr(self.spec, "origin", None) or "the mixture file")
+
+    def mixture(self, *, columns: Sequence[str] | None = None,
+                global_batch: int | None = None, defer_stage_order: bool = False) -> Source:
+        """The :class:`~zephon_store.load.mixed.MixedDataset` over these sources
+        (:func:`~zephon_store.load.mixed.build_mixture`); the sources are shared."""
+        from .mixed import build_mixture
+
+        return build_mixture(self.spec, self.sources, columns=columns,
+                             global_batch=global_batch, defer_stage_order=defer_stage_order)
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+
+def _open_mixture_parts(spelling, *, cache, decoded_cache):
+    """An open mixture (or its parts) as it is, or the parts a spec spelling names."""
+    from .mixed import MixedDataset, mixture_spec, open_sources
+
+    if isinstance(spelling, (MixedDataset, MixtureParts)):
+        return spelling
+    spec = mixture_spec(spelling)
+    return MixtureParts(spec, open_sources(spec, cache=cache, decoded_cache=decoded_cache))
