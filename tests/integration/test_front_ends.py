@@ -171,6 +171,25 @@ def test_a_deny_list(front, data, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("front", FRONT_ENDS)
+def test_a_deny_list_on_a_mixture(front, data, tmp_path) -> None:
+    """A takedown in each source of a mixture with stages: a file naming each source's own
+    ids (docs/audit.md)."""
+    _, windows, mix = data
+    ctx, seg = planned(mix, global_batch=6, world_size=2)
+    pairs = [p for t in ctx.trace(range(6), segments=[seg])
+             for names, ids in zip(t.sources, t.ranks) for p in zip(names, ids)]
+    denied = set(pairs[1:36:4])
+    assert {k for k, _ in denied} == {"big", "small"}
+    (tmp_path / "deny.json").write_text(json.dumps({"sources": {
+        k: {"ids": sorted(i for n, i in denied if n == k)} for k in ("big", "small")}}))
+    got = run(job(front, mix, world_size=2, global_batch=6,
+                  deny_list=str(tmp_path / "deny.json")), 6, front)
+    assert got == expected(ctx, windows, range(6), segments=[seg], denied=denied)
+    assert sum(w is None for step in got for r in step for w in r) == sum(
+        p in denied for p in pairs)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
 def test_the_run_log_and_zephon_audit(front, data, tmp_path) -> None:
     """A run in two segments (W=2, then a resume at W=3) logs both; ``zephon audit``
     passes on the log and its trace is what every rank was handed."""

@@ -198,7 +198,7 @@ class RunContext:
         edits in place. A log written before copies were kept names only the file: it is
         read and must still hash to the logged identity."""
         from ..errors import DenyListError
-        from .denylist import load_deny_list, load_logged_copy
+        from .denylist import load_logged_copy, open_deny_list
         from .runlog import RunLogError
 
         entry = seg.deny_list
@@ -208,12 +208,11 @@ class RunContext:
         if got is None:
             at = f"{self.log} line {seg.line}"
             path = entry.get("path") or ""
-            if self.manifest is None:
-                raise RunLogError(f"{at}: deny lists of mixtures are not supported")
+            space = self.manifest if self.mix is None else self.mix.deny_list_manifest()
             try:
-                got = load_logged_copy(self.log, entry, self.manifest.num_samples)
+                got = load_logged_copy(self.log, entry, space.num_samples)
                 if got is None:   # the copy checks its own identity; the file cannot
-                    got = load_deny_list(path, self.manifest)
+                    got = open_deny_list(path, space)
                     if got.identity != entry["id"]:
                         raise RunLogError(
                             f"{at}: its deny list has no copy beside the log, and {path} now "

@@ -453,8 +453,8 @@ def _source_epochs(intervals, ref, start: int, end: int,
                 idx = index[src == k]
                 ids = order.source_orders[k].sample_at(idx)
                 # A bijection onto (source, index): distinct indices, distinct ids.
-                exps[k].add(idx, ids, None if deny is None else deny.masked(ids),
-                            distinct=True)
+                masked = None if deny is None else deny.masked(order.global_ids(k, ids))
+                exps[k].add(idx, ids, masked, distinct=True)
     lo_k, hi_k = ref.consumed(start), ref.consumed(end)
     out = []
     unlisted = 0

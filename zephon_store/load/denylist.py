@@ -13,7 +13,9 @@ may change the list, even by editing the file in place, and every past segment s
 auditable.
 
 File format (JSON): ``{"ids": [17, 42], "inputs": ["part-00.jsonl"]}`` (either key may be
-missing); or plain text, one id per line (``#`` starts a comment). Only a regular file is
+missing); or plain text, one id per line (``#`` starts a comment). A mixture's list names
+each source's own ids: ``{"sources": {"web": {"ids": [...], "inputs": [...]}}}``
+(:func:`open_deny_list`, the loaders' one entry). Only a regular file is
 read (a FIFO would block the reader forever).
 
 >>> import os, json
@@ -43,9 +45,9 @@ from .._util.hashing import xxh3_hex
 from .._util.regular import NotRegularFileError, read_regular
 from ..errors import DenyListError
 
-__all__ = ["DenyList", "DenyListError", "MASK_KEY", "blank_denied", "blank_value",
-           "load_deny_list", "load_logged_copy", "logged_copy_path", "provenance_ids",
-           "save_logged_copy"]
+__all__ = ["DenyList", "DenyListError", "MASK_KEY", "MixtureIds", "blank_denied", "blank_value",
+           "load_deny_list", "load_logged_copy", "logged_copy_path", "open_deny_list",
+           "provenance_ids", "save_logged_copy"]
 
 MASK_KEY = "_masked"
 DENY_MODE = "mask"
@@ -167,32 +169,39 @@ def load_deny_list(path: str, manifest) -> DenyList:
     checked against its size, input names against its provenance); a malformed file raises
     :class:`DenyListError` naming it, and the key or line."""
     text = _read_regular(path, "deny list")
-    ids: list = []
-    inputs: list[str] = []
     where = f"deny list {path}"
     if text.lstrip().startswith("{"):
-        doc = _json(text, "deny list", path)
-        unknown = sorted(set(doc) - {"ids", "inputs"})
-        if unknown:
-            raise DenyListError(f"{where}: unknown key(s) {unknown}; use \"ids\" and "
-                                "\"inputs\"")
-        ids = doc.get("ids", [])
-        if not isinstance(ids, list):
-            raise DenyListError(f"{where}: 'ids' must be a list of sample ids, got {ids!r:.80}")
-        inputs = doc.get("inputs", [])
-        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
-            raise DenyListError(f"{where}: 'inputs' must be a list of input file names, got "
-                                f"{inputs!r:.80}")
-    else:
-        for n, line in enumerate(text.splitlines(), start=1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            try:
-                ids.append(int(line))
-            except ValueError:
-                raise DenyListError(f"{where} line {n}: {line[:40]!r} is not a sample id"
-                                    ) from None
+        return _from_doc(_json(text, "deny list", path), manifest, where, path)
+    ids: list = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            ids.append(int(line))
+        except ValueError:
+            raise DenyListError(f"{where} line {n}: {line[:40]!r} is not a sample id") from None
+    return DenyList(_checked_ids(ids, manifest.num_samples, where), manifest.dataset_id, path)
+
+
+def _from_doc(doc, manifest, where: str, path: str = "") -> DenyList:
+    """A deny list from its JSON object ``{"ids": [...], "inputs": [...]}`` (either key may
+    be missing) for the dataset of ``manifest``."""
+    if not isinstance(doc, dict):
+        raise DenyListError(f"{where}: expected an object with \"ids\" and/or \"inputs\", "
+                            f"got {doc!r:.80}")
+    unknown = sorted(set(doc) - {"ids", "inputs"})
+    if unknown:
+        raise DenyListError(f"{where}: unknown key(s) {unknown}; use \"ids\" and \"inputs\""
+                            + ("; a mixture's list names its sources under \"sources\""
+                               if "sources" in doc else ""))
+    ids = doc.get("ids", [])
+    if not isinstance(ids, list):
+        raise DenyListError(f"{where}: 'ids' must be a list of sample ids, got {ids!r:.80}")
+    inputs = doc.get("inputs", [])
+    if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+        raise DenyListError(f"{where}: 'inputs' must be a list of input file names, got "
+                            f"{inputs!r:.80}")
     arr = _checked_ids(ids, manifest.num_samples, where)
     if inputs:
         try:
@@ -200,6 +209,90 @@ def load_deny_list(path: str, manifest) -> DenyList:
         except DenyListError as exc:
             raise DenyListError(f"{where}: {exc}") from None
     return DenyList(arr, manifest.dataset_id, path)
+
+
+# -- a mixture's list: one list per source, in the mixture's ids -----------------------------
+
+
+@dataclass(frozen=True)
+class MixtureIds:
+    """The sample ids of a mixture as a deny list sees them: source ``k``'s id ``i`` is the
+    mixture's id ``offsets[k] + i`` (the ids every batch's ``_seq``, ``trace`` and ``audit``
+    use). ``dataset_id`` names the sources (their names and dataset ids, not the schedule,
+    which a resume may extend), so a list stays valid across stages."""
+
+    names: tuple[str, ...]
+    manifests: tuple
+    offsets: tuple[int, ...]
+    num_samples: int
+
+    @property
+    def dataset_id(self) -> str:
+        doc = [[n, m.dataset_id] for n, m in zip(self.names, self.manifests)]
+        return "mixids:" + xxh3_hex(json.dumps(doc).encode())
+
+
+def open_deny_list(deny_list, space) -> DenyList:
+    """The loaders' one entry: ``deny_list`` as the user gave it, for the ids ``space`` (a
+    dataset's manifest, or a mixture's :class:`MixtureIds`), checked against it.
+
+    For one dataset: a file (module docstring) or a :class:`DenyList`. For a mixture: a
+    file ``{"sources": {"web": {"ids": [...], "inputs": [...]}, ...}}`` naming each source's
+    own sample ids and inputs, the same as a dict (whose values may also be a list file's
+    path or a source's :class:`DenyList`), or a :class:`DenyList` made for this mixture.
+    Sources not named are not denied from.
+    """
+    if isinstance(deny_list, DenyList):
+        if isinstance(space, MixtureIds) and deny_list.dataset_id != space.dataset_id:
+            raise DenyListError(
+                f"deny list {deny_list.path or ''} is for dataset {deny_list.dataset_id}, not "
+                f"this mixture; pass {{source name: list}} for its sources {list(space.names)}")
+        deny_list.check_for(space)
+        return deny_list
+    if not isinstance(space, MixtureIds):
+        if isinstance(deny_list, Mapping):
+            raise DenyListError("deny_list: a dict names the lists of a mixture's sources; for "
+                                "one dataset pass a file or a DenyList")
+        return load_deny_list(str(deny_list), space)
+    path, where = "", "deny list"
+    if not isinstance(deny_list, Mapping):
+        path = str(deny_list)
+        where = f"deny list {path}"
+        doc = _json(_read_regular(path, "deny list"), "deny list", path)
+        if not isinstance(doc, dict) or set(doc) != {"sources"}:
+            raise DenyListError(
+                f"{where}: a mixture's deny list is a JSON object {{\"sources\": {{NAME: "
+                f"{{\"ids\": [...], \"inputs\": [...]}}}}}} naming the sources "
+                f"{list(space.names)} (a source's own ids, as 'zephon where' prints them)")
+        deny_list = doc["sources"]
+        if not isinstance(deny_list, dict):
+            raise DenyListError(f"{where}: 'sources' must be an object, got {deny_list!r:.80}")
+    return _mixture_list(deny_list, space, where, path)
+
+
+def _mixture_list(per_source: Mapping, space: MixtureIds, where: str, path: str) -> DenyList:
+    unknown = sorted(set(per_source) - set(space.names))
+    if unknown:
+        raise DenyListError(f"{where}: source(s) {unknown} are not in the mixture; its "
+                            f"sources are {list(space.names)}")
+    parts = [np.zeros(0, dtype=np.int64)]
+    for k, name in enumerate(space.names):
+        if name not in per_source:
+            continue
+        given, manifest = per_source[name], space.manifests[k]
+        at = f"{where}, source {name!r}"
+        if isinstance(given, DenyList):
+            given.check_for(manifest)
+            one = given
+        elif isinstance(given, Mapping):
+            one = _from_doc(dict(given), manifest, at)
+        else:
+            try:
+                one = load_deny_list(str(given), manifest)
+            except DenyListError as exc:
+                raise DenyListError(f"{at}: {exc}") from None
+        parts.append(one.ids + space.offsets[k])
+    return DenyList(np.concatenate(parts), space.dataset_id, path)
 
 
 # -- what a denied row looks like ------------------------------------------------------------

@@ -32,7 +32,7 @@ from ..errors import StateMismatchError
 from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
-from .denylist import DenyList, load_deny_list, save_logged_copy
+from .denylist import open_deny_list, save_logged_copy
 from .options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
@@ -57,7 +57,8 @@ class Loader:
     ``order``: the order (a mixture file's seed applies unless one is given); the option
     groups ``batch``, ``read_ahead``, ``stop`` and ``workers`` (:mod:`zephon_store.load.options`;
     process workers need :class:`~zephon_store.torch.ZephonLoader`); ``run_log``: rank 0
-    appends one line per segment; ``deny_list``: a file or a ``DenyList``; ``collate``:
+    appends one line per segment; ``deny_list``: a file or a ``DenyList`` (a mixture's: a
+    dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`); ``collate``:
     applied to each batch handed out. Each keyword is described in
     :class:`~zephon_store.torch.ZephonLoader`'s docstring.
     """
@@ -110,11 +111,7 @@ class Loader:
         self.step = 0
         self._logged_loads: int | None = None
         if deny_list is not None:
-            manifest = self.dataset.deny_list_manifest()
-            if isinstance(deny_list, DenyList):
-                deny_list.check_for(manifest)
-            else:
-                deny_list = load_deny_list(str(deny_list), manifest)
+            deny_list = open_deny_list(deny_list, self.dataset.deny_list_manifest())
             self.batch_options = self.batch_options.with_deny_list(deny_list)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()

@@ -39,6 +39,7 @@ from .._util.hashing import xxh3_hex
 from ..errors import MixtureError, StateMismatchError
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
+from .denylist import MixtureIds
 
 __all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture",
            "mean_sample_size", "mixture_spec", "open_mixture", "open_sources",
@@ -366,9 +367,10 @@ class MixedDataset:
         """``[(name, dataset)]`` of every source, in the mixture's order."""
         return list(zip(self.names, self.sources))
 
-    def deny_list_manifest(self):
-        raise ValueError("deny_list names one dataset's sample ids; a mixture's are "
-                         "not supported yet (docs/audit.md)")
+    def deny_list_manifest(self) -> MixtureIds:
+        """The ids a deny list names: each source's own, placed at its ``id_offset``."""
+        return MixtureIds(tuple(self.names), tuple(s.manifest for s in self.sources),
+                          tuple(int(o) for o in self.id_offset), self.num_samples)
 
     def working_set_row_groups(self, order: MixedOrder, topology) -> int:
         """Row groups a rank reads from at once: each source's working set (every lane of
@@ -614,6 +616,10 @@ class MixedOrder:
     def split_ids(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Virtual ids -> (source index, the source's own sample id)."""
         return self.mix.split_ids(ids)
+
+    def global_ids(self, source: int, ids) -> np.ndarray:
+        """The mixture's (virtual) ids of source ``source``'s own sample ids."""
+        return np.asarray(ids, dtype=np.int64) + self.mix.id_offset[int(source)]
 
     def block_of(self, ids) -> np.ndarray:
         """The virtual row group (block) holding each virtual sample id."""

@@ -551,6 +551,11 @@ class Order:
         """Sample ids -> (None: one dataset has no source index, the ids)."""
         return None, np.asarray(ids, dtype=np.int64)
 
+    def global_ids(self, source: int, ids) -> np.ndarray:
+        """The sample ids of source ``source`` (0, the only one) as the loader names them:
+        the ids themselves (a mixture's order adds the source's offset)."""
+        return np.asarray(ids, dtype=np.int64)
+
     def epoch_of(self, positions: np.ndarray | int) -> np.ndarray:
         """The epoch of each position (``p // N``)."""
         return self._check(positions) // self._n
