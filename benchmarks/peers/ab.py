@@ -12,7 +12,10 @@ baseline in one run, with nothing but pyarrow, numpy and torch installed::
 
 Reads use the dataset converted by "after" for both sides unless ``--own-copies``; the
 script first checks that both convert the corpus to the same ``dataset_id`` (a change
-that alters the bytes must be measured with ``--own-copies``). Prints a Markdown table of
+that alters the bytes must be measured with ``--own-copies``). ``--compression NAME`` has
+both sides convert with that named codec instead of their own default, so a change of the
+default codec between the two commits does not confound a loader comparison. Prints a
+Markdown table of
 medians, (min-max) and the after/before ratio per run; the JSON goes to
 ``.bench/peers/ab.json``.
 """
@@ -51,7 +54,7 @@ def _where(root: str) -> str:
 
 
 def _one(case: str, metric: str, kind: str, meta: dict, work: str, paths: dict,
-         roots: dict, timeout: float) -> dict:
+         roots: dict, timeout: float, compression: str | None = None) -> dict:
     system = "pyarrow" if case == "pyarrow" else "zephon"
     batch = {"text": 256, "tokens": 32}[kind]
     m = metric
@@ -61,7 +64,8 @@ def _one(case: str, metric: str, kind: str, meta: dict, work: str, paths: dict,
         out = os.path.join(work, f"convert-{case}")
         shutil.rmtree(out, ignore_errors=True)
         warm(meta["input"])
-        res = spawn(system, "convert", kind, out, timeout, root=roots[case], inp=meta["input"])
+        res = spawn(system, "convert", kind, out, timeout, root=roots[case], inp=meta["input"],
+                    compression=None if case == "pyarrow" else compression)
         if "error" not in res:
             res["bytes_on_disk"] = corpus_mod.du(out)
         shutil.rmtree(out, ignore_errors=True)
@@ -71,15 +75,17 @@ def _one(case: str, metric: str, kind: str, meta: dict, work: str, paths: dict,
                  num_samples=meta["num_samples"], batch=batch)
 
 
-def _copies(kind: str, meta: dict, work: str, roots: dict, own: bool, timeout: float) -> dict:
+def _copies(kind: str, meta: dict, work: str, roots: dict, own: bool, timeout: float,
+            compression: str | None = None) -> dict:
     """The dataset each case reads: converted once per side (untimed)."""
     paths = {}
     for case in ("pyarrow", "before", "after"):
-        path = os.path.join(work, f"data-{case}")
+        named = case != "pyarrow" and compression
+        path = os.path.join(work, f"data-{case}" + (f"-{compression}" if named else ""))
         if not os.path.exists(path):
             system = "pyarrow" if case == "pyarrow" else "zephon"
             res = spawn(system, "convert", kind, path + ".tmp", timeout, root=roots[case],
-                        inp=meta["input"])
+                        inp=meta["input"], compression=compression if named else None)
             if "error" in res:
                 raise RuntimeError(f"{case} could not convert {kind}: {res['error']}")
             os.replace(path + ".tmp", path)
@@ -154,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", default=",".join(METRICS))
     ap.add_argument("--own-copies", action="store_true",
                     help="each side reads the dataset it converted itself")
+    ap.add_argument("--compression", default=None,
+                    help="both sides convert with this named codec (e.g. zstd: level 3, the "
+                         "default before format v3) instead of their own default")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--results", default=os.path.join(BENCH, "ab.json"))
     a = ap.parse_args(argv)
@@ -173,14 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         meta = corpus_mod.ensure(kind, a.mb, log=log)
         work = os.path.join(meta["dir"], "ab")
         os.makedirs(work, exist_ok=True)
-        paths = _copies(kind, meta, work, roots, a.own_copies, a.timeout)
+        paths = _copies(kind, meta, work, roots, a.own_copies, a.timeout, a.compression)
         raw: dict = {m: {c: [] for c in ("pyarrow", "before", "after")} for m in metrics}
         for r in range(a.runs):
             for metric in metrics:
                 # Alternate the order of the two sides between runs (A B, B A, ...).
                 sides = ("before", "after") if r % 2 == 0 else ("after", "before")
                 for case in ("pyarrow",) + sides:
-                    res = _one(case, metric, kind, meta, work, paths, roots, a.timeout)
+                    res = _one(case, metric, kind, meta, work, paths, roots, a.timeout,
+                               a.compression)
                     raw[metric][case].append(res)
                     log(f"  {kind} {metric} run {r} {case}: "
                         f"{res.get('seconds', res.get('error'))}")

@@ -56,7 +56,8 @@ def measure(a) -> dict:
     kind, path = a.kind, a.path
     if a.metric == "convert":
         t0 = time.perf_counter()
-        mod.convert(kind, a.inp, path, workers=a.workers)
+        extra = {"compression": a.compression} if a.compression else {}
+        mod.convert(kind, a.inp, path, workers=a.workers, **extra)
         return {"seconds": time.perf_counter() - t0}
     if a.metric == "prepare":
         if hasattr(mod, "prepare"):
@@ -131,6 +132,7 @@ def main() -> None:
         ap.add_argument("--" + name, required=True)
     ap.add_argument("--inp")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--compression", help="Zephon convert: a named codec instead of the default")
     ap.add_argument("--num-samples", type=int, default=0)
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--cursor", type=int, default=0)

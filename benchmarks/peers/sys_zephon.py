@@ -5,10 +5,15 @@ from __future__ import annotations
 from .common import BATCH, SEED
 
 
-def convert(kind: str, inp: str, out: str, workers: int = 1) -> None:
+def convert(kind: str, inp: str, out: str, workers: int = 1,
+            compression: str | None = None) -> None:
+    """``compression``: a named codec (``WriteOptions(compression=...)``) instead of the
+    default; ab.py's ``--compression``."""
+    from zephon_store import WriteOptions
     from zephon_store import convert as zconvert
 
-    zconvert([inp], out, workers=workers, progress=False)
+    options = None if compression is None else WriteOptions(compression=compression)
+    zconvert([inp], out, workers=workers, progress=False, options=options)
 
 
 def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0, collate=True, **kw):
