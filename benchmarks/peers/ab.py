@@ -108,6 +108,11 @@ def _summary(runs: list[dict], metric: str, meta: dict) -> dict:
     samples = ok[0].get("samples", meta["num_samples"])
     out = {"samples_per_s": [samples / s for s in secs], "seconds": secs,
            "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in ok)}
+    if all(r.get("cpu_s") for r in ok):
+        # Samples per CPU second (all the child's threads): the work a change costs, much
+        # steadier than wall time when other jobs share the cores.
+        out["cpu_s"] = [r["cpu_s"] for r in ok]
+        out["samples_per_cpu_s"] = [samples / r["cpu_s"] for r in ok]
     if metric == "convert":
         out["MB_per_s"] = [meta["payload_bytes"] / s / 1e6 for s in secs]
         out["bytes_on_disk"] = ok[0].get("bytes_on_disk")
@@ -121,8 +126,9 @@ def _fmt(vals: list[float]) -> str:
 
 def table(results: dict) -> list[str]:
     rows = ["| corpus | measurement | raw pyarrow | Zephon before | Zephon after | "
-            "after / before, per run | after / pyarrow, per run |",
-            "|---|---|---|---|---|---|---|"]
+            "after / before, per run | after / pyarrow, per run | after / before per CPU "
+            "second, median (per run) |",
+            "|---|---|---|---|---|---|---|---|"]
     for kind, block in results.items():
         for metric, per in block.items():
             if not isinstance(per, dict) or "after" not in per:
@@ -137,8 +143,14 @@ def table(results: dict) -> list[str]:
             else:
                 ab = ap = "–"
             unit = "MB/s" if metric == "convert" else "samples/s"
+            cpu = [per[c].get("samples_per_cpu_s") for c in ("before", "after")]
+            if all(cpu) and len(cpu[0]) == len(cpu[1]):
+                per_run = [round(a / b, 2) for a, b in zip(cpu[1], cpu[0])]
+                cpu_cell = f"{statistics.median(per_run):.2f} ({per_run})"
+            else:
+                cpu_cell = "–"
             rows.append(f"| {kind} | {metric} ({unit}) | " + " | ".join(cells) +
-                        f" | {ab} | {ap} |")
+                        f" | {ab} | {ap} | {cpu_cell} |")
             if metric == "convert" and ok:
                 rss = " / ".join(f"{per[c]['peak_rss_mb']:.0f}"
                                  for c in ("pyarrow", "before", "after"))
