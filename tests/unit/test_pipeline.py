@@ -373,3 +373,65 @@ def test_decode_threads_are_shared_among_process_workers(ds, monkeypatch):
     assert default_decode_threads(ds, workers=16) == 1
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert default_decode_threads(ds) == 2 and default_decode_threads(ds, workers=2) == 1
+
+
+def _first_step_threads(ds, monkeypatch, *, decode_threads: int) -> tuple[list, list]:
+    """(row groups, names of the threads that decoded them) of one pipeline's first step.
+
+    A pool thread waits (at most 10 s) until the caller's thread has decoded one, so that on
+    a busy machine the pool cannot take every row group before the caller starts.
+    """
+    ds = open_dataset(ds.url)     # nothing decoded yet, in memory
+    calls: list[tuple[int, str]] = []
+    real = type(ds.row_groups)._decode
+    me = threading.current_thread()
+    caller_decoded = threading.Event()
+
+    def recording(self, rg):
+        if threading.current_thread() is me:
+            caller_decoded.set()
+        else:
+            caller_decoded.wait(10)
+        calls.append((rg, threading.current_thread().name))
+        return real(self, rg)
+
+    monkeypatch.setattr(type(ds.row_groups), "_decode", recording)
+    stream = RankStream(ds, OrderOptions(seed=5), Topology(60))
+    it = iter(BatchPipeline(stream, 0, range(3), decode_threads=decode_threads))
+    next(it)
+    step_rgs = stream.row_groups(0).tolist()
+    it.close()
+    return step_rgs, calls
+
+
+def test_the_callers_thread_decodes_the_first_step_too(ds, monkeypatch):
+    # A start or resume waits for the first step's row groups: the caller decodes some of
+    # them itself beside the pool, rather than idling while each waits for a thread.
+    step_rgs, calls = _first_step_threads(ds, monkeypatch, decode_threads=2)
+    assert len(step_rgs) >= 3
+    firsts = calls[:len(step_rgs)]
+    assert sorted(rg for rg, _ in firsts) == sorted(step_rgs)          # each once
+    assert threading.current_thread().name in {name for _, name in firsts}
+
+
+def test_one_decode_thread_leaves_the_first_step_to_the_caller(ds, monkeypatch):
+    step_rgs, calls = _first_step_threads(ds, monkeypatch, decode_threads=1)
+    me = threading.current_thread().name
+    assert [name for _, name in calls[:len(step_rgs)]] == [me] * len(step_rgs)
+
+
+def test_a_pipeline_cancelled_in_its_first_step_skips_its_other_decodes(ds, monkeypatch):
+    ds = open_dataset(ds.url)
+    stream = RankStream(ds, OrderOptions(seed=5), Topology(60))
+    pipe = BatchPipeline(stream, 0, range(3), decode_threads=1)
+    real = type(ds.row_groups)._decode
+    calls: list[int] = []
+
+    def cancelling(self, rg):
+        calls.append(rg)
+        pipe.cancel()          # as a loader closed from another thread would
+        return real(self, rg)
+
+    monkeypatch.setattr(type(ds.row_groups), "_decode", cancelling)
+    assert list(pipe) == []
+    assert len(calls) == 1 and len(stream.row_groups(0)) >= 3

@@ -15,7 +15,10 @@ decode-ahead budget, and decodes each row group once per pass
 (:attr:`BatchPipeline.decodes` counts them; the tests check it).
 
 The first step is queued and decoded alone, and nothing else is decoded until it has been
-handed out: a start or a resume waits only for its own row groups.
+handed out: a start or a resume waits only for its own row groups. The caller's thread
+decodes them too, beside ``decode_threads - 1`` pool threads (:meth:`_Pass.decode_first`):
+it would otherwise sit idle, and on a busy host each hand-off to a thread (and each thread
+start) waited milliseconds for a core (docs/benchmarks_format.md, "Resume").
 
 Small per-rank batches are planned, decoded and cut in groups of consecutive steps (about
 ``GROUP_IDS`` sample ids, see :func:`group_steps`): the group's rows are gathered once and
@@ -467,10 +470,14 @@ class BatchPipeline:
         run = _Pass(self)
         rg_rows = self.dataset.manifest.rg_rows
         try:
-            run.queue_one()   # the first step alone (see the module docstring)
+            run.queue_one(deferred=True)   # the first step alone (the module docstring)
             first = True
             while run.queued and not self.stop.is_set():
                 step = run.pop()
+                if first:
+                    run.decode_first(step)
+                    if self.stop.is_set():
+                        break      # cancelled meanwhile: its other decodes were skipped
                 decoded = [run.slots[rg].future.result() for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
@@ -556,8 +563,12 @@ class _Pass:
         plans = plan_steps(pipe.dataset.manifest, [ids for _, ids in groups])
         self.planned.extend((parts, ids, p) for (parts, ids), p in zip(groups, plans))
 
-    def queue_one(self) -> bool:
-        """Queue the next group and start decoding its row groups; False at the end."""
+    def queue_one(self, *, deferred: bool = False) -> bool:
+        """Queue the next group and start decoding its row groups; False at the end.
+
+        ``deferred``: its decodes are not submitted but left pending, for
+        :meth:`decode_first` to run.
+        """
         if not self.planned:
             self.plan_ahead()
             if not self.planned:
@@ -569,7 +580,8 @@ class _Pass:
         for rg, count in zip(rgs, counts):
             slot = self.slots.get(rg)
             if slot is None:
-                slot = self.slots[rg] = _Slot(self._submit(rg), self.serial)
+                slot = self.slots[rg] = _Slot(self._pending() if deferred else self._submit(rg),
+                                              self.serial)
             else:
                 slot.last = self.serial
             slot.rows += count
@@ -579,14 +591,52 @@ class _Pass:
         return True
 
     def _submit(self, rg: int) -> Future:
+        return self._track(self.pool.submit(self.pipe._decode, rg))
+
+    def _pending(self) -> Future:
+        """A decode's future that no thread runs yet (:meth:`decode_first` does)."""
+        return self._track(Future())
+
+    def _track(self, fut: Future) -> Future:
+        """Count a decode and keep its future for :meth:`BatchPipeline.cancel`."""
         pipe = self.pipe
-        fut = self.pool.submit(pipe._decode, rg)
         with pipe._futures_lock:
             pipe._futures.add(fut)
         fut.add_done_callback(pipe._forget)
         pipe.decodes += 1
         pipe.max_held = max(pipe.max_held, len(self.slots) + 1)
         return fut
+
+    def decode_first(self, step: _Step) -> None:
+        """Run the pending decodes of ``step`` (queued with ``deferred``): this thread and up
+        to ``decode_threads - 1`` pool threads take its row groups in order of first use until
+        none is left. Returns when this thread finds none left; the caller then waits on the
+        slots' futures for those still running in the pool.
+
+        Each decode is claimed through its future (``set_running_or_notify_cancel``), so a
+        cancelled pipeline skips what is left and no row group is decoded twice.
+        """
+        todo = deque((rg, self.slots[rg].future) for rg in step.row_groups)
+        helpers = min(len(todo) - 1, self.pipe.decode_threads - 1)
+        for _ in range(helpers):
+            self.pool.submit(self._claim_all, todo)
+        self._claim_all(todo)
+
+    def _claim_all(self, todo: deque) -> None:
+        decode = self.pipe._decode
+        while True:
+            try:
+                rg, fut = todo.popleft()   # atomic: two threads never take the same one
+            except IndexError:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue                   # cancelled: the pipeline is closing
+            try:
+                fut.set_result(decode(rg))
+            except BaseException as exc:
+                fut.set_exception(exc)   # raised where the step's batch is assembled
+                if not isinstance(exc, Exception):
+                    raise                # KeyboardInterrupt, SystemExit: stop decoding now
 
     def queue_ahead(self) -> None:
         """Queue groups while the decode-ahead budget and the step bound allow."""
