@@ -6,9 +6,9 @@ one worker; seconds and the process's peak RSS (VmHWM, imports included).
 default level, ~1 MiB row groups; no hashing, no manifest).
 ``reads``: on a converted dataset, in this order: full passes (sequential and shuffled, per-rank
 batch 8 and 256; the loader's thread path, ``collate=None``), resume at 0/50/99 % (a fresh
-loader each time: ``load_state_dict`` then the first batch; the first resume of the process
-is reported apart as cold), ``ds[i]`` for random ``i`` (after a warm-up pass over the same
-indices), and the bytes a cold remote reader's first batch fetches (computed from the
+loader each time: ``load_state_dict`` then the first batch, wall and CPU milliseconds; the
+first resume of the process is reported apart as cold), ``ds[i]`` for random ``i`` (after a
+warm-up pass over the same indices), and the bytes a cold remote reader's first batch fetches (computed from the
 manifest: ``manifest.json``, its side tables and the row groups the first batch's ids fall in,
 default shuffled order at cursor 0).
 """
@@ -90,19 +90,22 @@ def _resumes(a, ds, out: dict) -> None:
     n, batch = ds.num_samples, a.resume_batch
     for pct in RESUME_AT:
         cursor = min(n * pct // 100 // batch * batch, (n // batch - 1) * batch)
-        firsts = []
+        firsts, cpus = [], []
         for _ in range(RESUME_REPS):
             loader = _loader(ds, batch, shuffle=True)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu()
             loader.load_state_dict(dict(loader.state_dict(), cursor=cursor))
             it = iter(loader)
             b = next(it)
             firsts.append((time.perf_counter() - t0) * 1e3)
+            cpus.append((cpu() - c0) * 1e3)
             it.close()
             if len(b[_column(a.kind)]) != batch:
                 raise RuntimeError(f"resume at {cursor}: a batch of {len(b)}, not {batch}")
         out[f"resume{pct}_cold_ms"] = firsts[0]
         out[f"resume{pct}_ms"] = statistics.median(firsts[1:])
+        # CPU of every thread: on a shared host the wall waits for cores, this does not.
+        out[f"resume{pct}_cpu_ms"] = statistics.median(cpus[1:])
 
 
 def _random(ds, out: dict) -> None:
