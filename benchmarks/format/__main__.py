@@ -9,6 +9,7 @@ are measured in the same run as baselines.
 
     python -m benchmarks.format                       # 50 MB text and tokens, 40 MB code
     python -m benchmarks.format --corpus text --cells "auto (new default)" --reps 1
+    python -m benchmarks.format --corpus text,tokens --rerun   # measure these corpora again
 """
 
 from __future__ import annotations
@@ -151,10 +152,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", default=None, help="comma-separated cell names (default: all)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fresh", action="store_true", help="discard kept results")
+    ap.add_argument("--rerun", action="store_true",
+                    help="discard the kept results of --corpus only (cells and baselines), "
+                         "keeping the other corpora's and the per-codec figures")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--doc", default=report.DOC)
     a = ap.parse_args(argv)
     results = {} if a.fresh else _load()
+    if a.rerun:
+        for kind in a.corpus.split(","):
+            results.pop(kind, None)
     cells = a.cells.split(",") if a.cells else list(CELLS)
     work = os.path.join(corpus.BENCH, "work")
     for kind in ([] if a.report_only else a.corpus.split(",")):
