@@ -28,8 +28,15 @@ def _rates(slot: dict, name: str) -> dict:
         out[k] = mb / r[k + "_s"]
         out[k + "_cpu"] = r.get(k + "_cpu_s", r[k + "_s"])
     out.update({k: r[k] for k in ("resume0_ms", "resume50_ms", "resume99_ms", "get_p50_us")})
+    out["resume_cpu"] = ([r[f"resume{p}_cpu_ms"] for p in (0, 50, 99)]
+                         if "resume50_cpu_ms" in r else None)   # not in older results
     out["first_kb"] = (r["first_batch_rg_bytes"] + r["first_batch_meta_bytes"]) / 1e3
     return out
+
+
+def _cpu(ms: list[float] | None) -> str:
+    """The resumes' CPU milliseconds, in brackets after their wall times."""
+    return "" if ms is None else " (" + " / ".join(f"{v:.1f}" for v in ms) + ")"
 
 
 def _codecs(cell: dict) -> str:
@@ -56,7 +63,8 @@ def table(kind: str, slot: dict) -> str:
              f"{m['date']}, commit {m['commit']}, load average {m['load']:.1f} at the start)",
              "",
              "| cell | on disk MB (× old) | convert MB/s (× pyarrow wall / CPU) | peak RSS MB | "
-             "seq b8 | shuf b8 | seq b256 | shuf b256 | resume 0/50/99 % ms | get p50 µs | "
+             "seq b8 | shuf b8 | seq b256 | shuf b256 | resume 0/50/99 % ms (CPU ms) | "
+             "get p50 µs | "
              "cold first batch KB | codecs chosen |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in sorted(slot["cells"], key=_order):
@@ -68,7 +76,8 @@ def table(kind: str, slot: dict) -> str:
             f"| {name} | {x['disk']:.1f} ({x['disk'] / base['disk']:.2f}×) | "
             f"{x['convert']:.1f} ({x['convert'] / pa_rate:.2f}× / "
             f"{pa_cpu / x['convert_cpu']:.2f}×) | {x['rss']:.0f} | {reads} | "
-            f"{x['resume0_ms']:.1f} / {x['resume50_ms']:.1f} / {x['resume99_ms']:.1f} | "
+            f"{x['resume0_ms']:.1f} / {x['resume50_ms']:.1f} / {x['resume99_ms']:.1f}"
+            f"{_cpu(x['resume_cpu'])} | "
             f"{x['get_p50_us']:.0f} | {x['first_kb']:.0f} | {_codecs(cell)} |")
     lines.append(f"| raw pyarrow (zstd, Arrow's default level) | {pa['disk_bytes'] / 1e6:.1f} | "
                  f"{pa_rate:.1f} (1.00×) | {pa['peak_rss_mb']:.0f} | | | | | | | | |")
