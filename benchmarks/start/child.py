@@ -10,6 +10,11 @@ line or EOF and exits without tearing the loader down (``os._exit``), so nothing
 after the first batch depends on teardown code.
 
 A failure prints ``{"error": ...}`` instead (a rank that failed, e.g. on throttling).
+
+With ``START_BENCH_TRACE=1`` in its environment the line also holds ``trace``: wall-clock
+times of the loader built (``t_built``) and iterated (``t_iter``), and the CPU seconds the
+rank and its worker processes had used by the first batch (``cpu_rank``, ``cpu_workers``),
+for finding where a node start's time goes (``run.py --trace``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,37 @@ def _preimport(system: str, a) -> None:
 # Each returns (keep-alive object, first batch). The batch is this rank's: ``a.batch`` samples.
 
 
+def _cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+TRACE: dict = {}
+
+
+def _mark(name: str) -> None:
+    if os.environ.get("START_BENCH_TRACE"):
+        TRACE[name] = time.time()
+
+
 def zephon(a, creds: dict):
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
@@ -63,9 +99,11 @@ def zephon(a, creds: dict):
                           rank=a.rank, ranks_per_node=a.world, num_workers=a.workers,
                           order=OrderOptions(seed=SEED, shuffle=True), storage_options=so,
                           cache=a.cache, collate=None)
+    _mark("t_built")
     if a.cursor:
         loader.load_state_dict(dict(loader.state_dict(), cursor=a.cursor))
     it = iter(loader)
+    _mark("t_iter")
     return (loader, it), next(it)
 
 
@@ -109,9 +147,11 @@ def mosaic(a, creds: dict):
     ds = streaming.StreamingDataset(remote=a.url, local=a.cache, batch_size=a.batch,
                                     shuffle=True, shuffle_seed=SEED)
     dl = streaming.StreamingDataLoader(ds, batch_size=a.batch, num_workers=a.workers)
+    _mark("t_built")
     if a.cursor:
         dl.load_state_dict(ds.state_dict(a.cursor, True))
     it = iter(dl)
+    _mark("t_iter")
     return (ds, dl, it), next(it)
 
 
@@ -159,12 +199,18 @@ def main() -> None:
     if sys.stdin.readline().strip() != "go":
         os._exit(2)
     t0 = time.perf_counter()
+    _mark("t_go")
+    cpu0 = _cpu(os.getpid())
     try:
         keep, batch = SYSTEMS[a.system](a, creds)
         first = time.perf_counter() - t0
         t_first = time.time()
         n = len(next(iter(batch.values()))) if isinstance(batch, dict) else len(batch)
         out = {"first_s": round(first, 4), "t_first": t_first, "samples": n}
+        if os.environ.get("START_BENCH_TRACE"):
+            kids = _children(os.getpid())
+            out["trace"] = {**TRACE, "cpu_rank": round(_cpu(os.getpid()) - cpu0, 3),
+                            "cpu_workers": [round(_cpu(k), 3) for k in kids]}
     except Exception as exc:  # noqa: BLE001
         tb = traceback.format_exc().strip().splitlines()
         out = {"error": f"{type(exc).__name__}: {exc}"[:400], "trace": tb[-3:],

@@ -210,8 +210,13 @@ class Rank:
 
 def run_node(system: str, url: str, proxy: CountingProxy, creds: dict, *, ranks: int,
              workers: int, latency: float = 0.0, throttle: float = 0.0, cursor: int = 0,
-             timeout: float = 300.0) -> dict:
-    """Start ``ranks`` processes of one node together; measure until each has a first batch."""
+             timeout: float = 300.0, trace: bool = False) -> dict:
+    """Start ``ranks`` processes of one node together; measure until each has a first batch.
+
+    ``trace``: the result also holds ``trace`` (each rank's phases in seconds from the
+    go, its CPU seconds and its workers') and ``timeline`` (every request: seconds, rank,
+    operation, object class, status, MB).
+    """
     cache = os.path.join(BENCH, "cache", f"{system}-node")
     shutil.rmtree(cache, ignore_errors=True)
     os.makedirs(cache)
@@ -225,7 +230,8 @@ def run_node(system: str, url: str, proxy: CountingProxy, creds: dict, *, ranks:
                 "--world", str(ranks), "--workers", str(workers), "--batch", str(BATCH),
                 "--cursor", str(cursor), "--dist-port", str(dist_port)]
         env = child_env(START_BENCH_S3=json.dumps(creds), WORLD_SIZE=str(ranks), RANK=str(r),
-                        LOCAL_WORLD_SIZE=str(ranks), LOCAL_RANK=str(r), NODE_RANK="0")
+                        LOCAL_WORLD_SIZE=str(ranks), LOCAL_RANK=str(r), NODE_RANK="0",
+                        **({"START_BENCH_TRACE": "1"} if trace else {}))
         procs.append(Rank(args, env))
     try:
         deadline = time.monotonic() + 240
@@ -270,7 +276,18 @@ def run_node(system: str, url: str, proxy: CountingProxy, creds: dict, *, ranks:
            "orphaned_workers": orphans,
            "ranks_failed": len(failed), "failures": [o["error"] for o in failed][:3],
            **summarize(within), "per_rank": per_rank(within, ranks)}
+    if trace:
+        res["trace"] = [_phases(o.get("trace"), t_go) for o in outs]
+        res["timeline"] = [(q.t, q.label, q.op, object_class(q.key), q.status,
+                            round(q.nbytes / 1e6, 2)) for q in reqs]
     return res
+
+
+def _phases(tr: dict | None, t_go: float) -> dict | None:
+    """A rank's trace with its wall-clock marks made seconds from the node's go."""
+    if not tr:
+        return None
+    return {k: (round(v - t_go, 3) if k.startswith("t_") else v) for k, v in tr.items()}
 
 
 def object_class(key: str) -> str:
@@ -397,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300, help="seconds per node start")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--trace", action="store_true",
+                    help="record each rank's phases and CPU and every request's time in the "
+                         "results (child.py, START_BENCH_TRACE)")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--doc", default=None, help="the page (default docs/benchmarks_start.md; "
                                                 "its plot goes to img/ beside it)")
@@ -433,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_node(c["system"], urls[c["system"]], proxy, creds, ranks=c["ranks"],
                                workers=c["workers"], latency=c["latency"],
                                throttle=c.get("throttle", 0.0),
-                               cursor=cursor if c.get("resume") else 0, timeout=a.timeout)
+                               cursor=cursor if c.get("resume") else 0, timeout=a.timeout,
+                               trace=a.trace)
                 raw.append({**c, "result": res})
                 with open(a.results + ".partial", "w") as f:   # survives a killed run
                     json.dump(raw, f)
