@@ -178,7 +178,55 @@ def _s3_filesystem(storage_options: dict[str, Any]):
     # A private instance: fault tests and forked workers must not share a cached client.
     fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **opts)
     fs.retries = S3FS_RETRIES  # S3FileSystem(retries=...) is ignored; the attribute is not.
+    # The session s3fs would make at its first request, made here with the process's botocore
+    # data (see prepare_s3_for_fork): its client then skips re-reading botocore's JSON models.
+    fs.session = _s3_session(fs.kwargs)
     return fs
+
+
+# botocore's data loader of this process: every S3 client's session shares it, so the JSON
+# models (the S3 API, endpoints, rule sets: ~0.2 s of CPU to parse) are read once per process,
+# and a DataLoader worker forked after prepare_s3_for_fork() inherits them read.
+_DATA_LOADER: Any = None
+
+
+def _s3_session(session_kwargs: dict[str, Any]):
+    from aiobotocore.session import AioSession
+
+    global _DATA_LOADER
+    session = AioSession(**session_kwargs)
+    if _DATA_LOADER is None:
+        _DATA_LOADER = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _DATA_LOADER)
+    return session
+
+
+def prepare_s3_for_fork() -> None:
+    """Import the S3 client stack and read botocore's S3 models in this process, so that
+    processes forked from it (DataLoader workers) start their S3 client at once.
+
+    A fresh process spends ~0.5 s of CPU before its first S3 request: importing s3fs,
+    aiobotocore and botocore, then parsing botocore's JSON models for a client. A rank that
+    reads its metadata from the node cache never made a client, so each of its workers paid
+    that again, 16 times over for 8 ranks x 2 workers on one node's cores (the start
+    benchmark, docs/benchmarks_start.md). Called once before forking, it costs that once.
+    No request is made; without the ``s3`` extra it does nothing.
+
+    >>> prepare_s3_for_fork()
+    """
+    try:
+        import botocore.session
+        import s3fs  # noqa: F401 - the import is the point: forked workers inherit it
+    except ImportError:
+        return
+    # A client built offline reads the models into the shared loader (endpoint and keys
+    # are placeholders: building a client sends nothing).
+    session = _s3_session({})
+    sync = botocore.session.Session()
+    sync.register_component("data_loader", session.get_component("data_loader"))
+    sync.create_client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
+                       aws_access_key_id="warm", aws_secret_access_key="warm")
 
 
 def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -299,6 +347,12 @@ class Storage:
                 self._fs, self._root_path = resolve(self.root_url, self.storage_options)
                 self._pid = os.getpid()
             return self._fs
+
+    def prepare_fork(self) -> None:
+        """Before forking processes that will read this storage (DataLoader workers): for
+        an ``s3://`` root, :func:`prepare_s3_for_fork`; otherwise nothing."""
+        if not self.local and self.root_url.split("://", 1)[0] in ("s3", "s3a"):
+            prepare_s3_for_fork()
 
     def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
         check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)

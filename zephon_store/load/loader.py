@@ -296,6 +296,8 @@ class Loader:
     def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
         reader = self._reader(start)
+        if self.num_workers:
+            reader.prepare_workers()   # once here, not once per worker process
         batches = self._threaded(reader) if self.num_workers == 0 else self._processes(reader)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR

@@ -68,6 +68,15 @@ class ShareReader:
     def dataset(self):
         return self.stream.dataset
 
+    def prepare_workers(self) -> None:
+        """Call before forking worker processes: each remote source's storage readies its
+        client stack here once, so that the workers inherit it instead of each paying it
+        (:meth:`~zephon_store.io.storage.Storage.prepare_fork`)."""
+        for _, part in self.dataset.parts():
+            storage = getattr(part, "storage", None)
+            if storage is not None:
+                storage.prepare_fork()
+
     def step_row_groups(self, i: int):
         """Row groups local batch ``i`` reads (for the prefetcher)."""
         return self.stream.row_groups(
