@@ -10,9 +10,17 @@ local shards are read in place (decoding ahead is the loader's pipeline,
 Remote row groups are not fetched one GET each: the queued ones are collected until about
 one range's worth (``CoalesceOptions.max_bytes``, at most a quarter of the budget) is pending,
 then neighbours in a shard are merged into multi-MiB ranged GETs (:mod:`.coalesce`) that run
-``threads`` at a time. The first step's row groups (in ranges of their own, first in
-line) and the rest of the budget are queued as soon as the prefetcher exists, so the first
-batch reads them as ranges too.
+``threads`` at a time.
+
+The start: the first step's row groups are queued as soon as the prefetcher exists, in
+ranges of their own, and run at once. The rest of the budget is queued then too, but its
+ranges are *held* until the first batch has been handed out (the first :meth:`consumed`):
+before that they only competed with the first step's requests, for the node's cores, its
+connections and, on a throttled store, its request rate (the start benchmark's 8 ranks x 2
+workers, docs/benchmarks_start.md). A held range is still known to the readers: one that
+needs its row groups early runs it in its own thread, as one coalesced GET. After the first
+batch, the later steps' ranges run as :func:`~.throttle.background` requests, which wait out
+the node's throttle episodes so the requests a batch waits for go first.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import numpy as np
 
 from .cache import ChunkCache
 from .coalesce import RangeFetcher
+from .throttle import background
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
 _PLAN_EVERY = 32        # steps between publishing the cache's future plan
@@ -80,6 +89,8 @@ class Prefetcher:
         self._pending: dict[int, int] = {}
         self._pending_bytes = 0
         self._futures: list[Future] = []
+        self._executor = self._pool        # the first step's ranges run at once
+        self._later = _HeldUntilFirstBatch(self._pool)
         max_bytes = ranges.options.max_bytes
         self._max_range = max_bytes
         # At least four ranges fit in the budget, so that many GETs can be in flight.
@@ -93,6 +104,7 @@ class Prefetcher:
                 self._ahead[0] = self._queue_step(0)
                 self._next = 1
                 self._flush(final=True)
+                self._executor = self._later   # the later steps' ranges: held, see above
             self.consumed(-1)
 
     def _flush(self, *, final: bool) -> None:
@@ -108,7 +120,7 @@ class Prefetcher:
         if not final and len(ranges) > 1 and ranges[-1].nbytes < self._max_range // 2:
             keep = {rg: self._pending[rg] for rg in ranges.pop().row_groups}
         self._futures = [f for f in self._futures if not f.done()]
-        self._futures += self._ranges.submit(ranges, self._pool)
+        self._futures += self._ranges.submit(ranges, self._executor)
         m = self.manifest
         self._pending = keep
         self._pending_bytes = sum(int(m.rg_length[rg]) for rg in keep)
@@ -120,8 +132,12 @@ class Prefetcher:
         return got
 
     def consumed(self, i: int) -> None:
+        """Batch ``i`` of this share was handed out (``-1``: none yet): queue ahead up to
+        the budget; the first call with ``i >= 0`` also releases the held ranges."""
         if not self.enabled:
             return
+        if i >= 0:
+            self._later.release()
         with self._lock:
             for step in [s for s in self._ahead if s <= i]:
                 del self._ahead[step]
@@ -175,3 +191,36 @@ class Prefetcher:
             fut.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _HeldUntilFirstBatch:
+    """The executor of the later steps' ranges: holds what it is given until
+    :meth:`release`, then runs it, and everything given after, on ``pool`` as
+    :func:`~.throttle.background` work. (A held range's task can still be run by a reader
+    that needs it: :meth:`RangeFetcher.take <.coalesce.RangeFetcher.take>`.)"""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._held: list | None = []    # None once released
+        self._lock = threading.Lock()
+
+    def submit(self, fn) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held.append(fn)
+                return
+        self._pool.submit(_in_background, fn)   # RuntimeError after close: see submit()
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, None
+        for fn in held or ():
+            try:
+                self._pool.submit(_in_background, fn)
+            except RuntimeError:   # closed meanwhile: readers run what they need
+                return
+
+
+def _in_background(fn) -> None:
+    with background():
+        fn()

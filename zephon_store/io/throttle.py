@@ -15,6 +15,13 @@ the node is throttled:
   paused it sleeps to the end of the pause plus a random part of one more pause (full
   jitter), so the waiting processes come back spread out, not all at once.
 
+Requests made inside :func:`background` (the prefetch of later steps,
+:mod:`zephon_store.io.prefetch`) yield to the others: they wait out the whole throttle
+*episode*, the pause and as long again after it, so while the node is throttled the
+requests a batch waits for now (the first step's, a reader's own) get the store's rate
+first. A background wait ends after :data:`MAX_BACKGROUND_WAIT` seconds at most, so a
+reader that waits for a background request is never held by it for longer.
+
 A process's own retry schedule (:class:`~zephon_store.io.retry.RetryPolicy`) still bounds each
 request; the shared pause only delays requests, it never adds attempts. When the folder
 cannot be used (read-only, vanished) the throttle does nothing and each process backs off
@@ -32,8 +39,9 @@ import contextlib
 import fcntl
 import os
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 FILE_NAME = "throttle"
 LAYOUT = "v1"   # the folder layout of io/cache.py: the file lives beside the cache's entries
@@ -42,6 +50,35 @@ LAYOUT = "v1"   # the folder layout of io/cache.py: the file lives beside the ca
 DEFAULT_BASE_DELAY = 0.2
 DEFAULT_MAX_DELAY = 5.0
 _WIDTH = 48   # the state is rewritten in place, one pwrite of a fixed width
+# The longest a background request waits on the node's throttle episodes (seconds): a reader
+# may be waiting for it (a prefetched range it needs), and the store may stay throttled.
+MAX_BACKGROUND_WAIT = 10.0
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Requests this thread makes inside the block are background ones: they wait out the
+    node's throttle episode, not only its pause (see the module docstring).
+
+    >>> with background():
+    ...     in_background()
+    True
+    >>> in_background()
+    False
+    """
+    before = getattr(_local, "background", False)
+    _local.background = True
+    try:
+        yield
+    finally:
+        _local.background = before
+
+
+def in_background() -> bool:
+    """Whether this thread is inside :func:`background`."""
+    return getattr(_local, "background", False)
 
 
 class NodeThrottle:
@@ -98,15 +135,29 @@ class NodeThrottle:
 
     def wait(self) -> float:
         """Sleep while the node is paused (to its end plus a jittered share of one pause);
-        returns the seconds slept (0.0 when the node is not paused)."""
-        until, level = self.state()
-        left = until - self._clock()
-        if left <= 0:
-            return 0.0
-        delay = left + self._rand() * self.pause_for(level)
-        self._sleep(delay)
-        self.waited += delay
-        return delay
+        returns the seconds slept (0.0 when the node is not paused).
+
+        In a :func:`background` block, sleep while the node is in a throttle episode (its
+        pause and as long again after it, re-read after each sleep as other processes
+        report), for :data:`MAX_BACKGROUND_WAIT` seconds at most.
+        """
+        slept = 0.0
+        while True:
+            until, level = self.state()
+            end = until
+            if level and in_background():
+                end = until + self.pause_for(level)
+            left = end - self._clock()
+            if left <= 0:
+                return slept
+            delay = left + self._rand() * self.pause_for(level)
+            if in_background():
+                delay = min(delay, MAX_BACKGROUND_WAIT - slept)
+            self._sleep(delay)
+            self.waited += delay
+            slept += delay
+            if not in_background() or slept >= MAX_BACKGROUND_WAIT:
+                return slept
 
     def report(self) -> None:
         """The store just throttled a request of this process: raise the node's level and

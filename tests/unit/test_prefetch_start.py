@@ -1,0 +1,183 @@
+"""The start of a share: what a worker process inherits from its rank, and what the
+prefetcher fetches before the share's first batch (issue 31, docs/benchmarks_start.md)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.helpers import write_jsonl_corpus
+from zephon_store import convert, open_dataset
+from zephon_store.io import storage as storage_mod
+from zephon_store.io import throttle as throttle_mod
+from zephon_store.io.cache import ChunkCache
+from zephon_store.io.throttle import NodeThrottle, background
+from zephon_store.write.shardwriter import WriteOptions
+
+# -- the S3 client stack, readied once before the workers fork ------------------------------
+
+
+def _json_loads(monkeypatch) -> list[str]:
+    import botocore.loaders
+
+    seen: list[str] = []
+    real = botocore.loaders.JSONFileLoader.load_file
+
+    def counting(self, file_path):
+        seen.append(str(file_path))
+        return real(self, file_path)
+
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file", counting)
+    return seen
+
+
+def _client(storage) -> None:
+    """Build the storage's S3 client as its first request would (no request is sent)."""
+    storage.fs.connect()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_worker_forked_after_prepare_reads_no_botocore_model_again(monkeypatch):
+    pytest.importorskip("s3fs")
+    so = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+    storage_mod.prepare_s3_for_fork()
+    seen = _json_loads(monkeypatch)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the worker: a fresh Storage, as a DataLoader worker's copy makes
+        try:
+            _client(storage_mod.Storage("s3://bucket/ds", storage_options=so))
+            os.write(w, str(len(seen)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    loads = os.read(r, 64).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    # The parent's botocore data is the child's: building the client parsed no JSON model
+    # (without the shared loader each new session re-read ~10 files, ~0.2 s of CPU).
+    assert loads == "0", loads
+
+
+def test_every_s3_session_of_a_process_shares_one_botocore_loader():
+    pytest.importorskip("s3fs")
+    so = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+    a = storage_mod.Storage("s3://bucket/a", storage_options=so).fs
+    b = storage_mod.Storage("s3://bucket/b", storage_options=so).fs
+    assert a is not b
+    assert a.session is not b.session   # each its own session (credentials, profile)
+    assert (a.session.get_component("data_loader")
+            is b.session.get_component("data_loader"))
+
+
+def test_prepare_fork_is_for_s3_roots_only(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(storage_mod, "prepare_s3_for_fork", lambda: calls.append(1))
+    storage_mod.Storage(str(tmp_path)).prepare_fork()
+    storage_mod.Storage("memory://x/ds").prepare_fork()
+    storage_mod.Storage("s3://bucket/ds").prepare_fork()
+    assert calls == [1]
+
+
+# -- the prefetcher: the later steps wait for the first batch --------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prefetchstart")
+    write_jsonl_corpus(d / "src", files=2, records=400, seed=5)
+    convert([str(d / "src")], str(d / "ds"),
+            options=WriteOptions(target_shard_bytes=60 << 10, row_group_bytes=4 << 10))
+    return str(d / "ds")
+
+
+def _steps(m, per_step=2):
+    rgs = np.arange(m.num_row_groups)
+    return lambda i: rgs[i * per_step:(i + 1) * per_step]
+
+
+def _settle(pre) -> None:
+    for fut in list(pre._futures):
+        if fut.running() or not fut.done():
+            try:
+                fut.result(timeout=30)
+            except Exception:  # noqa: BLE001 - a held one is not running: skipped below
+                pass
+
+
+def test_only_the_first_step_is_fetched_before_the_first_batch(local_ds, tmp_path):
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    steps = -(-m.num_row_groups // 2)
+    pre = ds.row_groups.prefetcher(_steps(m), num_batches=steps)
+    fetcher = ds.row_groups.range_fetcher()
+    try:
+        started = [f for f in pre._futures if f.running() or f.done()]
+        for fut in started:
+            fut.result(timeout=30)
+        # Step 0's two row groups, one range; the rest of the budget is queued but held.
+        assert fetcher.row_groups == 2 and fetcher.ranges == 1
+        assert ds.cache.info()["entries"] == 2
+        assert len(pre._futures) > 1 and not any(f.done() for f in pre._futures[1:])
+        pre.consumed(0)   # the first batch is handed out: the held ranges run
+        for fut in pre._futures:
+            fut.result(timeout=30)
+        assert fetcher.row_groups > 2
+    finally:
+        pre.close()
+
+
+def test_a_reader_needing_a_held_row_group_runs_its_range_itself(local_ds, tmp_path):
+    ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
+    m = ds.manifest
+    want = open_dataset(local_ds).row_groups.fetch_bytes(3)
+    pre = ds.row_groups.prefetcher(_steps(m), num_batches=-(-m.num_row_groups // 2))
+    try:
+        opened = ds.storage.stats.requests
+        got = ds.row_groups.fetch_bytes(3)   # step 1's, before the first batch
+        assert got == want
+        fetcher = ds.row_groups.range_fetcher()
+        # One coalesced GET ran in this thread (no row group fetched alone, none twice).
+        assert fetcher.ranges >= 2 and ds.storage.stats.requests - opened <= 2
+    finally:
+        pre.close()
+
+
+# -- background requests wait out the throttle episode -------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_background_requests_wait_out_the_episode_and_others_only_the_pause(tmp_path):
+    clock = _Clock()
+    t = NodeThrottle(tmp_path, base_delay=1.0, max_delay=8.0, clock=clock, sleep=clock.sleep,
+                     rand=lambda: 0.0)
+    t.report()                           # paused for 1 s from now
+    assert t.wait() == pytest.approx(1.0)
+    assert t.wait() == 0.0               # a foreground request goes right after the pause
+    with background():
+        # The episode: the pause and as long again; the pause already passed.
+        assert t.wait() == pytest.approx(1.0)
+        assert t.wait() == 0.0
+
+
+def test_a_background_wait_is_bounded(tmp_path, monkeypatch):
+    clock = _Clock()
+    t = NodeThrottle(tmp_path, base_delay=2.0, max_delay=2.0, clock=clock, sleep=clock.sleep,
+                     rand=lambda: 0.0)
+    monkeypatch.setattr(throttle_mod, "MAX_BACKGROUND_WAIT", 3.0)
+    t.report()
+    with background():
+        # Past the 2 s pause, short of the episode's 4 s.
+        assert t.wait() == pytest.approx(3.0)
