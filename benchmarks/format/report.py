@@ -59,11 +59,12 @@ def table(kind: str, slot: dict) -> str:
     mb = slot["meta"]["payload_bytes"] / 1e6
     pa_rate, pa_cpu = mb / pa["seconds"], pa.get("cpu_s", pa["seconds"])
     m = slot["machine"]
+    cpu_note = " (CPU ms)" if base["resume_cpu"] is not None else ""
     lines = [f"### {kind} ({slot['meta']['num_samples']:,} samples, {mb:.0f} MB payload; "
              f"{m['date']}, commit {m['commit']}, load average {m['load']:.1f} at the start)",
              "",
              "| cell | on disk MB (× old) | convert MB/s (× pyarrow wall / CPU) | peak RSS MB | "
-             "seq b8 | shuf b8 | seq b256 | shuf b256 | resume 0/50/99 % ms (CPU ms) | "
+             f"seq b8 | shuf b8 | seq b256 | shuf b256 | resume 0/50/99 % ms{cpu_note} | "
              "get p50 µs | "
              "cold first batch KB | codecs chosen |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
