@@ -204,9 +204,11 @@ def test_the_run_log_of_a_live_run_passes_the_audit(url, reference, tmp_path) ->
     committed = [c for c, _, ok in job.play() if ok]
     segments = read_run_log(log)
     assert all(s.live and s.world_size == 1 for s in segments)
-    # Every replica logged where it took the run up: all at step 0, the one that healed in
-    # at the step it joined (after 2 committed steps; the second plan step did not commit).
-    assert [(s.first_step, s.cursor) for s in segments] == [(0, 0), (2, 20)]
+    # Where the run was taken up (step 0; the heal at step 2, after 2 committed steps: the
+    # second plan step did not commit) and where the participant count changed, each once
+    # (tests/unit/test_live_trace.py: what trace and where make of it).
+    assert [(s.first_step, s.cursor, s.participants) for s in segments] == [
+        (0, 0, 3), (1, 10, 2), (2, 20, 3), (3, 30, 1), (4, 40, 2), (6, 60, 3)]
     report = RunContext(url, log).audit(end_step=job.counter)
     assert report.ok, report.to_dict()
     assert report.positions == len(committed) * B == job.replicas[0][0].state_dict()["cursor"]
@@ -229,7 +231,8 @@ def test_a_replica_healing_asynchronously_logs_once_its_state_arrived(url, tmp_p
     assert 3 not in got
     job.step([3, 0], True)
     segments = read_run_log(log)
-    assert [(s.first_step, s.cursor) for s in segments] == [(0, 0), (2, 20), (8, 80)]
+    assert [(s.first_step, s.cursor) for s in segments] == [
+        (0, 0), (1, 10), (2, 20), (3, 30), (4, 40), (6, 60), (8, 80)]
     assert RunContext(url, log).audit(end_step=job.counter).ok
 
 

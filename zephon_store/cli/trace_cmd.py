@@ -158,8 +158,11 @@ def cmd_trace(args) -> int:
             # Computed from the options, not from a run: no log line, nothing "reached".
             d["line"] = None
             d.pop("reached")
-        ranks = range(t.world_size) if args.rank is None else [args.rank]
-        d["ranks"] = [{"rank": r, "ids": ids} for r, ids in zip(ranks, t.ranks)]
+        ranks = range(t.world_size or 1) if args.rank is None else [args.rank]
+        # A live step's parts are its participants' (None: its line does not record them).
+        key = "participant" if t.live else "rank"
+        d["ranks"] = [{key: None if t.world_size is None else r, "ids": ids}
+                      for r, ids in zip(ranks, t.ranks)]
         for key in ("masked", "sources"):
             if getattr(t, key) is not None:
                 for entry, v in zip(d["ranks"], getattr(t, key)):
@@ -182,12 +185,12 @@ def cmd_trace(args) -> int:
             "" if d["reached"] else
             ", if the run got that far" if args.end_step is None else
             f", not reached: the run stopped at step {args.end_step}")
-        print(f"step {d['step']} (cursor {d['cursor']}, W={d['world_size']}, "
+        print(f"step {d['step']} (cursor {d['cursor']}, {_readers(d)}, "
               f"B={d['global_batch']}, {where}):")
         for entry in d["ranks"]:
             shown = (entry["ids"] if "sources" not in entry else
                      [f"{src}:{i}" for src, i in zip(entry["sources"], entry["ids"])])
-            print(f"  rank {entry['rank']}: {shown}")
+            print(f"  {_reader(entry)}: {shown}")
             if "masked" in entry and any(entry["masked"]):
                 print(f"    masked: {[i for i, m in zip(entry['ids'], entry['masked']) if m]}")
             for i, prov in enumerate(entry.get("provenance", [])):
@@ -224,12 +227,30 @@ def cmd_where(args) -> int:
             line = (f"id {rec['id']} epoch {rec['epoch']}: position {rec['position']} "
                     f"(global {rec['global_position']})")
         for hit in rec.get("consumed", []):
-            line += (f"; step {hit['step']} rank {hit['rank']} (log line {hit['line']}"
+            line += (f"; step {hit['step']} {_reader(hit)} (log line {hit['line']}"
                      + ("" if hit["reached"] else ", if the run got that far") + ")")
         if "consumed" in rec and not rec["consumed"]:
             line += "; not consumed by the logged steps"
         print(line)
     return 0
+
+
+def _readers(step: dict) -> str:
+    """How a traced step was split: ``W=4``, or a live step's participants."""
+    if not step.get("live"):
+        return f"W={step['world_size']}"
+    n = step["world_size"]
+    return "live, participants not recorded" if n is None else f"live, {n} participants"
+
+
+def _reader(entry: dict) -> str:
+    """Who read a part of a step: ``rank 2``, or a live step's ``participant 2`` (the whole
+    step when its log line does not record the participants)."""
+    if "rank" in entry:
+        return f"rank {entry['rank']}"
+    if entry["participant"] is None:
+        return "participants not recorded"
+    return f"participant {entry['participant']}"
 
 
 def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:

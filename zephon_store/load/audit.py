@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ZephonError
-from ..order.assign import positions_for_rank, step_ranks
+from ..order.assign import positions_for_participant, positions_for_rank, step_owners, step_ranks
 from ..order.order import Order
 from .runlog import MAX_POSITION, RunLogError, RunSegment, segment_steps
 
@@ -274,7 +274,9 @@ def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[
     if da != db:
         events.append(RunEvent(s, ln, "deny_list_changed", f"deny list {da} -> {db} (mode "
                                f"{(seg.deny_list or {}).get('mode')})", False))
-    events.append(RunEvent(s, ln, "resumed", f"world_size {seg.world_size}, global_batch "
+    readers_of = (f"world_size {seg.world_size}" if not seg.live else
+                  f"live, participants {seg.participants}")
+    events.append(RunEvent(s, ln, "resumed", f"{readers_of}, global_batch "
                            f"{seg.global_batch}, num_workers {seg.num_workers}, cursor "
                            f"{seg.cursor}", False))
     return events
@@ -479,12 +481,14 @@ def _source_epochs(intervals, ref, start: int, end: int,
 @dataclass(frozen=True)
 class TraceStep:
     """One step as the log places it: ``ranks[r]`` are the ids rank ``r`` consumed (for a
-    mixture, each source's own ids, and ``sources[r]`` the source of each)."""
+    mixture, each source's own ids, and ``sources[r]`` the source of each). A live step
+    (``live``): ``ranks[i]`` are participant ``i``'s, ``world_size`` the participant count;
+    None when its log line does not record it (``ranks`` then holds the whole step)."""
 
     step: int
     cursor: int
     global_batch: int
-    world_size: int
+    world_size: int | None
     line: int
     ranks: list[list[int]]
     masked: list[list[bool]] | None = None
@@ -493,12 +497,15 @@ class TraceStep:
     # or it lies before ``end_step``; False for a step of the last segment when the log
     # does not say how far that went (or beyond ``end_step``).
     reached: bool = True
+    live: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("masked", "sources"):
             if d[key] is None:
                 d.pop(key)
+        if not self.live:
+            d.pop("live")
         return d
 
 
@@ -514,20 +521,40 @@ def segment_at(segments: Sequence[RunSegment], step: int) -> RunSegment:
     return found
 
 
+def readers(seg: RunSegment) -> int | None:
+    """How many parts ``seg`` splits each step into: its world size, or a live segment's
+    participant count (None: a live line that does not record it; one part)."""
+    return seg.participants if seg.live else seg.world_size
+
+
+def step_readers(seg: RunSegment, order, cursor: int) -> np.ndarray:
+    """The rank (a live segment: participant) that reads each position of the step at
+    ``cursor`` (element ``j``: ``cursor + j``), by the loader's rule for ``seg``."""
+    kw = {"lanes": order.effective_lanes, "epoch_size": order.num_samples}
+    if seg.live:
+        return step_owners(cursor, seg.global_batch, readers(seg) or 1, **kw)
+    return step_ranks(cursor, seg.global_batch, seg.world_size,
+                      ranks_per_node=seg.ranks_per_node or 1, **kw)
+
+
 def rank_positions(seg: RunSegment, order, step: int,
                    rank: int | None = None) -> list[np.ndarray]:
-    """The positions each rank (or only ``rank``) consumed at ``step`` of ``seg`` (the
-    loader's rank rule), each rank's in increasing order. All ranks at once cost
-    O(global_batch) in numpy, whatever the world size; one rank O(its share + lanes)."""
+    """The positions each rank (a live segment: participant), or only ``rank``, consumed
+    at ``step`` of ``seg`` (the loader's rule), each one's in increasing order. All at once
+    cost O(global_batch) in numpy, whatever the world size; one rank O(its share + lanes)."""
     c = seg.cursor_at(step)
-    kw = {"lanes": order.effective_lanes, "epoch_size": order.num_samples,
-          "ranks_per_node": seg.ranks_per_node or 1}
+    kw = {"lanes": order.effective_lanes, "epoch_size": order.num_samples}
+    if rank is not None and seg.live:
+        return [positions_for_participant(c, seg.global_batch, readers(seg) or 1, rank, **kw)]
     if rank is not None:
-        return [positions_for_rank(c, seg.global_batch, seg.world_size, rank, **kw)]
-    owners = step_ranks(c, seg.global_batch, seg.world_size, **kw)
-    # Stable: each rank's positions stay increasing, as positions_for_rank gives them.
+        return [positions_for_rank(c, seg.global_batch, seg.world_size, rank,
+                                   ranks_per_node=seg.ranks_per_node or 1, **kw)]
+    owners = step_readers(seg, order, c)
+    # Stable: each one's positions stay increasing, as positions_for_rank gives them; a
+    # live step's parts may differ in size by one.
     by_rank = c + np.argsort(owners, kind="stable")
-    return np.split(by_rank, seg.world_size)
+    counts = np.bincount(owners, minlength=readers(seg) or 1)
+    return np.split(by_rank, np.cumsum(counts)[:-1])
 
 
 def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[int], *,
@@ -542,7 +569,8 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
     """
     out = []
     last = segments[-1]
-    per_step = [seg.global_batch if rank is None else seg.global_batch // seg.world_size
+    # One rank's (participant's) share: the largest part when a live step's are uneven.
+    per_step = [seg.global_batch if rank is None else -(-seg.global_batch // (readers(seg) or 1))
                 for seg in segments]
     if isinstance(steps, range) and steps.step == 1 and len(steps):
         # A range's size is known at once: refused before any step is computed.
@@ -561,10 +589,9 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
         if seg.cursor_at(s) + seg.global_batch > MAX_POSITION:
             raise AuditRequestError(f"step {s} would start at position {seg.cursor_at(s)} "
                                     f"(line {seg.line}), beyond 2**62 that no run reaches")
-        if rank is not None and not 0 <= rank < seg.world_size:
-            raise AuditRequestError(f"rank {rank} is outside world size {seg.world_size} at "
-                                    f"step {s} (line {seg.line})")
-        total += seg.global_batch if rank is None else seg.global_batch // seg.world_size
+        if rank is not None:
+            _check_rank(seg, s, rank)
+        total += per_step[segments.index(seg)]
         if total > max_ids:
             raise AuditRequestError(
                 f"the steps asked for hold more than {max_ids} ids (step {s}: global batch "
@@ -582,9 +609,21 @@ def trace(segments: Sequence[RunSegment], order_for: OrderFor, steps: Iterable[i
                    [[names[k] for k in src.tolist()] for src, _ in split])
         ids = [local for _, local in split]
         reached = (s < end_step) if end_step is not None else seg is not last
-        out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, seg.world_size, seg.line,
-                             [i.tolist() for i in ids], masked, sources, reached))
+        out.append(TraceStep(s, seg.cursor_at(s), seg.global_batch, readers(seg), seg.line,
+                             [i.tolist() for i in ids], masked, sources, reached, seg.live))
     return out
+
+
+def _check_rank(seg: RunSegment, step: int, rank: int) -> None:
+    """Refuse a rank (a live step's participant) ``seg`` does not have at ``step``."""
+    n = readers(seg)
+    if n is None:
+        raise AuditRequestError(f"step {step} is live and its log line {seg.line} does not "
+                                "record its participants; leave out --rank")
+    if not 0 <= rank < n:
+        what = f"the {n} participants" if seg.live else f"world size {n}"
+        raise AuditRequestError(f"rank {rank} is outside {what} at step {step} (line "
+                                f"{seg.line})")
 
 
 def where(order, ids: Sequence[int], epochs: Iterable[int], *,
@@ -592,7 +631,8 @@ def where(order, ids: Sequence[int], epochs: Iterable[int], *,
           end_step: int | None = None, source: int | None = None) -> list[dict[str, Any]]:
     """Per id and epoch: its position in the epoch and global position ``epoch*N + q``;
     with ``segments``, the step and rank that consumed it (an empty list when the run had
-    not reached it, two entries when segments read it twice).
+    not reached it, two entries when segments read it twice); of a live segment, the
+    step's ``participant`` instead of ``rank`` (None: its line does not record them).
 
     For a mixture's order, ``ids`` are source ``source``'s own ids and ``epochs`` that
     source's epochs: ``source_position`` is the position in the source's own stream, and
@@ -672,10 +712,11 @@ def _consumed_at(spans, order_for, sid: int, epoch: int, end_step,
             continue
         step = seg.first_step + (p - seg.cursor) // seg.global_batch
         c = seg.cursor_at(step)
-        r = int(step_ranks(c, seg.global_batch, seg.world_size, lanes=order.effective_lanes,
-                           epoch_size=order.num_samples,
-                           ranks_per_node=seg.ranks_per_node or 1)[p - c])
-        hits.append({"step": step, "rank": r, "line": seg.line, "position": p,
+        r = int(step_readers(seg, order, c)[p - c])
+        # A live step is read by participants, named when the log records their count.
+        who = ({"participant": None if readers(seg) is None else r} if seg.live
+               else {"rank": r})
+        hits.append({"step": step, **who, "line": seg.line, "position": p,
                      "reached": not open_end})
     return hits
 

@@ -37,6 +37,7 @@ cases and why each is exact.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -459,6 +460,9 @@ class LiveLoader(Loader):
         self.share: LiveShare | None = None
         self._share_loads = -1
         self.last_step: StepClaim | None = None   # the step served last (for logs and audits)
+        # (cursor, participants, log size) of the step whose count this process last logged
+        # or found logged (_log_step).
+        self._logged_shape: tuple[int, int, int] | None = None
 
     def _position(self) -> tuple[int, int]:
         return self._commits.position, self._commits.step
@@ -496,8 +500,8 @@ class LiveLoader(Loader):
                     claims = self.agree(claim)
                     if claims is not None:
                         check_claims(claim, claims)
-                if claim.index is not None and self.run_log and self._logged_loads != self._loads:
-                    self._log_taken_up(claim.cursor)
+                if claim.index is not None and self.run_log:
+                    self._log_step(claim)
                 batch = self._share().batch(claim.cursor, claim.participants, claim.index)
                 self.last_step = claim
                 yield self.collate(batch) if self.collate is not None else batch
@@ -505,18 +509,40 @@ class LiveLoader(Loader):
             if self.share is not None:
                 self.share.close()
 
-    def _log_taken_up(self, cursor: int) -> None:
-        """Log the segment this loader takes the run up at (its construction or a load).
+    def _log_step(self, claim: StepClaim) -> None:
+        """Log the segment this loader takes the run up at (its construction or a load), or
+        the participant count of a step the log may not give it.
 
         A live segment is a stretch of committed steps in one order from one ``(step,
-        cursor)``: participants change from step to step, the order and cursor do not, so
-        they start none. Logged at the first step this process reads after taking the run
-        up: a replica that heals reads nothing until its state arrived, so it never logs
-        the cursor it had before. Every replica logs; lines that continue the run's cursor
-        are no discrepancy for ``zephon audit``, one that does not is (load/audit.py).
+        cursor)`` with one participant count (which places each participant's positions).
+        Taken up: logged at the first step this process reads after it, so a replica that
+        heals, reading nothing until its state arrived, never logs the cursor it had before;
+        every replica logs, and lines that continue the run's cursor are no discrepancy for
+        ``zephon audit``, one that does not is (load/audit.py). The count: participant 0 of
+        each step (rank 0 of its group) logs it unless its own last check was this step or
+        the one before, with the same count, and the log has not grown since (another
+        quorum's line, e.g. for this step served to a quorum without it). The log drops a
+        line it already places with the same count (load/runlog.py), so a step costs one
+        ``stat``, and a change of the count one line.
         """
-        self._log_segment(cursor, self._commits.step, live=True)
+        if self._logged_loads == self._loads and (
+                claim.index != 0 or self.group[1] != 0 or self._log_has(claim)):
+            return
+        self._log_segment(claim.cursor, self._commits.step, live=True,
+                          participants=claim.participants)
         self._logged_loads = self._loads
+        self._logged_shape = (claim.cursor, claim.participants, _file_size(self.run_log))
+
+    def _log_has(self, claim: StepClaim) -> bool:
+        """Whether the log gives ``claim``'s step its participant count, by this process's
+        last check (then moved to this step)."""
+        last = self._logged_shape
+        size = _file_size(self.run_log)
+        if (last is None or last[1] != claim.participants or last[2] != size
+                or claim.cursor - last[0] not in (0, self.topology.global_batch)):
+            return False
+        self._logged_shape = (claim.cursor, claim.participants, size)
+        return True
 
     def _share(self) -> LiveShare:
         """The share over this loader's reader, new after each load."""
@@ -536,3 +562,11 @@ class LiveLoader(Loader):
         if self.num_workers and reader.stream.split.index is not None:
             return self._processes(reader)
         return self._threaded(reader)
+
+
+def _file_size(path: str) -> int:
+    """The size of ``path`` (-1: none): a run log only grows, so a new size means a new line."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1

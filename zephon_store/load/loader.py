@@ -316,9 +316,10 @@ class Loader:
                 self.cursor = min(step_cursor(start, i + 1, b), end)
                 yield self.collate(batch) if self.collate is not None else batch
 
-    def _log_segment(self, cursor: int, first_step: int, *, live: bool = False) -> None:
+    def _log_segment(self, cursor: int, first_step: int, *, live: bool = False,
+                     participants: int | None = None) -> None:
         """Rank 0 appends this segment's line to the run log (load/runlog.py); ``live``:
-        a live run's (each step split among its participants)."""
+        a live run's (each step split among its ``participants``)."""
         t = self.topology
         deny = self.batch_options.deny_list
         # A mixture's entry holds its schedule too: trace and audit rebuild its order from
@@ -334,7 +335,8 @@ class Loader:
             first_step=first_step, cursor=cursor, global_batch=t.global_batch,
             world_size=t.world_size, num_workers=self.num_workers,
             dataset_id=self.dataset_id, order=self.order, ranks_per_node=t.ranks_per_node,
-            mixture=mixture, deny_list=None if deny is None else deny.to_log(), live=live),
+            mixture=mixture, deny_list=None if deny is None else deny.to_log(), live=live,
+            participants=participants),
             rank=t.rank)
 
     def __len__(self) -> int:

@@ -10,11 +10,16 @@ worker count) starts a new segment. Each line holds::
      "deny_list": null | {"id": "xxh3:...", "mode": "mask", "count": 3, "path": "..."},
      "zephon_store": "0.1.0", "time": "2026-12-01T10:00:00Z"}
 
-A live run (:class:`~zephon_store.load.live.LiveLoader`) adds ``"live": true``: its steps
-are split among each step's participants, which change from step to step while the order
-and the cursor do not, so its ``world_size`` is 1 and names no rank; a step counts when it
-commits (a step that did not is served again and counted once). Without the key a line is
-not live: lines of earlier versions read unchanged, and other lines are written as before.
+A live run (:class:`~zephon_store.load.live.LiveLoader`) adds ``"live": true`` and
+``"participants": n``: its steps are split among each step's participants (participant
+``i`` of ``n`` reads :func:`~zephon_store.order.assign.positions_for_participant`), whose
+count changes from step to step while the order and the cursor do not, so its
+``world_size`` is 1 and a live line is written where the count changes (and where a replica
+takes the run up); a step counts when it commits (a step that did not is served again and
+counted once, and a line for it written then replaces the one before). Without the key a
+line is not live: lines of earlier versions read unchanged, and other lines are written as
+before; a live line without ``participants`` (written before the count was) places its
+steps as one part, read by participants it does not name.
 
 With the dataset, that is enough to recompute which sample every rank read at every step
 (``zephon trace``), when a sample was read (``zephon where``) and whether the run read
@@ -96,7 +101,8 @@ class RunSegment:
     ``line`` is the 1-based line number it was read from (0 for a segment not read from a
     file). ``mixture`` is a mixture's identity entry (None for one dataset); ``deny_list``
     is a deny list's ``{"id", "mode", "count", "path"}`` (None: nothing masked); ``live``:
-    a live run's segment (each step split among its participants; ``world_size`` 1).
+    a live run's segment (each step split among its participants; ``world_size`` 1);
+    ``participants``: a live segment's participant count (None: not recorded).
     """
 
     first_step: int
@@ -113,8 +119,15 @@ class RunSegment:
     time: str = ""
     line: int = 0
     live: bool = False
+    participants: int | None = None
 
     def __post_init__(self) -> None:
+        n = self.participants
+        if n is not None and (not self.live or not isinstance(n, int) or isinstance(n, bool)
+                              or not 1 <= n <= MAX_WORLD_SIZE):
+            raise ValueError(f"participants is a live segment's participant count, an int in "
+                             f"[1, {MAX_WORLD_SIZE}] (or null), got {n!r} "
+                             f"(live={self.live!r})")
         if not isinstance(self.live, bool) or (self.live and self.world_size != 1):
             raise ValueError(f"live must be true or false, and a live segment's world_size 1 "
                              f"(its participants change per step), got live={self.live!r}, "
@@ -174,6 +187,8 @@ class RunSegment:
         from .. import __version__
 
         live = {"live": True} if self.live else {}
+        if self.participants is not None:
+            live["participants"] = self.participants
         return {**live, "kind": RUNLOG_KIND, "version": RUNLOG_VERSION, "first_step": self.first_step,
                 "cursor": self.cursor, "global_batch": self.global_batch,
                 "world_size": self.world_size, "num_workers": self.num_workers,
@@ -208,7 +223,8 @@ class RunSegment:
                        order=order, ranks_per_node=d.get("ranks_per_node"),
                        mixture=d.get("mixture"), deny_list=d.get("deny_list"),
                        zephon_store=str(d.get("zephon_store", "")),
-                       time=str(d.get("time", "")), line=line, live=d.get("live", False))
+                       time=str(d.get("time", "")), line=line, live=d.get("live", False),
+                       participants=d.get("participants"))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A hand-edited line (an order that is not an object, a field of the wrong
             # type): one line naming the file and line, never a traceback.
@@ -263,11 +279,12 @@ def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
     last line was cut by a crash gets a newline first, so the new line stays readable (the
     cut line itself is still reported by :func:`read_run_log`).
 
-    A live line older than the live line last written (a replica that stalled between taking
-    the run up and logging it, while the others committed past a later heal) is not
-    written when the last line's segment already places its step at its cursor: it says
-    nothing new, and written after it, it would read as overlapping segments. One that
-    disagrees is written, so that the audit reports it.
+    A live line is not written when the live line last written already places its step at
+    its cursor and says nothing new: one older than it (a replica that stalled between
+    taking the run up and logging it, while the others committed past a later heal; written
+    after it, it would read as overlapping segments), or one whose participant count the
+    last line's segment already gives its step (another replica's line for the same quorum).
+    One that disagrees is written, so that the audit reports it.
     """
     if rank != 0:
         return False
@@ -294,8 +311,8 @@ def append_segment(path: str, segment: RunSegment, *, rank: int = 0) -> bool:
 
 def _already_placed(path: str, size: int, segment: RunSegment) -> bool:
     """Whether the last complete line of ``path`` (``size`` bytes) is a live segment of the
-    same stream and global batch that starts after ``segment`` and places ``segment``'s first
-    step at its cursor."""
+    same stream and global batch that places ``segment``'s first step at its cursor, and
+    starts after it or at or before it with the same participant count (recorded)."""
     with open(path, "rb") as f:
         f.seek(max(0, size - (1 << 16)))
         tail = f.read(size - f.tell())
@@ -306,7 +323,9 @@ def _already_placed(path: str, size: int, segment: RunSegment) -> bool:
         last = RunSegment.from_dict(json.loads(lines[-1]))
     except (ValueError, RunLogError):
         return False    # a cut or foreign last line: write, read_run_log reports it
-    return (last.live and last.first_step > segment.first_step
+    same_count = (segment.participants is not None
+                  and last.participants == segment.participants)
+    return (last.live and (last.first_step > segment.first_step or same_count)
             and last.global_batch == segment.global_batch and last.same_stream(segment)
             and (last.deny_list or {}).get("id") == (segment.deny_list or {}).get("id")
             and last.cursor - segment.cursor
