@@ -41,7 +41,10 @@ def _rank(url: str, so: dict, cache: str, rank: int, ranks: int, workers: int, c
         loader = ZephonLoader(url, global_batch=BATCH * ranks, world_size=ranks, rank=rank,
                               ranks_per_node=ranks, num_workers=workers,
                               order=OrderOptions(seed=3), storage_options=so, cache=cache,
-                              collate=None, with_seq=True)
+                              collate=None, with_seq=True,
+                              # As under torchrun, whose ranks are fresh processes: workers
+                              # are forked (this rank was spawned, which spawn would inherit).
+                              multiprocessing_context="fork")
         if cursor:
             loader.load_state_dict(dict(loader.state_dict(), cursor=cursor))
         it = iter(loader)

@@ -81,6 +81,27 @@ def test_prepare_fork_is_for_s3_roots_only(tmp_path, monkeypatch):
     assert calls == [1]
 
 
+def test_only_forked_workers_get_the_rank_s_client_stack(tmp_path, monkeypatch):
+    from zephon_store.load.share_reader import ShareReader
+    from zephon_store.order import OrderOptions
+    from zephon_store.order.topology import Topology
+
+    write_jsonl_corpus(tmp_path / "src", files=1, records=20, seed=1)
+    convert([str(tmp_path / "src")], str(tmp_path / "ds"))
+    reader = ShareReader(open_dataset(str(tmp_path / "ds")), OrderOptions(seed=1),
+                         Topology(4, 1, 0))
+    calls = []
+    monkeypatch.setattr(storage_mod.Storage, "prepare_fork", lambda self: calls.append(self))
+    reader.prepare_workers("spawn")
+    reader.prepare_workers("forkserver")
+    assert calls == []       # those workers import everything afresh
+    reader.prepare_workers("fork")
+    import multiprocessing
+
+    reader.prepare_workers(multiprocessing.get_context("fork"))
+    assert len(calls) == 2
+
+
 # -- the prefetcher: the later steps wait for the first batch --------------------------------
 
 

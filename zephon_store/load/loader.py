@@ -297,7 +297,8 @@ class Loader:
         self._warn_dropped(start)
         reader = self._reader(start)
         if self.num_workers:
-            reader.prepare_workers()   # once here, not once per worker process
+            # Once here, not once per (forked) worker process.
+            reader.prepare_workers(self.workers.multiprocessing_context)
         batches = self._threaded(reader) if self.num_workers == 0 else self._processes(reader)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR

@@ -18,6 +18,7 @@ torch.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from collections.abc import Iterator
 
@@ -68,10 +69,18 @@ class ShareReader:
     def dataset(self):
         return self.stream.dataset
 
-    def prepare_workers(self) -> None:
-        """Call before forking worker processes: each remote source's storage readies its
-        client stack here once, so that the workers inherit it instead of each paying it
-        (:meth:`~zephon_store.io.storage.Storage.prepare_fork`)."""
+    def prepare_workers(self, context=None) -> None:
+        """Call before starting worker processes with the multiprocessing ``context`` (a
+        start method's name, a context, or None: the default one): if they are forked, each
+        remote source's storage readies its client stack here once, so that the workers
+        inherit it instead of each paying it
+        (:meth:`~zephon_store.io.storage.Storage.prepare_fork`). Spawned workers import
+        everything afresh: nothing to do."""
+        if context is None:   # without fixing it: the first of all is the platform default
+            context = (multiprocessing.get_start_method(allow_none=True)
+                       or multiprocessing.get_all_start_methods()[0])
+        if (context if isinstance(context, str) else context.get_start_method()) != "fork":
+            return
         for _, part in self.dataset.parts():
             storage = getattr(part, "storage", None)
             if storage is not None:
