@@ -166,6 +166,32 @@ def test_a_reader_needing_a_held_row_group_runs_its_range_itself(local_ds, tmp_p
         pre.close()
 
 
+def test_a_row_group_published_before_the_claim_is_not_fetched_again(local_ds, tmp_path):
+    """Another process fetched and published a row group between a range's cache check and
+    its claim: the range must not GET those bytes a second time."""
+    cache = ChunkCache(str(tmp_path / "c"))
+    ds = open_dataset(local_ds, cache=cache)
+    m = ds.manifest
+    rg = 0
+    cache.put(m.rg_xxh3(rg), open_dataset(local_ds).row_groups.fetch_bytes(rg))
+    real, stale = cache.contains, [True]
+
+    def contains(key):   # the first check is from before the other process published
+        if stale and key == m.rg_xxh3(rg):
+            stale.clear()
+            return False
+        return real(key)
+
+    cache.contains = contains
+    fetcher = ds.row_groups.range_fetcher()
+    opened = ds.storage.stats.requests
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        [f.result() for f in fetcher.submit(fetcher.coalesce([rg]), pool)]
+    assert ds.storage.stats.requests == opened and fetcher.ranges == 0
+
+
 # -- background requests wait out the throttle episode -------------------------------------
 
 

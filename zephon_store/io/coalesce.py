@@ -294,7 +294,11 @@ class RangeFetcher:
         bad: list[int] = []
         if missing:
             with cache.claim_keys({keys[rg] for rg in missing}) as claimed:
-                mine = [rg for rg in missing if keys[rg] in claimed]
+                # Re-checked under the claim: a holder that published and let go between the
+                # check above and the claim would otherwise be fetched again (duplicate bytes,
+                # seen in the 8 x 2 node start of tests/integration/test_start_s3.py).
+                mine = [rg for rg in missing
+                        if keys[rg] in claimed and not cache.contains(keys[rg])]
                 for sub in coalesce_ranges(self.spans(mine), max_bytes=max(r.nbytes, 1),
                                        max_gap=self.options.max_gap):
                     got, failed = self._read_split(sub, keys)
