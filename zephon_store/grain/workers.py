@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import grain
 
+from .._util.parent_watch import exit_with_parent
 from ..load.options import WorkerOptions
 from ..load.share_reader import ShareReader
 
@@ -80,7 +81,8 @@ def worker_batches(reader: ShareReader, workers: WorkerOptions) -> Iterator[tupl
     them."""
     options = grain.MultiprocessingOptions(num_workers=workers.num_workers,
                                            per_worker_buffer_size=workers.prefetch)
-    it = iter(_ShareBatches(reader).mp_prefetch(options))
+    # Grain's workers stop only when told to: a killed rank would leave them running.
+    it = iter(_ShareBatches(reader).mp_prefetch(options, worker_init_fn=exit_with_parent))
     try:
         yield from it
     finally:

@@ -9,13 +9,11 @@ any ``num_workers``. Workers hold no state: everything follows from the start cu
 from __future__ import annotations
 
 import copy
-import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import torch.utils.data
 
+from .._util.parent_watch import exit_with_parent
 from ..io.coalesce import CoalesceOptions
 from ..load.options import BatchOptions, ReadAheadOptions
 from ..load.share_reader import ShareReader
@@ -55,43 +53,27 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         self.reader = reader
         return self
 
+    @staticmethod
+    def worker_init_fn(worker_id: int = 0) -> None:
+        """A DataLoader ``worker_init_fn`` for this dataset: the worker process ends within
+        a second of its parent's death, whatever it is doing
+        (:func:`~zephon_store._util.parent_watch.exit_with_parent`). ``__iter__`` starts the
+        same watch; this starts it before the worker's first batch::
+
+            DataLoader(ds, batch_size=None, num_workers=2,
+                       worker_init_fn=ZephonIterableDataset.worker_init_fn)
+        """
+        exit_with_parent()
+
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         info = torch.utils.data.get_worker_info()
         if info is None:
             yield from self.reader.batches()
             return
-        _exit_with_parent()
+        exit_with_parent()   # a killed rank's workers end too (_util/parent_watch.py)
         # A forked worker inherits the parent's Dataset, including its I/O thread pool
         # (whose threads did not survive the fork: reads would wait forever) and locks
         # a parent thread may have held. A copy goes through __getstate__/__setstate__
         # and gets fresh ones; the manifest is shared, not reloaded.
         self.reader.stream.dataset = copy.copy(self.reader.stream.dataset)
         yield from self.reader.batches(info.id, info.num_workers)
-
-
-_watching = False
-
-
-def _exit_with_parent(interval: float = 1.0) -> None:
-    """In a DataLoader worker: end this process as soon as the process that started it is
-    gone (its parent id changes), once per worker process.
-
-    A rank killed by its scheduler (SIGKILL, ``os._exit``) runs no DataLoader shutdown;
-    torch's own parent check runs only while a worker waits for work, and a worker whose
-    decode or prefetch threads are busy, or whose exit waits for them, stayed alive holding
-    its memory and connections (seen in the start benchmark: every worker of a node
-    outlived its rank). ``os._exit`` here skips that teardown: the worker holds nothing
-    that must be saved, its parent is gone.
-    """
-    global _watching
-    if _watching:
-        return
-    _watching = True
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()

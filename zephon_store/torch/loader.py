@@ -174,7 +174,8 @@ class ZephonLoader(Loader):
         dl = DataLoader(ZephonIterableDataset.over(reader), batch_size=None,
                         num_workers=w.num_workers, prefetch_factor=w.prefetch,
                         pin_memory=w.pin_memory,
-                        multiprocessing_context=w.multiprocessing_context, collate_fn=_identity)
+                        multiprocessing_context=w.multiprocessing_context, collate_fn=_identity,
+                        worker_init_fn=ZephonIterableDataset.worker_init_fn)
         yield from dl
 
 
