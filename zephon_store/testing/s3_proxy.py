@@ -4,8 +4,9 @@ It listens on one port per *label* (``CountingProxy(upstream_port, labels=8)``: 
 rank ``r`` of a simulated node, and every process of that rank, its workers included, uses
 ``endpoint_url(r)``), so each request is known by the rank that sent it. For every request it
 records the label, the S3 operation (``GET``, ``HEAD``, ``LIST``: a GET on a bucket with no
-key, ``PUT``: PUT or POST, ``DELETE``), the object key, the body bytes sent back and the
-status. ``latency(s)`` delays every request by ``s`` before it is forwarded (a round trip
+key, ``PUT``: PUT or POST, ``DELETE``), the object key, the body bytes sent back, the
+status, and when the request arrived and when its answer was sent (so tests can count the
+sequential round trips of a start: :func:`round_trips`). ``latency(s)`` delays every request by ``s`` before it is forwarded (a round trip
 to a remote S3); ``throttle(rate)`` answers ``503 SlowDown`` (the S3 XML error) to any
 request beyond ``rate`` per second (a token bucket holding at most ``rate`` tokens, so a
 burst of ``rate`` requests passes at once and then ``rate`` per second), as S3 does while a
@@ -32,13 +33,14 @@ OPS = ("GET", "HEAD", "LIST", "PUT", "DELETE", "OTHER")
 
 @dataclass
 class Request:
-    t: float           # seconds since the proxy's clock was last reset
+    t: float           # when the answer was sent: seconds since the proxy's clock was reset
     label: int
     op: str
     key: str           # "bucket/key" (a LIST: "bucket/?prefix")
     status: int
     nbytes: int        # response body bytes sent to the client
     span: tuple[int, int] | None   # the object byte range served (from Content-Range)
+    start: float = 0.0   # when the request arrived (its head was read), on the same clock
 
 
 def classify(method: str, target: str) -> tuple[str, str]:
@@ -131,6 +133,8 @@ class CountingProxy:
         self._stamp = 0.0
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
+        self._open: dict[int, tuple[float, int, str, str]] = {}   # in flight, by id
+        self._ids = 0
         self._servers: list[asyncio.AbstractServer] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="countingproxy",
@@ -163,9 +167,21 @@ class CountingProxy:
             self._tokens, self._stamp = self._rate, time.monotonic()
         return old
 
+    def clock(self, at: float | None = None) -> float:
+        """``time.monotonic()`` value ``at`` (default: now; the clock is the machine's, so
+        another process's reading works) in seconds on the request log's clock."""
+        return (time.monotonic() if at is None else at) - self._t0
+
     def snapshot(self) -> list[Request]:
         with self._lock:
             return list(self.requests)
+
+    def in_flight(self) -> list[tuple[float, int, str, str]]:
+        """Requests that arrived and are not answered yet: ``(start, label, op, key)`` each
+        (e.g. held by :meth:`latency`)."""
+        with self._lock:
+            return [(round(t - self._t0, 4), label, *classify(method, target))
+                    for t, label, method, target in self._open.values()]
 
     def close(self) -> None:
         async def stop():
@@ -209,14 +225,21 @@ class CountingProxy:
                 return True
             return False
 
-    def _record(self, label, method, target, status, nbytes, span) -> None:
+    def _begin(self, label: int, method: str, target: str) -> int:
+        with self._lock:
+            self._ids += 1
+            self._open[self._ids] = (time.monotonic(), label, method, target)
+            return self._ids
+
+    def _record(self, rid, label, method, target, status, nbytes, span) -> None:
         op, key = classify(method, target)
         with self._lock:
+            start = self._open.pop(rid, (self._t0,))[0] - self._t0
             self.requests.append(Request(round(time.monotonic() - self._t0, 4), label, op, key,
-                                         status, nbytes, span))
+                                         status, nbytes, span, round(max(0.0, start), 4)))
 
     async def _handle(self, label: int, creader, cwriter) -> None:
-        up = None
+        up = rid = None
         try:
             while True:
                 got = await _head(creader)
@@ -225,6 +248,7 @@ class CountingProxy:
                 first, headers = got
                 hmap = {k.lower(): v for k, v in headers}
                 method, target = (first.split(" ") + ["", ""])[:2]
+                rid = self._begin(label, method, target)
                 if hmap.get("expect", "").lower() == "100-continue":
                     cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     await cwriter.drain()
@@ -236,7 +260,7 @@ class CountingProxy:
                     cwriter.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
                                   b"Content-Length: %d\r\n\r\n" % len(SLOWDOWN) + payload)
                     await cwriter.drain()
-                    self._record(label, method, target, 503, len(payload), None)
+                    self._record(rid, label, method, target, 503, len(payload), None)
                     continue
                 request = _encode(first, headers, drop=("expect",)) + body
                 for _ in range(2):   # a reused upstream connection may have closed idle
@@ -258,10 +282,10 @@ class CountingProxy:
                     raw, n, keep = b"", 0, True
                 else:
                     raw, n, keep = await _body(up[0], rmap)
-                self._record(label, method, target, status, n,
-                             _span(rmap, n) if status in (200, 206) and method == "GET" else None)
                 cwriter.write(_encode(rfirst, rheaders) + raw)
                 await cwriter.drain()
+                self._record(rid, label, method, target, status, n,
+                             _span(rmap, n) if status in (200, 206) and method == "GET" else None)
                 if not keep:
                     up[1].transport.abort()
                     up = None
@@ -270,10 +294,34 @@ class CountingProxy:
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             return
         finally:
+            if rid is not None:   # a request left unanswered (a connection that broke)
+                with self._lock:
+                    self._open.pop(rid, None)
             if up is not None:
                 up[1].transport.abort()
             if not cwriter.transport.is_closing():
                 cwriter.close()
+
+
+def round_trips(reqs: list[Request], *, until: float | None = None) -> list[Request]:
+    """The longest chain of ``reqs`` each of which arrived after the one before it was
+    answered: the sequential round trips a client waited for, whatever ran in parallel.
+
+    ``until``: only requests answered by then (e.g. when the first batch was handed over) are
+    counted. With a :meth:`CountingProxy.latency` well above the scheduling noise, requests a
+    client sends together never chain by accident.
+
+    >>> a, b, c = (Request(t, 0, "GET", k, 200, 1, None, s)
+    ...            for s, t, k in ((0.0, 0.1, "m"), (0.11, 0.2, "t"), (0.12, 0.21, "u")))
+    >>> [r.key for r in round_trips([a, b, c])]
+    ['m', 't']
+    """
+    done = sorted((r for r in reqs if until is None or r.t <= until), key=lambda r: r.t)
+    best: list[list[Request]] = []
+    for i, r in enumerate(done):
+        before = [best[j] for j in range(i) if done[j].t <= r.start]
+        best.append([*max(before, key=len, default=[]), r])
+    return max(best, key=len, default=[])
 
 
 def summarize(reqs: list[Request]) -> dict:
