@@ -61,6 +61,27 @@ def test_a_worker_forked_after_prepare_reads_no_botocore_model_again(monkeypatch
     assert loads == "0", loads
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_waits_for_the_preparation_started_in_a_thread(monkeypatch):
+    pytest.importorskip("s3fs")
+    monkeypatch.setattr(storage_mod, "_prepared", False)
+    monkeypatch.setattr(storage_mod, "_prepare_thread", None)
+    storage_mod.Storage("s3://bucket/ds").prepare_fork(soon=True)
+    r, w = os.pipe()
+    pid = os.fork()   # at once: the thread has barely started
+    if pid == 0:
+        try:
+            os.write(w, b"1" if storage_mod._prepared else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    seen = os.read(r, 8)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert seen == b"1"   # the child got the finished preparation, never a half-done one
+    assert storage_mod._prepared
+
+
 def test_every_s3_session_of_a_process_shares_one_botocore_loader():
     pytest.importorskip("s3fs")
     so = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}

@@ -211,22 +211,59 @@ def prepare_s3_for_fork() -> None:
     reads its metadata from the node cache never made a client, so each of its workers paid
     that again, 16 times over for 8 ranks x 2 workers on one node's cores (the start
     benchmark, docs/benchmarks_start.md). Called once before forking, it costs that once.
-    No request is made; without the ``s3`` extra it does nothing.
+    No request is made; without the ``s3`` extra it does nothing. Once per process: a later
+    call returns at once, or waits for the one running (:func:`prepare_s3_for_fork_soon`).
 
     >>> prepare_s3_for_fork()
     """
+    global _prepared
+    with _PREPARE_LOCK:
+        if _prepared:
+            return
+        try:
+            import botocore.session
+            import s3fs  # noqa: F401 - the import is the point: forked workers inherit it
+        except ImportError:
+            _prepared = True
+            return
+        # A client built offline reads the models into the shared loader (endpoint and keys
+        # are placeholders: building a client sends nothing).
+        session = _s3_session({})
+        sync = botocore.session.Session()
+        sync.register_component("data_loader", session.get_component("data_loader"))
+        sync.create_client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
+                           aws_access_key_id="warm", aws_secret_access_key="warm")
+        _prepared = True
+
+
+_PREPARE_LOCK = threading.Lock()
+_prepared = False
+_prepare_thread: threading.Thread | None = None
+
+
+def prepare_s3_for_fork_soon() -> None:
+    """Run :func:`prepare_s3_for_fork` in a thread now, and make every later fork of this
+    process wait for it first (``os.register_at_fork``: a child never inherits a half-done
+    import).
+
+    A rank calls it as its loader starts, so the ~0.4 s of CPU overlaps the wait for the
+    node's metadata, which one process fetches while the others are idle.
+    """
+    global _prepare_thread
+    with _PREPARE_LOCK:
+        if _prepared or _prepare_thread is not None:
+            return
+        _prepare_thread = threading.Thread(target=_prepare_quietly, daemon=True,
+                                           name="zephon-s3-prepare")
+        os.register_at_fork(before=_prepare_thread.join)
+        _prepare_thread.start()
+
+
+def _prepare_quietly() -> None:
     try:
-        import botocore.session
-        import s3fs  # noqa: F401 - the import is the point: forked workers inherit it
-    except ImportError:
-        return
-    # A client built offline reads the models into the shared loader (endpoint and keys
-    # are placeholders: building a client sends nothing).
-    session = _s3_session({})
-    sync = botocore.session.Session()
-    sync.register_component("data_loader", session.get_component("data_loader"))
-    sync.create_client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
-                       aws_access_key_id="warm", aws_secret_access_key="warm")
+        prepare_s3_for_fork()
+    except Exception as exc:  # noqa: BLE001 - only a head start: the workers do it themselves
+        _log.debug("preparing the S3 client stack failed: %r", exc)
 
 
 def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -348,11 +385,12 @@ class Storage:
                 self._pid = os.getpid()
             return self._fs
 
-    def prepare_fork(self) -> None:
+    def prepare_fork(self, *, soon: bool = False) -> None:
         """Before forking processes that will read this storage (DataLoader workers): for
-        an ``s3://`` root, :func:`prepare_s3_for_fork`; otherwise nothing."""
+        an ``s3://`` root, :func:`prepare_s3_for_fork` (``soon``: started in a thread,
+        :func:`prepare_s3_for_fork_soon`); otherwise nothing."""
         if not self.local and self.root_url.split("://", 1)[0] in ("s3", "s3a"):
-            prepare_s3_for_fork()
+            (prepare_s3_for_fork_soon if soon else prepare_s3_for_fork)()
 
     def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
         check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)

@@ -36,7 +36,7 @@ from .denylist import open_deny_list, save_logged_copy
 from .options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
-from .share_reader import ShareReader
+from .share_reader import ShareReader, prepare_workers_soon
 from .source import open_source
 from .state import MAX_CURSOR, LoaderState, check_state
 from .stream import RankStream
@@ -86,6 +86,9 @@ class Loader:
         self.read_ahead = read_ahead or ReadAheadOptions()
         self.topology = topology
         columns = self.batch_options.columns
+        if self.workers.num_workers:
+            # The forked workers' S3 stack, readied while the node's metadata is fetched.
+            prepare_workers_soon(dataset, self.workers.multiprocessing_context)
         # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py).
         self.dataset = open_source(dataset, columns=None if columns is None else list(columns),
                                    global_batch=topology.global_batch,

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 
 from ..io.prefetch import Prefetcher
+from ..io.storage import Storage
 from ..order.assign import batches_for_worker, step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
@@ -30,7 +31,7 @@ from .options import BatchOptions, ReadAheadOptions
 from .pipeline import BatchPipeline, default_decode_threads
 from .stream import RankStream
 
-__all__ = ["ShareReader"]
+__all__ = ["ShareReader", "prepare_workers_soon"]
 
 
 class ShareReader:
@@ -76,10 +77,7 @@ class ShareReader:
         inherit it instead of each paying it
         (:meth:`~zephon_store.io.storage.Storage.prepare_fork`). Spawned workers import
         everything afresh: nothing to do."""
-        if context is None:   # without fixing it: the first of all is the platform default
-            context = (multiprocessing.get_start_method(allow_none=True)
-                       or multiprocessing.get_all_start_methods()[0])
-        if (context if isinstance(context, str) else context.get_start_method()) != "fork":
+        if not _forks(context):
             return
         for _, part in self.dataset.parts():
             storage = getattr(part, "storage", None)
@@ -144,3 +142,20 @@ class ShareReader:
         finally:
             pipeline.cancel()
             pre.close()
+
+
+def prepare_workers_soon(dataset, context=None) -> None:
+    """As a loader starts, before its dataset is opened: if ``dataset`` is an S3 URL and
+    the workers will be forked (``context`` as in :meth:`ShareReader.prepare_workers`),
+    start readying the S3 client stack in a thread, overlapping the wait for the node's
+    metadata (:func:`~zephon_store.io.storage.prepare_s3_for_fork_soon`)."""
+    if isinstance(dataset, str) and "://" in dataset and _forks(context):
+        Storage(dataset).prepare_fork(soon=True)
+
+
+def _forks(context) -> bool:
+    """Whether worker processes started with ``context`` are forked."""
+    if context is None:   # without fixing it: the first of all is the platform default
+        context = (multiprocessing.get_start_method(allow_none=True)
+                   or multiprocessing.get_all_start_methods()[0])
+    return (context if isinstance(context, str) else context.get_start_method()) == "fork"
