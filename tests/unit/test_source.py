@@ -100,8 +100,10 @@ def test_a_dataset_answers_the_contract_as_the_loader_did(urls) -> None:
     assert ds.end is None and [d for _, d in ds.parts()] == [ds]
     mix = open_source(_mix_dict(urls))
     assert [n for n, _ in mix.parts()] == ["a", "b"]
-    with pytest.raises(ValueError, match="a mixture's are not supported yet"):
-        mix.deny_list_manifest()
+    space = mix.deny_list_manifest()   # a deny list names each source's own ids
+    assert space.names == ("a", "b") and space.num_samples == mix.num_samples
+    assert space.offsets == (0, mix.sources[0].num_samples)
+    assert space.dataset_id.startswith("mixids:")
 
 
 def test_only_the_normaliser_asks_whether_it_holds_a_mixture() -> None:

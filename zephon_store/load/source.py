@@ -91,7 +91,8 @@ class Source(Protocol):
     def parts(self) -> list[tuple[str, Any]]:
         """``[(name, Dataset)]`` of every dataset read (a mixture's sources)."""
     def deny_list_manifest(self) -> Any:
-        """The manifest a deny list is checked against, or ValueError when none applies."""
+        """The ids a deny list names: a dataset's manifest, or a mixture's
+        :class:`~zephon_store.load.denylist.MixtureIds` (each source's own ids)."""
 
     # -- checkpoint ----------------------------------------------------------------------
     def state_entry(self) -> dict | None:
