@@ -4,8 +4,8 @@ Every request goes through the counting proxy with 50 ms of latency, which recor
 request arrived and when it was answered. The sequential round trips of a start are the
 longest chain of requests each sent after the one before it was answered, among those answered
 before the first batch was handed over and that it waited for (``s3_proxy.round_trips``): the
-manifest, the side tables, and the ranges holding a row group or a footer of the shards its
-first step reads, whoever of the node fetched them. What ran in parallel costs one round trip
+manifest, the side tables, and the requests that brought the row groups of its first step and
+the footers of their shards, whoever of the node fetched them. What ran in parallel costs one round trip
 whatever its count, and what ran meanwhile for later steps or other ranks costs none. Cold (a fresh cache folder each time): one process, one
 process resuming at 50%, and (opt-in, ``ZEPHON_NODE_ROUND_TRIPS=1``: it needs a quiet machine)
 every rank of a node of 4 ranks x 2 workers started together.
@@ -124,12 +124,20 @@ def _needed(ds, ranks: int, rank: int, cursor: int) -> dict[str, list[tuple[int,
     return out
 
 
-def _waited_for(q, needed: dict[str, list[tuple[int, int]]]) -> bool:
-    path = q.key.split("/", 2)[-1]          # "bucket/ds/shards/x.parquet" -> "shards/..."
-    if METADATA.search(q.key):
-        return True
-    lo, hi = q.span or (0, 1 << 62)
-    return any(lo < b and a < hi for a, b in needed.get(path, ()))
+def _waited_for(reqs: list, needed: dict[str, list[tuple[int, int]]]) -> list:
+    """The requests that brought what the first batch read: each metadata object's, and for
+    each byte range it needs, the first answered request that covers the whole range (a
+    coalesced GET spans the gaps between the row groups it wants, so overlapping is not
+    enough; the node fetches each byte once)."""
+    ok = sorted((q for q in reqs if q.status < 400), key=lambda q: q.t)
+    out = {id(q): q for q in ok if METADATA.search(q.key)}
+    for path, spans in needed.items():
+        mine = [q for q in ok if q.key.endswith("/" + path) and q.span is not None]
+        for lo, hi in spans:
+            first = next((q for q in mine if q.span[0] <= lo and hi <= q.span[1]), None)
+            if first is not None:
+                out[id(first)] = first
+    return list(out.values())
 
 
 def _chains(ds, firsts: dict[int, float], reqs: list, cursor: int) -> dict[int, list[str]]:
@@ -138,8 +146,7 @@ def _chains(ds, firsts: dict[int, float], reqs: list, cursor: int) -> dict[int, 
     out = {}
     for r, t in firsts.items():
         needed = _needed(ds, len(firsts), r, cursor)
-        chain = round_trips([q for q in reqs if q.status < 400 and _waited_for(q, needed)],
-                            until=t)
+        chain = round_trips(_waited_for(reqs, needed), until=t)
         out[r] = [f"L{q.label} {q.op} {q.key.split('/', 2)[-1][:24]} {q.span} "
                   f"@{q.start:.3f}-{q.t:.3f}" for q in chain]
     return out
