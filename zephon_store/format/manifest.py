@@ -314,6 +314,12 @@ class Manifest:
         info = self.doc.get("codecs")
         return info if isinstance(info, dict) else None
 
+    @functools.cached_property
+    def stored_row_group_bytes(self) -> int:
+        """The stored bytes of all row groups (the sum of ``rg_length``), without reading the
+        row-group details themselves: what means and per-sample sizes are computed from."""
+        return _exact_sum(np.asarray(self.rg_length))
+
     def shard_name(self, shard: int) -> str:
         return self._shard_names[int(shard)].as_py()
 
