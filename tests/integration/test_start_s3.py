@@ -3,8 +3,8 @@
 A simulated node is ``ranks`` fresh processes sharing one cache folder, each a
 ``ZephonLoader`` with ``workers`` DataLoader workers talking to the proxy on its own port, all
 started at once; the node is done when every rank has its first batch. What the proxy saw
-is the subject: the manifest and the side tables are fetched once per node (three GETs, no
-HEAD, no LIST) whatever the ranks and workers, after a resume too; and a node that S3 allows
+is the subject: the manifest, the side tables and the row-group chunk are fetched once per
+node (four GETs, no HEAD, no LIST) whatever the ranks and workers, after a resume too; and a node that S3 allows
 only a few requests per second starts without an error, refused no more often than served.
 """
 
@@ -121,9 +121,10 @@ def test_startup_requests_per_node_do_not_grow_with_ranks_or_workers(node):
         # No HEAD before a GET, no LIST anywhere on the read path.
         assert ops["HEAD"] == ops["LIST"] == ops["PUT"] == 0, (ranks, workers, ops)
         seen[(ranks, workers, cursor)] = _metadata(reqs)
-    # One GET of the manifest and one of each side table per node, whatever the ranks,
-    # workers or cursor (the old code: 6 requests per rank, HEAD + GET of each).
-    want = Counter({("GET", "manifest.json"): 1, ("GET", "index"): 2})
+    # One GET of the manifest, one of each side table and one of the row-group chunk (format
+    # v4; this dataset has one) per node, whatever the ranks, workers or cursor (the old
+    # code: 6 requests per rank, HEAD + GET of each).
+    want = Counter({("GET", "manifest.json"): 1, ("GET", "index"): 3})
     assert all(c == want for c in seen.values()), seen
 
 
@@ -138,7 +139,7 @@ def test_throttled_node_start_completes_without_amplifying(node):
     # Not amplified: the node's shared back-off makes refusals the exception (the old code,
     # each process retrying alone after 0.1 s: 391 of 581 requests refused, 42.6 s).
     assert s["throttled_503"] <= s["requests"], s
-    assert _metadata(reqs) == Counter({("GET", "manifest.json"): 1, ("GET", "index"): 2})
+    assert _metadata(reqs) == Counter({("GET", "manifest.json"): 1, ("GET", "index"): 3})
     # Each object's requests were refused a handful of times at most, far inside the policy
     # (RetryPolicy: a 60 s deadline, delays up to 5 s; docs/storage.md).
     assert max(refused_per_object.values(), default=0) <= 8, refused_per_object

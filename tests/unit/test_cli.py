@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.cli.main import main
+from zephon_store.format.manifest import FORMAT_VERSION
 from zephon_store.order import Order, OrderOptions
 from zephon_store.write.shardwriter import WriteOptions
 
@@ -190,7 +191,7 @@ def test_info_text_lists_what_the_docs_list(ds_path, tmp_path, capsys):
     assert main(["info", ds_path]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert lines["format"].split()[-1] == "3"
+    assert lines["format"].split()[-1] == str(FORMAT_VERSION)
     assert "compression=auto" in lines["writer"] and "row_group_rows=25" in lines["writer"]
     assert lines["inputs"].startswith("inputs    2 files,")
     assert lines["skipped"].endswith("none")

@@ -67,7 +67,7 @@ def test_rule_threshold_is_the_ratio(monkeypatch):
 def test_auto_is_the_default_and_the_manifest_records_the_choice(tmp_path):
     out = _convert(tmp_path, _table())
     doc = json.loads((out / "manifest.json").read_text())
-    assert doc["format_version"] == 3
+    assert doc["format_version"] >= 3
     assert doc["writer"]["compression"] == "auto" and doc["writer"]["compression_level"] is None
     n = doc["totals"]["num_shards"]
     assert doc["codecs"] == {"digest": {"none": n}, "emb": {"none": n}, "lang": {"zstd-1": n},

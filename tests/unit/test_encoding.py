@@ -261,8 +261,8 @@ def test_manifest_rejects_inconsistent_storage(tmp_path):
     _reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
     with pytest.raises(ManifestError, match="lacks its 'storage'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: doc.update(format_version=4, storage={}))
-    with pytest.raises(ManifestError, match="format_version 4 is not supported.*reads 1, 2, 3"):
+    _reseal(ds, lambda doc: doc.update(format_version=5, storage={}))
+    with pytest.raises(ManifestError, match="format_version 5 is not supported.*reads 1, 2, 3, 4"):
         open_dataset(str(ds))
 
 

@@ -146,3 +146,19 @@ def test_older_goldens_name_their_codec():
         if doc["writer"]["compression"] != "auto":
             assert doc["writer"]["compression"] == "zstd"
             assert doc["writer"]["compression_level"] == 3 and "codecs" not in doc
+
+
+def test_v4_goldens_keep_the_v3_shards():
+    """Format v4 changed the index only: every v4 golden's shard files are its v3 twin's."""
+    v3 = {name for version, name in CASES if version == "v3"}
+    for version, name in CASES:
+        if version != "v4" or name not in v3:
+            continue
+        old = open_dataset(str(GOLDEN / "v3" / name)).manifest
+        new = open_dataset(str(GOLDEN / "v4" / name)).manifest
+        assert new.format_version == 4 and new.details.num_chunks == 1
+        assert ([new.shard_name(i) for i in range(new.num_shards)]
+                == [old.shard_name(i) for i in range(old.num_shards)])
+        for rg in range(new.num_row_groups):
+            assert (int(new.rg_offset[rg]), int(new.rg_length[rg]), new.rg_xxh3(rg)) == (
+                int(old.rg_offset[rg]), int(old.rg_length[rg]), old.rg_xxh3(rg))

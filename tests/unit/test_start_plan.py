@@ -33,7 +33,8 @@ def test_start_requests_per_node_and_in_total(dataset, capsys):
                 "--ranks-per-node", "8", "--start-window", "2", "--steps", "0:1")
     st = out["start"]
     assert st["nodes"] == 4 and st["metadata_per_node"] == 3
-    # From the plan's own ids: per node, 3 + its shards + its coalesced row-group GETs.
+    # From the plan's own ids: per node, 3 + its shards + its index chunks (format v4) + its
+    # coalesced row-group GETs.
     ds = open_dataset(dataset)
     m = ds.manifest
     ranks = out["steps"][0]["ranks"]
@@ -45,7 +46,9 @@ def test_start_requests_per_node_and_in_total(dataset, capsys):
                                                 int(m.rg_length[g]), int(m.rg_shard[g]))
                                    for g in rgs))
         assert shards <= runs <= rgs.size   # a GET holds row groups of one shard
-        per_node.append(3 + shards + runs)
+        chunks = np.unique(rgs // m.details.per_chunk).size
+        assert chunks == 1 and st["index_chunks_per_node_max"] == 1
+        per_node.append(3 + shards + chunks + runs)
     assert st["requests_total"] == sum(per_node)
     assert st["requests_per_node_max"] == max(per_node)
     assert st["gets_per_s"] == pytest.approx(sum(per_node) / 2, abs=0.1)

@@ -8,6 +8,7 @@ import json
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from zephon_store import convert
@@ -17,6 +18,7 @@ from zephon_store.io.cache import ChunkCache
 from zephon_store.io.retry import RetryPolicy, is_throttle, is_transient
 from zephon_store.io.storage import Storage
 from zephon_store.io.throttle import NodeThrottle
+from zephon_store.testing.synthetic import RG_BYTES, write_synthetic
 from zephon_store.write.shardwriter import WriteOptions
 
 
@@ -220,57 +222,14 @@ def test_a_damaged_shared_manifest_is_fetched_again(dataset, tmp_path):
 def _synthetic_dataset(root, num_row_groups: int, *, per_shard: int = 1000) -> None:
     """A manifest and side tables of ``num_row_groups`` row groups of 100 rows (no shards:
     opening a dataset reads none), as the writer lays them out."""
-    import numpy as np
-    import pyarrow as pa
-
-    from zephon_store._util.hashing import xxh3_hex
-    from zephon_store.format.manifest import (
-        ROW_GROUP_TABLE_SCHEMA,
-        SHARD_TABLE_SCHEMA,
-        Manifest,
-        table_to_ipc,
-    )
-
-    shards = -(-num_row_groups // per_shard)
-    nrg = np.full(shards, per_shard, dtype=np.int64)
-    nrg[-1] = num_row_groups - per_shard * (shards - 1)
-    first = np.concatenate([[0], np.cumsum(nrg)[:-1]])
-    rg_shard = np.repeat(np.arange(shards), nrg)
-    local = np.arange(num_row_groups) - first[rg_shard]
-    rows = np.full(num_row_groups, 100, dtype=np.int64)
-    footer = 4 + nrg * 1000
-    rng = np.random.default_rng(0)
-    digests = pa.Array.from_buffers(pa.binary(16), num_row_groups,
-                                    [None, pa.py_buffer(rng.bytes(16 * num_row_groups))])
-    rg = pa.table([rg_shard, rows, np.arange(num_row_groups) * 100, 4 + local * 1000,
-                   np.full(num_row_groups, 1000), digests], schema=ROW_GROUP_TABLE_SCHEMA)
-    sh = pa.table([[f"{i:032x}" for i in range(shards)], footer + 100, nrg * 100,
-                   first * 100, first, nrg, footer,
-                   pa.array([b"\0" * 16] * shards, pa.binary(16))], schema=SHARD_TABLE_SCHEMA)
-    prov = pa.table({"input": ["a"], "input_bytes": [1], "input_row_start": [0],
-                     "num_rows": [num_row_groups * 100], "shard": [0], "row_start": [0]})
-    os.makedirs(os.path.join(root, "index"))
-    refs = {}
-    for kind, table in (("shards", sh), ("row_groups", rg), ("provenance", prov)):
-        data = table_to_ipc(table)
-        h = xxh3_hex(data)
-        refs[kind] = {"path": f"index/{h}.arrow", "xxh3": h, "bytes": len(data),
-                      "rows": table.num_rows}
-        with open(os.path.join(root, refs[kind]["path"]), "wb") as f:
-            f.write(data)
-    doc = Manifest.build_doc(
-        schema=pa.schema([("x", pa.int64())]), writer={"row_group_rows": 100}, table_refs=refs,
-        totals={"num_samples": num_row_groups * 100, "num_shards": shards,
-                "num_row_groups": num_row_groups, "total_bytes": int((footer + 100).sum())},
-        inputs={}, skipped={}, created_by={})
-    with open(os.path.join(root, MANIFEST_NAME), "w") as f:
-        json.dump(doc, f)
+    write_synthetic(str(root), num_row_groups, rows=100, per_shard=per_shard)
 
 
 def test_a_million_row_groups_start_in_the_same_requests(tmp_path):
     """10^3 and 10^6 row groups: the same 3 requests per node, each object once per node,
-    none for the node's other processes (the row-group table is shared, not re-fetched)."""
-    seen = {}
+    none for the node's other processes (the row-group index is shared, not re-fetched);
+    then each row-group chunk a rank reads (format v4) once per node too."""
+    seen, chunks = {}, {}
     for n in (1000, 1_000_000):
         root = str(tmp_path / f"ds{n}")
         _synthetic_dataset(root, n)
@@ -280,4 +239,13 @@ def test_a_million_row_groups_start_in_the_same_requests(tmp_path):
             m = load_manifest(st, node_cache=ChunkCache(node))
             assert m.num_row_groups == n
         seen[n] = [len(st.reads) for st in ranks]
+        for st in ranks:
+            m = load_manifest(st, node_cache=ChunkCache(node))
+            rgs = np.array([5, n // 2, n - 1])
+            assert m.rg_offset[rgs].tolist() == [4 + 5 * RG_BYTES, 4 + (n // 2 % 1000) * RG_BYTES,
+                                                 4 + ((n - 1) % 1000) * RG_BYTES]
+        chunks[n] = [len(st.reads) for st in ranks]
     assert seen[1000] == seen[1_000_000] == [3, 0, 0, 0, 0, 0, 0, 0]
+    # 10^3: one chunk; 10^6: the three row groups' three chunks; each fetched by one rank.
+    assert chunks[1000] == [4, 0, 0, 0, 0, 0, 0, 0]
+    assert chunks[1_000_000] == [6, 0, 0, 0, 0, 0, 0, 0]

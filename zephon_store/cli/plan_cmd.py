@@ -154,8 +154,9 @@ def start_requests(manifest, ids_per_rank, ranks_per_node: int, *, window: float
     """What a fleet's start asks storage for, from the manifest alone.
 
     Per node: the metadata GETs (3: one process fetches each object for the node), one
-    footer GET per shard its first step reads, and one ranged GET per coalesced run of the
-    row groups it reads (``coalesce_ranges``, as the prefetcher groups them); every other
+    footer GET per shard its first step reads, one GET per row-group chunk of a format-v4
+    index its row groups fall in (formats/SPEC.md 4.1), and one ranged GET per coalesced run
+    of the row groups it reads (``coalesce_ranges``, as the prefetcher groups them); every other
     request of the node's processes is served by its disk cache. In total and as a rate if
     all nodes start evenly within ``window`` seconds, against S3's 5,500 GET/s per prefix;
     ``hot_object_gets_per_s``: the rate every node's GET of ``manifest.json`` (and of each
@@ -166,21 +167,24 @@ def start_requests(manifest, ids_per_rank, ranks_per_node: int, *, window: float
     from ..io.coalesce import RowGroupSpan, coalesce_ranges
 
     nodes = -(-len(ids_per_rank) // ranks_per_node)
-    footers, ranges = [], []
+    footers, ranges, chunks = [], [], []
+    details = getattr(manifest, "details", None)
     for n in range(nodes):
         ids = np.concatenate(ids_per_rank[n * ranks_per_node:(n + 1) * ranks_per_node])
         rgs = np.unique(locate(manifest, ids).row_group)
         footers.append(int(np.unique(manifest.rg_shard[rgs]).size))
+        chunks.append(0 if details is None else int(np.unique(rgs // details.per_chunk).size))
         ranges.append(len(coalesce_ranges(
             RowGroupSpan(int(rg), int(manifest.rg_offset[rg]), int(manifest.rg_length[rg]),
                          int(manifest.rg_shard[rg])) for rg in rgs)))
-    per_node = [METADATA_GETS_PER_NODE + f + r for f, r in zip(footers, ranges)]
+    per_node = [METADATA_GETS_PER_NODE + f + r + c for f, r, c in zip(footers, ranges, chunks)]
     total = int(sum(per_node))
     rate = total / window
     return {
         "nodes": nodes, "ranks_per_node": ranks_per_node, "window_s": window,
         "metadata_per_node": METADATA_GETS_PER_NODE,
         "footers_per_node_max": max(footers), "row_group_gets_per_node_max": max(ranges),
+        "index_chunks_per_node_max": max(chunks),
         "requests_per_node_mean": round(total / nodes, 1), "requests_per_node_max": max(per_node),
         "requests_total": total, "gets_per_s": round(rate, 1),
         "hot_object_gets_per_s": round(nodes / window, 1),
@@ -198,7 +202,8 @@ def _print_start(st: dict) -> None:
     print(f"start of {st['nodes']} nodes x {st['ranks_per_node']} ranks within "
           f"{st['window_s']:g} s: {st['requests_per_node_mean']} requests per node (max "
           f"{st['requests_per_node_max']}: {st['metadata_per_node']} metadata, "
-          f"{st['footers_per_node_max']} footers, {st['row_group_gets_per_node_max']} row-group "
+          f"{st['footers_per_node_max']} footers, {st['index_chunks_per_node_max']} index "
+          f"chunks, {st['row_group_gets_per_node_max']} row-group "
           f"GETs), {st['requests_total']} in total, {st['gets_per_s']} GET/s "
           f"({'within' if st['fits_one_prefix'] else 'ABOVE'} S3's "
           f"{st['s3_prefix_gets_per_s']}/s per prefix; the shortest window that fits: "

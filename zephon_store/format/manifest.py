@@ -10,6 +10,10 @@ table's hash, the id covers every byte the manifest describes. See ``formats/SPE
 Format v2 adds ``storage``: the columns whose shard layout differs from the logical
 ``schema`` (fixed-size lists of numbers stored as fixed-size binary, :mod:`encoding`).
 Version 1 manifests have no such key and are read as they always were.
+
+Format v4 splits the row-group table: every row count in one compact table, byte ranges
+and hashes in chunks fetched on first use (:mod:`.chunks`), so a rank's start reads ~1 byte
+per row group instead of ~64.
 """
 
 from __future__ import annotations
@@ -32,13 +36,19 @@ import pyarrow.compute as pc
 from .._util.arrow import column_np
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from ..errors import ManifestError, StorageError, UnsafePathError
+from .chunks import CHUNK_TABLE_SCHEMA, INDEX_TABLE_SCHEMAS, ROW_GROUPS_PER_CHUNK, ChunkedDetails
 from .encoding import storage_encodings, storage_schema, to_logical
 
 FORMAT_NAME = "zephon"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings; v3
-# adds compression="auto" (a codec per column) and the top-level "codecs" record.
-READ_VERSIONS = (1, 2, 3)
+# adds compression="auto" (a codec per column) and the top-level "codecs" record; v4 the
+# chunked row-group index (formats/SPEC.md 4.1) and zstd-compressed side tables.
+READ_VERSIONS = (1, 2, 3, 4)
+# The first version whose row-group details are chunked.
+CHUNKED_VERSION = 4
+# How a v4 writer compresses every side table's buffers (readers take any IPC codec).
+SIDE_TABLE_COMPRESSION = "zstd"
 MANIFEST_NAME = "manifest.json"
 SHARD_DIR = "shards"
 INDEX_DIR = "index"
@@ -88,6 +98,24 @@ TABLE_SCHEMAS = {
     "row_groups": ROW_GROUP_TABLE_SCHEMA,
     "provenance": PROVENANCE_TABLE_SCHEMA,
 }
+# What table_from_ipc accepts per kind: v4's row-group index ("row_group_index", one of four
+# row-count types) and its chunks besides the kinds above.
+_PARSE_SCHEMAS = {**{k: (v,) for k, v in TABLE_SCHEMAS.items()},
+                  "row_group_index": INDEX_TABLE_SCHEMAS,
+                  "row_group_chunk": (CHUNK_TABLE_SCHEMA,)}
+
+
+def table_kind(doc: dict, kind: str) -> str:
+    """The schema kind of the side table ``doc`` names as ``kind``: a v4 manifest's
+    ``row_groups`` is the chunked row-group index.
+
+    >>> table_kind({"format_version": 4}, "row_groups"), table_kind({"format_version": 3}, "row_groups")
+    ('row_group_index', 'row_groups')
+    """
+    version = doc.get("format_version")
+    if kind == "row_groups" and type(version) is int and version >= CHUNKED_VERSION:
+        return "row_group_index"
+    return kind
 
 
 def shard_path(name: str) -> str:
@@ -155,10 +183,12 @@ def schema_from_json(obj: dict) -> pa.Schema:
                             "re-convert") from exc
 
 
-def table_to_ipc(table: pa.Table) -> bytes:
-    """Serialise a side table as an uncompressed Arrow IPC file (memory-mappable)."""
+def table_to_ipc(table: pa.Table, *, compression: str | None = None) -> bytes:
+    """Serialise a side table as an Arrow IPC file: uncompressed (memory-mappable, formats
+    v1-v3) or with ``compression="zstd"`` buffer compression (v4)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
+    opts = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_file(sink, table.schema, options=opts) as w:
         w.write_table(table, max_chunksize=max(1, table.num_rows))
     return sink.getvalue().to_pybytes()
 
@@ -172,9 +202,10 @@ def table_from_ipc(data: bytes | pa.Buffer, kind: str) -> pa.Table:
     except PARSE_ERRORS as exc:
         raise ManifestError(f"side table {kind!r} is not a readable Arrow IPC file "
                             f"({type(exc).__name__}: {exc}); re-convert the dataset") from exc
-    want = TABLE_SCHEMAS[kind]
-    if not table.schema.equals(want):
-        raise ManifestError(f"side table {kind!r} has schema {table.schema}, expected {want}")
+    wants = _PARSE_SCHEMAS[kind]
+    if not any(table.schema.equals(w) for w in wants):
+        raise ManifestError(f"side table {kind!r} has schema {table.schema}, expected "
+                            f"{' or '.join(map(str, wants))}")
     nulls = [name for name, col in zip(table.column_names, table.columns) if col.null_count]
     if nulls:
         raise ManifestError(f"side table {kind!r} has nulls in {nulls}; re-convert the dataset")
@@ -202,11 +233,18 @@ class Manifest:
     """
 
     def __init__(self, doc: dict, tables: dict[str, pa.Table], *, url: str = "<memory>",
-                 loader=None) -> None:
+                 loader=None, read_chunk: Callable[[str], bytes] | None = None,
+                 parallel: bool = False) -> None:
+        """``read_chunk(xxh3) -> bytes``: a v4 row-group chunk's verified file bytes (see
+        :class:`~zephon_store.format.chunks.ChunkedDetails`); ``parallel``: fetch several at
+        once (remote data)."""
         self.doc = doc
         self.url = url
         self._tables = dict(tables)
         self._loader = loader
+        self._read_chunk = read_chunk
+        self._parallel = parallel
+        self.details: ChunkedDetails | None = None
         try:
             self._columns(doc, tables)
         except ManifestError as exc:
@@ -217,6 +255,11 @@ class Manifest:
                                 ) from exc
 
     def _columns(self, doc: dict, tables: dict[str, pa.Table]) -> None:
+        version = doc.get("format_version")
+        if type(version) is not int or version not in READ_VERSIONS:
+            raise ManifestError(
+                f"format_version {version!r} is not supported by this zephon_store "
+                f"(reads {', '.join(map(str, READ_VERSIONS))}); upgrade zephon_store")
         self.schema = schema_from_json(doc["schema"])
         # Column -> storage encoding; empty for v1 and for datasets without encoded columns.
         storage = doc.get("storage") or {}
@@ -233,12 +276,50 @@ class Manifest:
         self.shard_num_rgs = column_np(sh.column("num_row_groups"))
         self.footer_offset = column_np(sh.column("footer_offset"))
         self._footer_xxh3 = sh.column("footer_xxh3")
+        if version >= CHUNKED_VERSION:
+            self._chunked_columns(doc, rg)
+            return
         self.rg_shard = column_np(rg.column("shard"))
         self.rg_rows = column_np(rg.column("rows"))
         self.rg_row_start = column_np(rg.column("row_start"))
         self.rg_offset = column_np(rg.column("offset"))
         self.rg_length = column_np(rg.column("length"))
         self._rg_xxh3 = rg.column("xxh3")
+
+    def _chunked_columns(self, doc: dict, index: pa.Table) -> None:
+        """v4: row counts from the index, shard and row_start derived, byte ranges and
+        hashes lazily per chunk (formats/SPEC.md 4.1)."""
+        per_chunk = doc.get("row_groups_per_chunk")
+        if type(per_chunk) is not int or not 1 <= per_chunk <= MAX_COUNT:
+            raise ManifestError(f"row_groups_per_chunk is {per_chunk!r}, not an integer in "
+                                f"[1, {MAX_COUNT}]")
+        lists = index.column("rows").combine_chunks()
+        values = lists.flatten()
+        if values.null_count:
+            raise ManifestError("the row-group index has null row counts; re-convert")
+        counts = np.asarray(values.to_numpy(zero_copy_only=False))
+        if counts.size and int(counts.max()) > MAX_COUNT:
+            raise ManifestError(f"the row-group index holds a row count past {MAX_COUNT}")
+        self.rg_rows = counts.astype(np.int64)
+        sizes = np.diff(column_np(lists.offsets))
+        n_rg, n_ch = int(self.rg_rows.size), len(sizes)
+        if n_ch != -(-n_rg // per_chunk) or (n_ch and (
+                np.any(sizes[:-1] != per_chunk) or not 1 <= int(sizes[-1]) <= per_chunk)):
+            raise ManifestError(f"the row-group index's {n_ch} chunks do not hold "
+                                f"{per_chunk} row groups each (the last 1..{per_chunk}) of the "
+                                f"{n_rg} row groups")
+        self.rg_row_start = np.zeros(n_rg, dtype=np.int64)
+        np.cumsum(self.rg_rows[:-1], out=self.rg_row_start[1:])
+        n_rgs = self.shard_num_rgs
+        if n_rgs.size and (int(n_rgs.min()) < 0 or _exact_sum(n_rgs) != n_rg):
+            raise ManifestError(f"the shard table's num_row_groups do not add up to the "
+                                f"{n_rg} row groups of the row-group index")
+        self.rg_shard = np.repeat(np.arange(len(n_rgs), dtype=np.int64), n_rgs)
+        self.details = ChunkedDetails(index, per_chunk=per_chunk, num_row_groups=n_rg,
+                                      url=self.url, read=self._read_chunk,
+                                      check=self._check_chunk, parallel=self._parallel)
+        self.rg_offset = self.details.offset
+        self.rg_length = self.details.length
 
     @property
     def tables(self) -> dict[str, pa.Table]:
@@ -314,6 +395,43 @@ class Manifest:
         info = self.doc.get("codecs")
         return info if isinstance(info, dict) else None
 
+    @functools.cached_property
+    def stored_row_group_bytes(self) -> int:
+        """The stored bytes of all row groups (the sum of ``rg_length``), without reading the
+        row-group details themselves: what means and per-sample sizes are computed from."""
+        if self.details is not None:
+            return _exact_sum(self.details.row_group_bytes)
+        return _exact_sum(np.asarray(self.rg_length))
+
+    def rg_length_hint(self, rg: int) -> int:
+        """Row group ``rg``'s stored bytes where known without a fetch (v1-v3, or a v4 chunk
+        fetched already), else the mean of its v4 chunk: for budgets, never for reads."""
+        d = self.details
+        if d is None:
+            return int(self.rg_length[rg])
+        c, i = divmod(int(rg), d.per_chunk)
+        got = d.peek(c)
+        if got is not None:
+            return int(got[1][i])
+        count = min(d.per_chunk, d.num_row_groups - c * d.per_chunk)
+        return int(d.row_group_bytes[c]) // max(1, count)
+
+    def known_rg_xxh3(self, rg: int) -> str | None:
+        """:meth:`rg_xxh3` if known without a fetch (always for v1-v3), else None."""
+        d = self.details
+        if d is None:
+            return self.rg_xxh3(rg)
+        c, i = divmod(int(rg), d.per_chunk)
+        got = d.peek(c)
+        return None if got is None else got[2][i].tobytes().hex()
+
+    def warm_row_groups(self, rgs) -> None:
+        """Start fetching what reading row groups ``rgs`` needs from the index (v4 chunks not
+        fetched yet) without waiting: called before a shard's footer is fetched, so both
+        travel in one round trip. A no-op for v1-v3 and local data."""
+        if self.details is not None:
+            self.details.warm(rgs)
+
     def shard_name(self, shard: int) -> str:
         return self._shard_names[int(shard)].as_py()
 
@@ -321,6 +439,8 @@ class Manifest:
         return self._footer_xxh3[int(shard)].as_py().hex()
 
     def rg_xxh3(self, rg: int) -> str:
+        if self.details is not None:
+            return self.details.xxh3(rg)
         return self._rg_xxh3[int(rg)].as_py().hex()
 
     def rg_local_index(self, rg: int) -> int:
@@ -348,13 +468,18 @@ class Manifest:
                 paths.add(check_table_path(path))
             except UnsafePathError as exc:
                 raise UnsafePathError(f"{self.url}: tables.{kind}: {exc}") from None
+        if self.details is not None:   # named by their 16 digest bytes: always safe
+            paths.update(self.details.paths())
         return paths
 
     def table_sizes(self) -> dict[str, int]:
         """``{root-relative path: bytes}`` of the side tables (checked as by
         :meth:`referenced_paths`)."""
         self.referenced_paths()
-        return {ref["path"]: int(ref["bytes"]) for ref in self.doc["tables"].values()}
+        sizes = {ref["path"]: int(ref["bytes"]) for ref in self.doc["tables"].values()}
+        if self.details is not None:
+            sizes.update(self.details.paths())
+        return sizes
 
     def unreferenced(self, listdir: Callable[[str], list[str]]) -> list[str]:
         """Root-relative paths under ``shards/`` and ``index/`` this manifest does not name
@@ -409,19 +534,7 @@ class Manifest:
     def check_doc(self) -> None:
         """The JSON's identity, version, storage encodings and totals."""
         doc = self.doc
-        if doc.get("format") != FORMAT_NAME:
-            raise ManifestError(f"{self.url}: not a zephon manifest (format={doc.get('format')!r})")
-        version = doc.get("format_version")
-        if type(version) is not int or version not in READ_VERSIONS:
-            raise ManifestError(
-                f"{self.url}: format_version {version!r} is not supported by this zephon_store "
-                f"(reads {', '.join(map(str, READ_VERSIONS))}); upgrade zephon_store")
-        if version == 1 and "storage" in doc:
-            raise ManifestError(f"{self.url}: a format_version 1 manifest cannot have 'storage' "
-                                "(added in version 2); the manifest is corrupted, re-convert")
-        if version >= 2 and not isinstance(doc.get("storage"), dict):
-            raise ManifestError(f"{self.url}: format_version {version} manifest lacks its "
-                                "'storage' object; the manifest is corrupted, re-convert")
+        check_version(doc, self.url)
         _ = self.storage_schema  # raises ManifestError if storage does not fit schema
         writer = doc.get("writer")
         if not isinstance(writer, dict):
@@ -472,9 +585,7 @@ class Manifest:
                                ("shard footer_offset", self.footer_offset, 4),
                                ("row-group shard", self.rg_shard, 0),
                                ("row-group rows", self.rg_rows, 1),
-                               ("row-group row_start", self.rg_row_start, 0),
-                               ("row-group offset", self.rg_offset, 4),
-                               ("row-group length", self.rg_length, 1)):
+                               ("row-group row_start", self.rg_row_start, 0)):
             if col.size and (int(col.min()) < lo or int(col.max()) > MAX_COUNT):
                 bad = int(np.flatnonzero((col < lo) | (col > MAX_COUNT))[0])
                 raise self._fail(f"{label} [{bad}] is {int(col[bad])}, outside "
@@ -501,17 +612,57 @@ class Manifest:
                 raise self._fail(f"shard {bad}: footer_offset {int(self.footer_offset[bad])} "
                                  f"does not leave a footer in its {int(self.shard_bytes[bad])} "
                                  "bytes")
-            end = self.rg_offset + self.rg_length   # each term <= 2**62: no overflow
-            if np.any(end > self.footer_offset[self.rg_shard]):
-                bad = int(np.flatnonzero(end > self.footer_offset[self.rg_shard])[0])
-                raise self._fail(f"row group {bad} (bytes {int(self.rg_offset[bad])}.."
-                                 f"{int(end[bad])}) runs past its shard's footer offset "
-                                 f"{int(self.footer_offset[self.rg_shard[bad]])}")
-            same = self.rg_shard[1:] == self.rg_shard[:-1]
-            if np.any(same & (self.rg_offset[1:] < end[:-1])):
-                bad = int(np.flatnonzero(same & (self.rg_offset[1:] < end[:-1]))[0]) + 1
-                raise self._fail(f"row group {bad} overlaps (or precedes) the one before it "
-                                 "in its shard")
+        if self.details is None:
+            self._check_ranges(0, self.rg_offset, self.rg_length)
+            return
+        # v4: the chunks' own values are checked as each is fetched (_check_chunk).
+        for label, col in (("row-group chunk bytes", self.details.chunk_bytes),
+                           ("row-group chunk row_group_bytes", self.details.row_group_bytes)):
+            if col.size and (int(col.min()) < 0 or int(col.max()) > MAX_COUNT):
+                raise self._fail(f"{label} holds a value outside [0, {MAX_COUNT}]")
+
+    def _check_ranges(self, first: int, offset: np.ndarray, length: np.ndarray) -> None:
+        """Row groups ``first, first + 1, ...`` with these byte ranges lie inside their shard
+        before its footer, and none overlaps the one before it (within these)."""
+        for label, col, lo in (("row-group offset", offset, 4), ("row-group length", length, 1)):
+            if col.size and (int(col.min()) < lo or int(col.max()) > MAX_COUNT):
+                bad = int(np.flatnonzero((col < lo) | (col > MAX_COUNT))[0])
+                raise self._fail(f"{label} [{first + bad}] is {int(col[bad])}, outside "
+                                 f"[{lo}, {MAX_COUNT}]")
+        if not offset.size:
+            return
+        shard = self.rg_shard[first:first + offset.size]
+        end = offset + length   # each term <= 2**62: no overflow
+        limit = self.footer_offset[shard]
+        if np.any(end > limit):
+            bad = int(np.flatnonzero(end > limit)[0])
+            raise self._fail(f"row group {first + bad} (bytes {int(offset[bad])}.."
+                             f"{int(end[bad])}) runs past its shard's footer offset "
+                             f"{int(limit[bad])}")
+        same = shard[1:] == shard[:-1]
+        if np.any(same & (offset[1:] < end[:-1])):
+            bad = int(np.flatnonzero(same & (offset[1:] < end[:-1]))[0]) + 1
+            raise self._fail(f"row group {first + bad} overlaps (or precedes) the one before "
+                             "it in its shard")
+
+    def _check_chunk(self, c: int, first: int, offset: np.ndarray, length: np.ndarray) -> None:
+        """v4 chunk ``c`` (row groups from ``first``), as it is fetched: its ranges
+        (:meth:`_check_ranges`) and their sum, which the row-group index records."""
+        self._check_ranges(first, offset, length)
+        total = _exact_sum(length)
+        if total != int(self.details.row_group_bytes[c]):
+            raise self._fail(f"row-group chunk {c}'s lengths add up to {total}, not the "
+                             f"{int(self.details.row_group_bytes[c])} the row-group index "
+                             "records")
+
+    def check_row_group_details(self) -> None:
+        """Every row group's byte range, as :meth:`check_layout` checks them in v1-v3; in v4
+        it fetches every chunk (each checked as it comes) and checks across chunk borders
+        too. For ``verify`` and the writer: a reader checks only the chunks it fetches."""
+        if self.details is None:
+            return
+        self.details.load_all()
+        self._check_ranges(0, np.asarray(self.rg_offset), np.asarray(self.rg_length))
 
     def check_provenance(self, table: pa.Table) -> None:
         """The provenance table points into the shard table and covers every sample once:
@@ -558,6 +709,10 @@ class Manifest:
                                + self.rg_row_start[self.shard_first_rg + self.shard_num_rgs - 1]
                                != self.shard_row_start + self.shard_rows)):
             raise self._fail("row-group row counts do not add up to their shards' rows")
+        # v4 derives row_start by a running sum: an exact sum shows one that wrapped around.
+        if n_rg and _exact_sum(self.rg_rows) != t["num_samples"]:
+            raise self._fail(f"row-group row counts do not add up to num_samples="
+                             f"{t['num_samples']}")
         size = _exact_sum(self.shard_bytes)
         if n_sh and size != t["total_bytes"]:
             raise self._fail(f"shard sizes add up to {size}, not total_bytes={t['total_bytes']}")
@@ -565,7 +720,8 @@ class Manifest:
     # -- (de)serialisation --------------------------------------------------------------
     @staticmethod
     def build_doc(*, schema: pa.Schema, writer: dict, totals: dict, table_refs: dict,
-                  inputs: dict, skipped: dict, created_by: dict, extra: dict | None = None) -> dict:
+                  inputs: dict, skipped: dict, created_by: dict, extra: dict | None = None,
+                  row_groups_per_chunk: int = ROW_GROUPS_PER_CHUNK) -> dict:
         doc = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -575,6 +731,7 @@ class Manifest:
             "writer": writer,
             "totals": totals,
             "tables": table_refs,
+            "row_groups_per_chunk": row_groups_per_chunk,
             "inputs": inputs,
             "skipped": skipped,
             "created_by": created_by,
@@ -586,6 +743,32 @@ class Manifest:
 
     def to_json(self) -> bytes:
         return json.dumps(self.doc, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def check_version(doc: dict, url: str) -> None:
+    """The manifest's format, a version this library reads, and the keys that version must
+    have and must not have; ManifestError otherwise. Checked before any side table is
+    fetched: an unknown version is refused as such, not as a table of an unexpected shape."""
+    if doc.get("format") != FORMAT_NAME:
+        raise ManifestError(f"{url}: not a zephon manifest (format={doc.get('format')!r})")
+    version = doc.get("format_version")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise ManifestError(
+            f"{url}: format_version {version!r} is not supported by this zephon_store "
+            f"(reads {', '.join(map(str, READ_VERSIONS))}); upgrade zephon_store")
+    if version == 1 and "storage" in doc:
+        raise ManifestError(f"{url}: a format_version 1 manifest cannot have 'storage' "
+                            "(added in version 2); the manifest is corrupted, re-convert")
+    if version >= 2 and not isinstance(doc.get("storage"), dict):
+        raise ManifestError(f"{url}: format_version {version} manifest lacks its "
+                            "'storage' object; the manifest is corrupted, re-convert")
+    if version < CHUNKED_VERSION and "row_groups_per_chunk" in doc:
+        raise ManifestError(f"{url}: a format_version {version} manifest cannot have "
+                            "'row_groups_per_chunk' (added in version 4); the manifest is "
+                            "corrupted, re-convert")
+    if version >= CHUNKED_VERSION and "row_groups_per_chunk" not in doc:
+        raise ManifestError(f"{url}: format_version {version} manifest lacks "
+                            "'row_groups_per_chunk'; the manifest is corrupted, re-convert")
 
 
 def require_regular_file(storage, relpath: str, *, error=StorageError) -> None:
@@ -653,23 +836,30 @@ def load_side_table(storage, doc: dict, kind: str, url: str, node_cache=None) ->
     path = check_table_path(ref.get("path"))
     if path != f"{INDEX_DIR}/{ref.get('xxh3')}.arrow":
         raise UnsafePathError(f"{url}: side table {path} is not named by its hash {ref.get('xxh3')}")
+    data = read_index_file(storage, ref["xxh3"], f"{kind} side table", url, node_cache)
+    try:
+        return table_from_ipc(data, table_kind(doc, kind))
+    except ManifestError as exc:
+        raise ManifestError(f"{storage.url(path)}: {exc}") from exc
+
+
+def read_index_file(storage, xxh3: str, what: str, url: str, node_cache=None) -> bytes:
+    """The verified bytes of ``index/<xxh3>.arrow`` (a side table or a v4 row-group chunk),
+    through ``node_cache`` for remote data: named by its content hash, the node's copy is
+    valid forever, so one process per node fetches it and the others read its copy."""
+    path = check_table_path(f"{INDEX_DIR}/{xxh3}.arrow")
     require_regular_file(storage, path, error=ManifestError)
 
     def fetch() -> bytes:
-        return storage.read_file(path, expected_xxh3=ref["xxh3"], what=f"{kind} side table")
+        return storage.read_file(path, expected_xxh3=xxh3, what=what)
 
     try:
         if node_cache is not None and not getattr(storage, "local", False):
-            data = node_cache.get_or_fetch(ref["xxh3"], fetch)
-        else:
-            data = fetch()
+            return node_cache.get_or_fetch(xxh3, fetch)
+        return fetch()
     except FileNotFoundError as exc:
-        raise ManifestError(f"{url}: its {kind} side table {path} is missing ({exc}); restore "
-                            "it or re-convert") from exc
-    try:
-        return table_from_ipc(data, kind)
-    except ManifestError as exc:
-        raise ManifestError(f"{storage.url(path)}: {exc}") from exc
+        raise ManifestError(f"{url}: its {what} {path} is missing ({exc}); restore it or "
+                            "re-convert") from exc
 
 
 def _read_manifest_doc(storage, url: str, node_cache) -> dict:
@@ -718,10 +908,14 @@ def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
     remote dataset) shares them among the node's processes: one fetches each object, the
     others wait for it and read its copy; the side tables by their hash (forever), the
     manifest for a minute (``ChunkCache.get_or_fetch_recent``; docs/storage.md, "The start").
+    A v4 manifest's row-group chunks are fetched the same way, each when one of its row
+    groups is first indexed (:class:`~zephon_store.format.chunks.ChunkedDetails`).
     """
     url = storage.url(MANIFEST_NAME)
     require_regular_file(storage, MANIFEST_NAME, error=ManifestError)
     doc = _read_manifest_doc(storage, url, node_cache)
+    if check:
+        check_version(doc, url)
     kinds = ("shards", "row_groups")
     if getattr(storage, "local", False):
         tables = {kind: load_side_table(storage, doc, kind, url) for kind in kinds}
@@ -734,7 +928,10 @@ def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
             tables = {kind: f.result() for kind, f in futures.items()}
     m = Manifest(doc, tables, url=url,
                  loader=functools.partial(load_side_table, storage, doc, url=url,
-                                          node_cache=node_cache))
+                                          node_cache=node_cache),
+                 read_chunk=functools.partial(read_index_file, storage, what="row-group chunk",
+                                              url=url, node_cache=node_cache),
+                 parallel=not getattr(storage, "local", False))
     if check:
         m.check()
     return m

@@ -26,6 +26,8 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from .._util.hashing import xxh3_hex
 from ..errors import RetriesExhaustedError
 
@@ -219,8 +221,12 @@ class RangeFetcher:
     def spans(self, rgs: Iterable[int]) -> list[RowGroupSpan]:
         """The :class:`RowGroupSpan` of each global row group in ``rgs``."""
         m = self.manifest
-        return [RowGroupSpan(int(r), int(m.rg_offset[r]), int(m.rg_length[r]),
-                             int(m.rg_shard[r])) for r in rgs]
+        # Indexed by the whole array: format v4 fetches the distinct chunks of their
+        # byte ranges at once (one round trip), not one after another.
+        rgs = np.asarray(list(rgs), dtype=np.int64)
+        return [RowGroupSpan(int(r), int(o), int(n), int(s)) for r, o, n, s in
+                zip(rgs.tolist(), np.asarray(m.rg_offset[rgs]).tolist(),
+                    np.asarray(m.rg_length[rgs]).tolist(), m.rg_shard[rgs].tolist())]
 
     def coalesce(self, rgs: Iterable[int]) -> list[ByteRange]:
         """:func:`coalesce_ranges` of the row groups ``rgs`` (soonest first) with these options."""

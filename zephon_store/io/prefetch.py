@@ -123,7 +123,7 @@ class Prefetcher:
         self._futures += self._ranges.submit(ranges, self._executor)
         m = self.manifest
         self._pending = keep
-        self._pending_bytes = sum(int(m.rg_length[rg]) for rg in keep)
+        self._pending_bytes = sum(int(m.rg_length_hint(rg)) for rg in keep)
 
     def _step_rgs(self, step: int) -> np.ndarray:
         got = self._rgs.get(step)
@@ -170,9 +170,12 @@ class Prefetcher:
             self._seen.add(rg)
             if len(self._seen) > 65536:  # forget old ones; a re-queued one only costs a cache hit
                 self._seen.clear()
-            total += int(m.rg_length[rg])
+            # A hint, exact where known: format v4 fetches a row group's byte range with its
+            # chunk, which the flush does for every pending row group at once.
+            nbytes = int(m.rg_length_hint(rg))
+            total += nbytes
             self._pending[rg] = step
-            self._pending_bytes += int(m.rg_length[rg])
+            self._pending_bytes += nbytes
         return total
 
     def _publish_plan(self, first_step: int) -> None:
@@ -183,7 +186,9 @@ class Prefetcher:
         rgs = [self._step_rgs(s) for s in range(first_step, last)]
         if rgs:
             order = dict.fromkeys(np.concatenate(rgs).tolist())   # soonest use first, once
-            self.cache.set_future(m.rg_xxh3(r) for r in order)
+            # Only hashes known without a fetch: planning must not fetch v4 chunks the
+            # prefetcher has not needed yet (a row group not fetched is not in the cache).
+            self.cache.set_future(k for k in map(m.known_rg_xxh3, order) if k is not None)
 
     def close(self) -> None:
         """Stop prefetching: queued work is dropped (readers then fetch what they need)."""

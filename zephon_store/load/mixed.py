@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from .._util.hashing import xxh3_hex
 from ..errors import MixtureError, StateMismatchError
+from ..format.columns import ConcatColumn
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
 from .denylist import MixtureIds
@@ -74,8 +75,11 @@ class _RowGroupTables:
         self.rg_rows = np.concatenate([m.rg_rows for m in ms]).astype(np.int64)
         self.rg_row_start = np.concatenate(
             [m.rg_row_start + off for m, off in zip(ms, id_offset)]).astype(np.int64)
-        self.rg_length = np.concatenate([m.rg_length for m in ms]).astype(np.int64)
-        self.rg_offset = np.concatenate([m.rg_offset for m in ms]).astype(np.int64)
+        # Byte ranges stay with their sources, read only where indexed (format v4 fetches
+        # them in chunks on first use; a concatenation would fetch every chunk).
+        self.rg_length = ConcatColumn([m.rg_length for m in ms])
+        self.rg_offset = ConcatColumn([m.rg_offset for m in ms])
+        self.stored_row_group_bytes = int(sum(m.stored_row_group_bytes for m in ms))
         # Shards numbered across sources, so two sources' shard 0 never look alike.
         shard_base = np.cumsum([0] + [m.num_shards for m in ms])
         self.rg_shard = np.concatenate(
@@ -361,7 +365,8 @@ class MixedDataset:
         """Estimated decoded size of one row group: 4x the mean stored bytes of the sources'
         row groups (the sources share no writer options to cut the estimate by)."""
         m = self.manifest
-        return 4.0 * float(np.mean(m.rg_length)) if m.num_row_groups else 0.0
+        return (4.0 * m.stored_row_group_bytes / m.num_row_groups if m.num_row_groups
+                else 0.0)
 
     def parts(self) -> list[tuple[str, object]]:
         """``[(name, dataset)]`` of every source, in the mixture's order."""
@@ -769,7 +774,7 @@ def mean_sample_size(dataset, unit: str, *, name: str = "") -> float:
     """
     m = dataset.manifest
     if unit == "bytes":
-        return float(m.rg_length.sum()) / max(1, m.num_samples)
+        return float(m.stored_row_group_bytes) / max(1, m.num_samples)
     if unit == "tokens":
         info = m.packing
         if info is None or "seq_len" not in info:

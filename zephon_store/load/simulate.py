@@ -121,17 +121,17 @@ def _node_stats(manifest, node_rg: np.ndarray, node_step: np.ndarray,
     """One node's row of :func:`simulate` from the row group and step of each of its
     positions; its bytes fetched and consumed (unrounded, for the totals); its distinct
     row groups per step."""
-    rg_len = manifest.rg_length.astype(np.float64)
-    rg_rows = manifest.rg_rows.astype(np.float64)
-    touched, first_idx = np.unique(node_rg, return_index=True)
-    fetched = float(rg_len[touched].sum())
-    consumed = float((rg_len[node_rg] / rg_rows[node_rg]).sum())
+    touched, first_idx, where = np.unique(node_rg, return_index=True, return_inverse=True)
+    # Only the touched row groups' lengths: format v4 fetches them in chunks on first use.
+    len_touched = np.asarray(manifest.rg_length[touched], dtype=np.float64)
+    fetched = float(len_touched.sum())
+    consumed = float((len_touched[where] / manifest.rg_rows[node_rg].astype(np.float64)).sum())
     # footprint: bytes of row groups between their first and last touch, peak over steps
     last_idx = len(node_rg) - 1 - np.unique(node_rg[::-1], return_index=True)[1]
     first_step, last_step = node_step[first_idx], node_step[last_idx]
     delta = np.zeros(steps + 1)
-    np.add.at(delta, first_step, rg_len[touched])
-    np.add.at(delta, last_step + 1, -rg_len[touched])
+    np.add.at(delta, first_step, len_touched)
+    np.add.at(delta, last_step + 1, -len_touched)
     footprint = float(np.cumsum(delta)[:-1].max())
     key = node_step * (manifest.num_row_groups + 1) + node_rg
     per_step = np.bincount(np.unique(key) // (manifest.num_row_groups + 1), minlength=steps)

@@ -311,7 +311,7 @@ def decoded_row_group_bytes(manifest) -> float:
     """
     if not manifest.num_row_groups:
         return 0.0
-    stored = 4.0 * float(np.mean(manifest.rg_length))
+    stored = 4.0 * manifest.stored_row_group_bytes / manifest.num_row_groups
     rg_bytes = manifest.writer.get("row_group_bytes")
     return min(1.25 * rg_bytes, stored) if rg_bytes else stored
 

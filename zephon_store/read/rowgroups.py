@@ -232,6 +232,7 @@ class RowGroups:
     def _decode_shard(self, rg: int) -> pa.Table:
         m = self.manifest
         shard = int(m.rg_shard[rg])
+        m.warm_row_groups((rg,))   # v4: its chunk travels with the footer, one round trip
         footer = self.footers.get(shard)
         local = m.rg_local_index(rg)
         mapped = self._mapped.verified(rg, shard) if self._mapped is not None else None

@@ -28,6 +28,7 @@ from .. import __version__
 from .._util import arrow as arrowutil
 from .._util.hashing import xxh3_file, xxh3_hex
 from ..errors import OutputExistsError, ShardNotFoundError, StorageError, ZephonError
+from ..format.chunks import ROW_GROUPS_PER_CHUNK, chunk_tables, index_table
 from ..format.manifest import (
     INDEX_DIR,
     MANIFEST_NAME,
@@ -35,6 +36,7 @@ from ..format.manifest import (
     ROW_GROUP_TABLE_SCHEMA,
     SHARD_DIR,
     SHARD_TABLE_SCHEMA,
+    SIDE_TABLE_COMPRESSION,
     Manifest,
     is_dataset_file_name,
     load_manifest,
@@ -172,12 +174,14 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
     sh_cols, rg_cols, row_start, rg_index = _index_columns(cuts, infos)
     root = _common_root([f.url for f in files])
     prov = _provenance(files, metas, cuts, root)
+    index, chunk_blobs = row_group_index(rg_cols)
     tables = {
         "shards": _side_table(sh_cols, SHARD_TABLE_SCHEMA),
-        "row_groups": _side_table(rg_cols, ROW_GROUP_TABLE_SCHEMA),
+        "row_groups": index,
         "provenance": prov,
     }
     refs, blobs = _encode_tables(tables)
+    blobs.update(chunk_blobs)
     doc = Manifest.build_doc(
         schema=schema, writer=options.to_dict(),
         totals={"num_samples": row_start, "num_shards": len(cuts), "num_row_groups": rg_index,
@@ -191,9 +195,12 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
                     "input_root": root,
                     "input_options": asdict(input_options) if is_dataclass(input_options) else {}},
         extra=extra,
+        row_groups_per_chunk=ROW_GROUPS_PER_CHUNK,
     )
-    m = Manifest(doc, tables, url=out.url(MANIFEST_NAME))
+    m = Manifest(doc, tables, url=out.url(MANIFEST_NAME),
+                 read_chunk=lambda h: blobs[f"{INDEX_DIR}/{h}.arrow"][0])
     m.check()
+    m.check_row_group_details()
     old = _previous(out)
     replacing = old is not None and (not isinstance(old, dict)
                                      or old.get("dataset_id") != m.dataset_id)
@@ -242,12 +249,30 @@ def _index_columns(cuts, infos) -> tuple[dict, dict, int, int]:
     return sh_cols, rg_cols, row_start, rg_index
 
 
+def row_group_index(rg_cols: dict) -> tuple[pa.Table, dict]:
+    """Format v4's row-group index over the row groups' columns and its chunk files
+    ``{index/<xxh3>.arrow: (bytes, xxh3)}`` (formats/SPEC.md 4.1)."""
+    n = len(rg_cols["rows"])
+    digests = np.frombuffer(b"".join(rg_cols["xxh3"]), np.uint8).reshape(n, 16)
+    blobs, refs = {}, []
+    for chunk in chunk_tables(np.asarray(rg_cols["offset"], np.int64),
+                              np.asarray(rg_cols["length"], np.int64), digests,
+                              ROW_GROUPS_PER_CHUNK):
+        data = table_to_ipc(chunk, compression=SIDE_TABLE_COMPRESSION)
+        h = xxh3_hex(data)
+        blobs[f"{INDEX_DIR}/{h}.arrow"] = (data, h)
+        refs.append((bytes.fromhex(h), len(data)))
+    table = index_table(np.asarray(rg_cols["rows"], np.int64),
+                        np.asarray(rg_cols["length"], np.int64), refs, ROW_GROUPS_PER_CHUNK)
+    return table, blobs
+
+
 def _encode_tables(tables: dict) -> tuple[dict, dict]:
     """Each side table as Arrow IPC bytes at ``index/<xxh3>.arrow``: the manifest's table refs
     and ``{path: (bytes, xxh3)}`` to write."""
     refs, blobs = {}, {}
     for kind, table in tables.items():
-        data = table_to_ipc(table)
+        data = table_to_ipc(table, compression=SIDE_TABLE_COMPRESSION)
         h = xxh3_hex(data)
         rel = f"{INDEX_DIR}/{h}.arrow"
         blobs[rel] = (data, h)
