@@ -205,6 +205,23 @@ def test_manifest_and_side_tables_fetched_once_per_node(dataset, tmp_path):
     assert len(alone.reads) == 3
 
 
+def test_the_manifest_s_fetcher_fetches_the_side_tables_before_the_others_go_on(dataset,
+                                                                                  tmp_path):
+    """The process that fetches the manifest has the node's side tables cached before any
+    other process stops waiting for it, so no process that read the manifest from the node's
+    copy (and has no S3 client yet) holds a side table's lock while the node waits."""
+    from zephon_store.format.manifest import _read_manifest_doc
+
+    cache = ChunkCache(tmp_path / "node")
+    first = _CountingStorage(dataset)
+    # The manifest alone, as the others wait for it: the tables are in the node's cache.
+    doc = _read_manifest_doc(first, first.url(MANIFEST_NAME), cache)
+    assert first.reads[0] == MANIFEST_NAME and len(first.reads) == 3   # manifest + 2 tables
+    other = _CountingStorage(dataset)
+    m = load_manifest(other, node_cache=ChunkCache(tmp_path / "node"))
+    assert other.reads == [] and m.dataset_id == doc["dataset_id"]
+
+
 def test_a_damaged_shared_manifest_is_fetched_again(dataset, tmp_path):
     cache = ChunkCache(tmp_path / "node")
     load_manifest(_CountingStorage(dataset), node_cache=cache)

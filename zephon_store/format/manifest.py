@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from .._util.arrow import column_np
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
-from ..errors import ManifestError, StorageError, UnsafePathError
+from ..errors import ManifestError, StorageError, UnsafePathError, ZephonError
 from .chunks import CHUNK_TABLE_SCHEMA, INDEX_TABLE_SCHEMAS, ROW_GROUPS_PER_CHUNK, ChunkedDetails
 from .encoding import storage_encodings, storage_schema, to_logical
 
@@ -862,17 +862,29 @@ def read_index_file(storage, xxh3: str, what: str, url: str, node_cache=None) ->
                             "re-convert") from exc
 
 
+#: The side tables every reader loads with the manifest (provenance is fetched on first use).
+READER_TABLES = ("shards", "row_groups")
+
+
 def _read_manifest_doc(storage, url: str, node_cache) -> dict:
     """``manifest.json`` parsed: the node's recent copy when ``node_cache`` has one whose
-    ``dataset_id`` is its content's hash, else one GET (published for the node's others)."""
+    ``dataset_id`` is its content's hash, else one GET (published for the node's others).
+
+    The process that fetches it also fetches the side tables into ``node_cache`` before
+    the others stop waiting for the manifest: its S3 client is the one already warm, and no
+    other process (one that read the manifest from the node's copy and has no client yet)
+    takes a side table's lock and makes the node wait while it builds one."""
     def fetch() -> bytes:
         try:
-            return storage.read_file(MANIFEST_NAME)
+            raw = storage.read_file(MANIFEST_NAME)
         except FileNotFoundError as exc:
             raise ManifestError(
                 f"{url} not found: not a zephon dataset, or its conversion has not finished "
                 "(the manifest is written last); run 'zephon convert' again to finish it"
             ) from exc
+        if node_cache is not None:
+            _warm_side_tables(storage, raw, url, node_cache)
+        return raw
 
     if node_cache is None or getattr(storage, "local", False):
         return parse_manifest_json(fetch(), url)
@@ -896,6 +908,27 @@ def _read_manifest_doc(storage, url: str, node_cache) -> dict:
     return parse_manifest_json(raw, url)
 
 
+def _warm_side_tables(storage, raw: bytes, url: str, node_cache) -> None:
+    """Fetch the reader's side tables of the manifest ``raw`` into ``node_cache``, side by
+    side. Best effort: a manifest or table that fails here fails again, with its own error,
+    when :func:`load_manifest` reads it (every byte is checked there as always)."""
+    try:
+        doc = parse_manifest_json(raw, url)
+        check_version(doc, url)
+        refs = [doc["tables"][kind] for kind in READER_TABLES]
+        hashes = [check_table_path(ref["path"]).removeprefix(f"{INDEX_DIR}/")
+                  .removesuffix(".arrow") for ref in refs]
+        if any(h != ref.get("xxh3") for h, ref in zip(hashes, refs)):
+            return
+        with concurrent.futures.ThreadPoolExecutor(
+                len(hashes), thread_name_prefix="zephon-index") as pool:
+            for f in [pool.submit(read_index_file, storage, h, f"{kind} side table", url,
+                                  node_cache) for h, kind in zip(hashes, READER_TABLES)]:
+                f.result()
+    except (ZephonError, OSError, KeyError, TypeError, ValueError, AttributeError):
+        return
+
+
 def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
     """Load and validate ``manifest.json`` and its side tables through ``storage``.
 
@@ -916,7 +949,7 @@ def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
     doc = _read_manifest_doc(storage, url, node_cache)
     if check:
         check_version(doc, url)
-    kinds = ("shards", "row_groups")
+    kinds = READER_TABLES
     if getattr(storage, "local", False):
         tables = {kind: load_side_table(storage, doc, kind, url) for kind in kinds}
     else:
