@@ -669,17 +669,6 @@ def open_mixture(mixture, *, columns: Sequence[str] | None = None,
                        as_mixture=True)
 
 
-def open_mixture_spec(mixture, *, columns: Sequence[str] | None = None,
-                      global_batch: int | None = None, cache=None,
-                      decoded_cache=None, defer_stage_order: bool = False) -> MixedDataset:
-    """The :class:`MixedDataset` of a mixture file path, its dict or a
-    :class:`~zephon_store.format.mixture_file.MixtureSpec` (see :func:`open_mixture`)."""
-    spec = mixture_spec(mixture)
-    return build_mixture(spec, open_sources(spec, cache=cache, decoded_cache=decoded_cache),
-                         columns=columns, global_batch=global_batch,
-                         defer_stage_order=defer_stage_order)
-
-
 def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
     """Open every source of ``spec`` with its own storage options (remote ones through
     ``cache``); a source that cannot be opened is a :class:`MixtureError` naming it."""
