@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
 
 >>> main(["info", tiny_dataset, "--json"])
-{"url": "...", "dataset_id": "xxh3:...", "format_version": 3, "num_samples": 100, ...}
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 4, "num_samples": 100, ...}
 0
 """
 
