@@ -62,3 +62,26 @@ print("ok")
 """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("ok")
+
+
+def test_opening_and_verifying_a_dataset_does_not_import_pandas(tmp_path):
+    """pyarrow's ``to_numpy()`` on a column imports pandas when it is installed: ~0.2 s of
+    CPU in every fresh process (each rank and worker at a start, each ``zephon`` call; a v4
+    manifest's row counts did it). Readers go through ``_util/arrow.py`` instead."""
+    import zephon_store as z
+
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}, "t": "{i}"}}\n' for i in range(50)))
+    z.convert([str(tmp_path / "a.jsonl")], str(tmp_path / "ds"), progress=False,
+              options=z.WriteOptions(row_group_rows=5))
+    r = _run(f"""
+import zephon_store as z
+from zephon_store.read.verify import verify
+ds = z.open_dataset({str(tmp_path / 'ds')!r})
+assert ds.manifest.format_version == 4 and ds.manifest.num_row_groups == 10
+assert ds[7]["x"] == 7 and verify({str(tmp_path / 'ds')!r}, deep=True).ok
+assert "pandas" not in sys.modules, "opening or verifying a dataset imported pandas"
+print("ok")
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
+

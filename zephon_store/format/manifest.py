@@ -297,7 +297,7 @@ class Manifest:
         values = lists.flatten()
         if values.null_count:
             raise ManifestError("the row-group index has null row counts; re-convert")
-        counts = np.asarray(values.to_numpy(zero_copy_only=False))
+        counts = column_np(values)   # not to_numpy(): that imports pandas (~0.2 s a process)
         if counts.size and int(counts.max()) > MAX_COUNT:
             raise ManifestError(f"the row-group index holds a row count past {MAX_COUNT}")
         self.rg_rows = counts.astype(np.int64)
