@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers import write_jsonl_corpus
 from zephon_store import convert
-from zephon_store._util.parent_watch import process_running
+from zephon_store._util.process import process_alive
 from zephon_store.testing.s3_proxy import CountingProxy
 from zephon_store.write.shardwriter import WriteOptions
 
@@ -89,9 +89,9 @@ def _kill_rank_and_check_workers(rank: subprocess.Popen, workers: list[int]) -> 
     rank.send_signal(signal.SIGKILL)
     rank.wait(30)
     deadline = time.monotonic() + GONE_WITHIN
-    while any(map(process_running, workers)) and time.monotonic() < deadline:
+    while any(map(process_alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = [p for p in workers if process_running(p)]
+    left = [p for p in workers if process_alive(p)]
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, (f"worker processes {left} of a SIGKILLed rank were still running "

@@ -144,3 +144,77 @@ def test_without_a_readable_proc_a_zombie_counts_as_alive(child, monkeypatch):
     assert not process_alive(child.pid)
     monkeypatch.setattr(process, "_state", lambda path: None)
     assert process_alive(child.pid)
+
+
+# -- the callers: what each does with a zombie and with a name that is no pid ----------------
+
+@pytest.fixture
+def zombie(child):
+    child.kill()
+    if os.path.isdir("/proc/self/task"):
+        _wait_for_state(child.pid, "Z")
+    return child.pid
+
+
+@linux_proc
+def test_the_output_lock_takes_over_a_zombie_holder_and_keeps_a_record_naming_no_pid(zombie,
+                                                                                   child):
+    from zephon_store.write.lock import _holder, _stale_here
+
+    me = _holder("convert")
+    here = me["host"]
+    assert _stale_here({"pid": zombie, "host": here}, me)         # a crashed convert
+    assert not _stale_here({"pid": child.pid, "host": "elsewhere"}, me)
+    assert not _stale_here({"pid": os.getpid(), "host": here}, me)
+    # Not written by a convert: its holder is unknown, so the lock is never broken.
+    for pid in ("12", None, True, 0, -1, 2**64, 1.5):
+        assert not _stale_here({"pid": pid, "host": here}, me), pid
+
+
+@linux_proc
+def test_scratch_clear_removes_the_first_layout_files_of_zombies_and_of_no_process(
+        zombie, tmp_path, monkeypatch):
+    import tempfile
+
+    from zephon_store.write.scratch import scratch_clear, scratch_info, scratch_root
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = scratch_root()
+    os.makedirs(root)
+    live = os.path.join(root, f"a.arrow.{os.getpid()}.0123abcd.tmp")
+    gone = [os.path.join(root, f"b.arrow.{pid}.0123abcd.tmp") for pid in (zombie, 0, 2**64)]
+    for path in [live, *gone]:
+        with open(path, "wb") as f:
+            f.write(b"x" * 10)
+    assert scratch_info()["scratch_files"] == 4
+    out = scratch_clear()
+    assert (out["cleared_scratch_files"], out["cleared_scratch_bytes"]) == (3, 30)
+    assert os.path.exists(live) and not any(map(os.path.exists, gone))
+
+
+@linux_proc
+def test_the_node_cache_drops_plans_of_zombies_and_of_names_without_a_pid(zombie, tmp_path):
+    import socket
+
+    from zephon_store.io.cache import ChunkCache
+
+    cache = ChunkCache(tmp_path, budget_bytes=300, low_water=1.0)
+    planned = _key(b"planned")
+    cache.set_future([planned])     # makes the plans folder; this process's own plan
+    host = socket.gethostname()
+    names = [f"{host}-{pid}-0123456789ab.plan" for pid in (zombie, 0, "x", "\u00b2")]
+    names.append(f"{host}-{os.getpid()}-ba9876543210.plan")           # a live process's
+    for name in names:
+        with open(os.path.join(cache._plans, name), "w") as f:
+            f.write(planned + "\n")
+    for i in range(4):      # over the budget: eviction reads (and prunes) the plans
+        data = bytes([i]) * 100
+        cache.put(_key(data), data)
+    assert sorted(os.listdir(cache._plans)) == sorted([names[-1],
+                                                      os.path.basename(cache._plan_file)])
+
+
+def _key(data: bytes) -> str:
+    from zephon_store._util.hashing import xxh3_hex
+
+    return xxh3_hex(data)

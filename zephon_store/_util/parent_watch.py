@@ -24,30 +24,15 @@ import os
 import threading
 import time
 
-__all__ = ["exit_with_parent", "process_running"]
+from .process import process_alive
+
+__all__ = ["exit_with_parent"]
 
 # How often a worker looks for its parent: a dead rank's workers end within about this long
 # (torch's own check runs every 5 s, and only while a worker is idle).
 POLL_SECONDS = 0.5
 
 _watching = False   # per process: a forked worker starts its own watch (threads do not fork)
-
-
-def process_running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:   # no /proc (macOS): existence only
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def exit_with_parent(*_args: object, interval: float = POLL_SECONDS) -> None:
@@ -71,7 +56,7 @@ def exit_with_parent(*_args: object, interval: float = POLL_SECONDS) -> None:
     creator = getattr(multiprocessing.parent_process(), "pid", None)
 
     def watch() -> None:
-        while os.getppid() == parent and (creator is None or process_running(creator)):
+        while os.getppid() == parent and (creator is None or process_alive(creator)):
             time.sleep(interval)
         os._exit(0)
 

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from .._util.atomic import atomic_write
 from .._util.hashing import is_hex_hash, xxh3_hex
+from .._util.process import process_alive
 from .._util.sizes import parse_size
 from ..errors import IntegrityError
 
@@ -119,16 +120,6 @@ def _try_flock(path: str) -> int | None:
         except FileNotFoundError:
             pass
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _unlink_quiet(path: str) -> None:
@@ -380,9 +371,11 @@ class ChunkCache:
             if path == self._plan_file or not name.endswith(".plan"):
                 continue
             plan_host, _, rest = name.rpartition("-")[0].rpartition("-")
-            pid = int(rest) if rest.isdigit() else -1
+            # Only this code names plans, with its own pid: one naming no live process of
+            # this host is stale (a plan is a hint; dropping one never loses data).
+            pid = int(rest) if rest.isascii() and rest.isdigit() else None
             try:
-                stale = (not _pid_alive(pid) if plan_host == host
+                stale = (not process_alive(pid) if plan_host == host
                          else now - os.stat(path).st_mtime > _STALE_PLAN_SECONDS)
                 if stale:
                     _unlink_quiet(path)

@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .._util.process import is_pid, process_alive
 from ..errors import OutputLockedError
 from ..io.storage import Storage
 
@@ -70,18 +71,6 @@ def _locked_error(out: Storage, held: dict | None) -> OutputLockedError:
     return OutputLockedError(
         f"another {what} {_describe(held)} holds {out.root_url}; wait for it, or remove "
         f"{out.url(LOCK_NAME)} if that process is gone")
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
 
 
 def _warn_takeover(out: Storage, held: dict | None) -> None:
@@ -147,7 +136,14 @@ def _read_remote(out: Storage) -> tuple[dict | None, str | None]:
 
 
 def _stale_here(held: dict, holder: dict) -> bool:
-    return held.get("host") == holder["host"] and not _pid_alive(held.get("pid"))
+    """Whether ``held`` is the lock of a process of this host that is gone (a zombie too).
+
+    A record whose pid is no process id was not written by a convert or gc (another tool, a
+    hand edit): whoever holds it may be alive, so it is never stale; the error names the
+    object to remove.
+    """
+    pid = held.get("pid")
+    return held.get("host") == holder["host"] and is_pid(pid) and not process_alive(pid)
 
 
 def _acquire_remote(out: Storage, holder: dict) -> str:

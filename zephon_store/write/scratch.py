@@ -35,6 +35,8 @@ import tempfile
 import threading
 import uuid
 
+from .._util.process import process_alive
+
 SCRATCH_DIRNAME = "zephon-scratch"
 _LOCK = ".lock"
 _TRASH = ".trash-"
@@ -127,16 +129,6 @@ def _files(folder: str) -> list[tuple[str, int]]:
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True        # someone else's process, or not a pid: never presumed dead
-    return True
-
-
 def _entries(root: str):
     try:
         with os.scandir(root) as it:
@@ -166,7 +158,7 @@ def _reclaim_stale(root: str, *, keep: str | None = None) -> tuple[int, int, int
             m = _FIRST_LAYOUT.search(e.name)
             if m is None:
                 continue        # not ours: never touched
-            if _pid_alive(int(m.group(1))):
+            if process_alive(int(m.group(1))):
                 busy += 1
                 continue
             with contextlib.suppress(OSError):
@@ -194,7 +186,7 @@ def scratch_info() -> dict:
         elif e.is_file(follow_symlinks=False) and (m := _FIRST_LAYOUT.search(e.name)):
             with contextlib.suppress(OSError):
                 found = [(e.path, e.stat(follow_symlinks=False).st_size)]
-            busy += _pid_alive(int(m.group(1)))
+            busy += process_alive(int(m.group(1)))
         else:
             continue
         files, size = files + len(found), size + sum(n for _, n in found)
