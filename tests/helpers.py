@@ -50,3 +50,29 @@ def tree_digest(directory) -> dict[str, str]:
             with open(p, "rb") as f:
                 out[os.path.relpath(p, directory)] = hashlib.md5(f.read()).hexdigest()
     return out
+
+
+def in_fork(fn) -> str:
+    """Run ``fn()`` in a forked child and return what it returned, as ``str`` (the child
+    exits at once after, without running the parent's cleanup; an exception in the child
+    returns its repr)."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                out = str(fn())
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                out = f"raised {exc!r}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import write_jsonl_corpus
+from tests.helpers import in_fork, write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.io import storage as storage_mod
 from zephon_store.io import throttle as throttle_mod
@@ -33,6 +33,12 @@ def _json_loads(monkeypatch) -> list[str]:
     return seen
 
 
+# The s3fs path (the storage option that asks for it), and options zephon's own GET client
+# serves.
+S3FS = {"s3_client": "s3fs"}
+LEAN = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+
+
 def _client(storage) -> None:
     """Build the storage's S3 client as its first request would (no request is sent)."""
     storage.fs.connect()
@@ -44,18 +50,12 @@ def test_a_worker_forked_after_prepare_reads_no_botocore_model_again(monkeypatch
     so = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
     storage_mod.prepare_s3_for_fork()
     seen = _json_loads(monkeypatch)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the worker: a fresh Storage, as a DataLoader worker's copy makes
-        try:
-            _client(storage_mod.Storage("s3://bucket/ds", storage_options=so))
-            os.write(w, str(len(seen)).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    loads = os.read(r, 64).decode()
-    os.close(r)
-    os.waitpid(pid, 0)
+
+    def worker() -> int:   # the worker: a fresh Storage, as a DataLoader worker's copy makes
+        _client(storage_mod.Storage("s3://bucket/ds", storage_options=so))
+        return len(seen)
+
+    loads = in_fork(worker)
     # The parent's botocore data is the child's: building the client parsed no JSON model
     # (without the shared loader each new session re-read ~10 files, ~0.2 s of CPU).
     assert loads == "0", loads
@@ -66,19 +66,10 @@ def test_a_fork_waits_for_the_preparation_started_in_a_thread(monkeypatch):
     pytest.importorskip("s3fs")
     monkeypatch.setattr(storage_mod, "_prepared", False)
     monkeypatch.setattr(storage_mod, "_prepare_thread", None)
-    storage_mod.Storage("s3://bucket/ds").prepare_fork(soon=True)
-    r, w = os.pipe()
-    pid = os.fork()   # at once: the thread has barely started
-    if pid == 0:
-        try:
-            os.write(w, b"1" if storage_mod._prepared else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    seen = os.read(r, 8)
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert seen == b"1"   # the child got the finished preparation, never a half-done one
+    storage_mod.Storage("s3://bucket/ds", storage_options=S3FS).prepare_fork(soon=True)
+    # Forked at once: the thread has barely started.
+    seen = in_fork(lambda: storage_mod._prepared)
+    assert seen == "True"   # the child got the finished preparation, never a half-done one
     assert storage_mod._prepared
 
 
@@ -95,11 +86,26 @@ def test_every_s3_session_of_a_process_shares_one_botocore_loader():
 
 def test_prepare_fork_is_for_s3_roots_only(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(storage_mod, "prepare_s3_for_fork", lambda: calls.append(1))
+    monkeypatch.setattr(storage_mod, "prepare_s3_for_fork", lambda: calls.append("s3fs"))
+    monkeypatch.setattr(storage_mod, "prepare_lean_for_fork", lambda so: calls.append("lean"))
     storage_mod.Storage(str(tmp_path)).prepare_fork()
     storage_mod.Storage("memory://x/ds").prepare_fork()
-    storage_mod.Storage("s3://bucket/ds").prepare_fork()
-    assert calls == [1]
+    storage_mod.Storage("s3://bucket/ds", storage_options=S3FS).prepare_fork()
+    storage_mod.Storage("s3://bucket/ds", storage_options=LEAN).prepare_fork()
+    assert calls == ["s3fs", "lean"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_worker_forked_after_prepare_inherits_the_get_client():
+    """Where zephon's own GET client serves the reads (io/s3_get.py), the rank makes it
+    once and a forked worker uses that one (no credentials resolved again), with its own
+    connections."""
+    storage_mod.Storage("s3://bucket/ds", storage_options=LEAN).prepare_fork()
+    parent = storage_mod.lean_client(LEAN)
+    assert parent is not None
+    same = in_fork(lambda: storage_mod.Storage("s3://bucket/ds", storage_options=LEAN)._lean()
+                   is parent)
+    assert same == "True"
 
 
 def test_only_forked_workers_get_the_rank_s_client_stack(tmp_path, monkeypatch):

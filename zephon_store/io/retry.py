@@ -44,7 +44,7 @@ _PERMANENT_CLASS_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsErr
 # Bytes damaged between the store and us: botocore checks a whole-object GET against the
 # x-amz-checksum-* header (FlexibleChecksumError); S3 rejects an upload whose body does not
 # match its Content-MD5 or signed SHA-256. A re-send heals it, like an xxh3 mismatch.
-_CHECKSUM_CLASS_NAMES = frozenset({"FlexibleChecksumError"})
+_CHECKSUM_CLASS_NAMES = frozenset({"FlexibleChecksumError", "ChecksumMismatch"})
 _CHECKSUM_S3_CODES = frozenset({"BadDigest", "XAmzContentSHA256Mismatch"})
 # The store asking the client to slow down: retried, and reported to the node's shared
 # back-off (io/throttle.py) so every process of the node slows down, not only this one.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import json
 import logging
 import os
 import re
@@ -37,6 +38,7 @@ from ..errors import (
     ZephonError,
     require,
 )
+from . import s3_get
 from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle
 from .throttle import NodeThrottle
 
@@ -131,7 +133,7 @@ def _s3_option_names() -> frozenset[str]:
     return frozenset(named(s3fs.S3FileSystem.__init__)
                      | named(aiobotocore.session.AioSession.__init__)
                      | {"use_listings_cache", "listings_expiry_time", "max_paths",
-                        "skip_instance_cache", RETRY_OPTION})
+                        "skip_instance_cache", RETRY_OPTION, s3_get.CLIENT_OPTION})
 
 
 def _check_s3_options(opts: dict[str, Any]) -> None:
@@ -157,7 +159,8 @@ def _check_s3_options(opts: dict[str, Any]) -> None:
 def _s3_filesystem(storage_options: dict[str, Any]):
     s3fs = require("s3fs", "s3")
     _check_s3_options(storage_options)
-    opts = {k: v for k, v in storage_options.items() if k != RETRY_OPTION}
+    opts = {k: v for k, v in storage_options.items()
+            if k not in (RETRY_OPTION, s3_get.CLIENT_OPTION)}
     config = {**S3_CONFIG_DEFAULTS, **(opts.pop("config_kwargs", None) or {})}
     from aiobotocore.config import AioConfig
 
@@ -200,6 +203,48 @@ def _s3_session(session_kwargs: dict[str, Any]):
     else:
         session.register_component("data_loader", _DATA_LOADER)
     return session
+
+
+# The read path's GET clients of this process (io/s3_get.py), by their storage options; None
+# where the options need s3fs, or a bucket's region turned out to be another (WrongRegion).
+_LEAN: dict[str, Any] = {}
+_LEAN_LOCK = threading.Lock()
+
+
+def _options_key(storage_options: dict[str, Any]) -> str:
+    return json.dumps(storage_options, sort_keys=True, default=repr)
+
+
+def lean_client(storage_options: dict[str, Any]) -> s3_get.LeanS3 | None:
+    """This process's :class:`~zephon_store.io.s3_get.LeanS3` for ``s3://`` reads with these
+    storage options, made once (credentials resolved then); None where s3fs serves them
+    (:func:`~zephon_store.io.s3_get.from_options`). Raises botocore's ``NoCredentialsError``
+    when no credentials are configured anywhere."""
+    key = _options_key(storage_options)
+    with _LEAN_LOCK:
+        if key in _LEAN:
+            return _LEAN[key]
+    client = s3_get.from_options(storage_options)
+    with _LEAN_LOCK:
+        return _LEAN.setdefault(key, client)
+
+
+def _lean_off(storage_options: dict[str, Any], exc: BaseException) -> None:
+    """Serve these options through s3fs from now on in this process (a bucket in another
+    region than the configured one: botocore follows S3's redirect)."""
+    _log.info("s3 reads go through s3fs from now on: %s", exc)
+    with _LEAN_LOCK:
+        _LEAN[_options_key(storage_options)] = None
+
+
+def prepare_lean_for_fork(storage_options: dict[str, Any]) -> None:
+    """Make the read path's GET client (imports, credentials) in this process before
+    forking DataLoader workers, so that each inherits it ready: ~0.1 s once instead of
+    per worker. Errors are left for the first request to report."""
+    try:
+        lean_client(storage_options)
+    except Exception as exc:  # noqa: BLE001 - only a head start: the request reports it
+        _log.debug("preparing the S3 GET client failed: %r", exc)
 
 
 def prepare_s3_for_fork() -> None:
@@ -298,6 +343,7 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
 
         return LocalFileSystem(), os.path.abspath(os.path.expanduser(path)).rstrip("/") or "/"
     if protocol in ("s3", "s3a"):
+        s3_get.check_client_option(opts)
         return _s3_filesystem(opts), path.strip("/")
     opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
@@ -387,17 +433,53 @@ class Storage:
 
     def prepare_fork(self, *, soon: bool = False) -> None:
         """Before forking processes that will read this storage (DataLoader workers): for
-        an ``s3://`` root, :func:`prepare_s3_for_fork` (``soon``: started in a thread,
+        an ``s3://`` root, its GET client (:func:`prepare_lean_for_fork`) where the options
+        allow one, else :func:`prepare_s3_for_fork` (``soon``: started in a thread,
         :func:`prepare_s3_for_fork_soon`); otherwise nothing."""
-        if not self.local and self.root_url.split("://", 1)[0] in ("s3", "s3a"):
+        if not self._is_s3():
+            return
+        if s3_get.lean_options(self.storage_options):
+            if not soon:   # ~0.1 s: made when the workers are about to fork
+                prepare_lean_for_fork(self.storage_options)
+        else:
             (prepare_s3_for_fork_soon if soon else prepare_s3_for_fork)()
+
+    def _is_s3(self) -> bool:
+        return (not self.local and "::" not in self.root_url
+                and self.root_url.split("://", 1)[0] in ("s3", "s3a"))
+
+    def _lean(self) -> s3_get.LeanS3 | None:
+        """The GET client for this root's reads, or None: s3fs (or another fsspec
+        filesystem) serves them."""
+        if not self._is_s3():
+            return None
+        return lean_client(self.storage_options)
+
+    def _get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """One GET of a remote object, whole or ``[start, end)``: the lean client where it
+        serves these options, else the filesystem."""
+        lean = self._lean()
+        if lean is not None:
+            bucket, _, key = path.partition("/")
+            try:
+                return lean.get(bucket, key, start, end)
+            except s3_get.WrongRegion as exc:
+                _lean_off(self.storage_options, exc)
+        if start is None:
+            return _get_whole(self.fs, path)
+        return self.fs.cat_file(path, start=start, end=end)
 
     def _path(self, relpath: str, *, allow_empty: bool = False) -> str:
         check_relpath(relpath, root=self.root_url, allow_empty=allow_empty)
-        if not self.local:
+        if not self.local and not self._root_path:
             # Local files are read with os calls, so a fresh process never imports fsspec
-            # for a local dataset (docs/benchmarks.md).
-            fs = self.fs  # noqa: F841 - resolves _root_path
+            # for a local dataset (docs/benchmarks.md); an s3:// root's path is known without
+            # s3fs, which its reads may never need (io/s3_get.py).
+            if self._is_s3() and s3_get.lean_options(self.storage_options):
+                s3_get.connection_options(self.storage_options)   # bad values: here
+                self._root_path = self.root_url.split("://", 1)[1].strip("/")
+            else:
+                fs = self.fs  # noqa: F841 - resolves _root_path
         if not relpath:
             return self._root_path
         return f"{self._root_path.rstrip('/')}/{relpath}"
@@ -555,7 +637,7 @@ class Storage:
                 return b""
             if self.local:
                 return _pread(path, start, end)
-            return self.fs.cat_file(path, start=start, end=end)
+            return self._get(path, start, end)
 
         return self._read_verified(fetch, url=url, label=what or relpath,
                                    op=f"GET bytes {start}-{end} of", expected_xxh3=expected_xxh3,
@@ -574,7 +656,7 @@ class Storage:
         def fetch() -> bytes:
             if self.local:
                 return _read_all(path)
-            return _get_whole(self.fs, path)
+            return self._get(path)
 
         return self._read_verified(fetch, url=url, label=what or relpath, op="GET",
                                    expected_xxh3=expected_xxh3, expected_len=None)

@@ -88,7 +88,7 @@ class Loader:
         columns = self.batch_options.columns
         if self.workers.num_workers:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
-            prepare_workers_soon(dataset, self.workers.multiprocessing_context)
+            prepare_workers_soon(dataset, self.workers.multiprocessing_context, storage_options)
         # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py).
         self.dataset = open_source(dataset, columns=None if columns is None else list(columns),
                                    global_batch=topology.global_batch,

@@ -144,13 +144,13 @@ class ShareReader:
             pre.close()
 
 
-def prepare_workers_soon(dataset, context=None) -> None:
+def prepare_workers_soon(dataset, context=None, storage_options=None) -> None:
     """As a loader starts, before its dataset is opened: if ``dataset`` is an S3 URL and
     the workers will be forked (``context`` as in :meth:`ShareReader.prepare_workers`),
     start readying the S3 client stack in a thread, overlapping the wait for the node's
     metadata (:func:`~zephon_store.io.storage.prepare_s3_for_fork_soon`)."""
     if isinstance(dataset, str) and "://" in dataset and _forks(context):
-        Storage(dataset).prepare_fork(soon=True)
+        Storage(dataset, storage_options=storage_options).prepare_fork(soon=True)
 
 
 def _forks(context) -> bool:
