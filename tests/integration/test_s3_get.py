@@ -175,3 +175,30 @@ def test_a_forked_child_never_uses_its_parent_s_connection():
         assert ports["/b/ds/c"] != ports["/b/ds/a"]   # the child opened its own connection
         assert st.read_file("a") == b"parent"   # the parent's connection still works
         assert idle in sum(storage_mod.lean_client(opts)._idle.values(), [])
+
+
+def test_the_region_comes_from_the_options_the_environment_or_the_config_file(
+        tmp_path, monkeypatch):
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+    for name in ("AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "absent"))
+
+    def no_session(_opts):
+        raise AssertionError("no botocore session needed: keys given, no config file")
+
+    monkeypatch.setattr(s3_get, "_session", no_session)
+    assert s3_get.from_options(opts).region == "us-east-1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
+    assert s3_get.from_options(opts).region == "ap-south-1"
+    assert s3_get.from_options({**opts, "client_kwargs": {"region_name": "eu-north-1"}}
+                               ).region == "eu-north-1"
+    monkeypatch.undo()
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    (tmp_path / "config").write_text("[default]\nregion = eu-west-3\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    assert s3_get.from_options(opts).region == "eu-west-3"
+    # An AWS endpoint with no region anywhere: s3fs, which follows S3's redirects.
+    (tmp_path / "config").write_text("[default]\n")
+    assert s3_get.from_options({"key": "k", "secret": "s"}) is None
