@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,12 @@ class Job:
         self.quorum: dict[int, tuple[int | None, int]] = {}
 
     def join(self, r: int, *, state: dict | None = None) -> None:
-        loader = self.make(participants=lambda: self.quorum[r], commits=lambda: self.counter)
+        # The callables see the job through a weak proxy: a loader holding its job strongly
+        # made a cycle, so a test's replicas (decode pools, DataLoader workers) outlived it
+        # until a garbage collection in a later test, which then waited 5 s per worker
+        # (torch's queues were finalized before its iterator asked the workers to stop).
+        job = weakref.proxy(self)
+        loader = self.make(participants=lambda: job.quorum[r], commits=lambda: job.counter)
         if self.replicas:
             loader.load_state_dict(state or next(iter(self.replicas.values()))[0].state_dict())
         self.replicas[r] = [loader, iter(loader)]
@@ -224,7 +230,8 @@ def test_a_replica_healing_asynchronously_logs_once_its_state_arrived(url, tmp_p
     log = str(tmp_path / "run.jsonl")
     job = Job(_live(url, run_log=log))
     list(job.play())                                   # 7 committed steps, one heal
-    fresh = job.make(participants=lambda: job.quorum[3], commits=lambda: job.counter)
+    ref = weakref.proxy(job)                           # no cycle: see Job.join
+    fresh = job.make(participants=lambda: ref.quorum[3], commits=lambda: ref.counter)
     job.replicas[3] = [fresh, iter(fresh)]
     sent = job.replicas[0][0].state_dict()             # the state before this step
     got = job.step([0, 1, 2], True, before_commit=lambda: fresh.load_state_dict(sent))
