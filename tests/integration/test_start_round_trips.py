@@ -13,23 +13,18 @@ every rank of a node of 4 ranks x 2 workers started together.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import re
-import time
 
 import pytest
 
 from tests.helpers import write_jsonl_corpus
+from tests.node_start import BATCH, METADATA, OPTS, node_start
 from zephon_store import OrderOptions, Topology, convert, open_dataset
 from zephon_store.testing.s3_proxy import CountingProxy, round_trips
-from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch")
 
-OPTS = WriteOptions(target_shard_bytes=40 << 10, row_group_bytes=6 << 10)
-BATCH = 4              # samples per rank per step
 # 50 ms is the issue's latency; the count does not depend on it (a request sent after another
 # was answered chains at any latency), but a longer one keeps requests a process sends together
 # from chaining when a busy host starts one of them late.
@@ -40,55 +35,6 @@ LATENCY = 0.2
 # the side tables held every byte range and it was 3; before the start work the side tables
 # came one after the other: 4 on v3, which would be 5 now.)
 MAX_ROUND_TRIPS = {"process": 4, "node": 4}
-METADATA = re.compile(r"/(manifest\.json|index/[0-9a-f]{32}\.arrow)$")
-
-
-def _rank(url: str, so: dict, cache: str, rank: int, ranks: int, workers: int, cursor: int,
-          barrier, results) -> None:
-    """One rank: import, wait for the others, take the first batch, report its clock time."""
-    try:
-        from zephon_store.order import OrderOptions
-        from zephon_store.torch import ZephonLoader
-
-        barrier.wait(120)
-        loader = ZephonLoader(url, global_batch=BATCH * ranks, world_size=ranks, rank=rank,
-                              ranks_per_node=ranks, num_workers=workers,
-                              order=OrderOptions(seed=3), storage_options=so, cache=cache,
-                              collate=None)
-        if cursor:
-            loader.load_state_dict(dict(loader.state_dict(), cursor=cursor))
-        next(iter(loader))
-        results.put((rank, time.monotonic(), None))
-        barrier.wait(120)   # keep every rank (and its workers) alive until all are done
-    except Exception as exc:   # noqa: BLE001 - reported to the test, which fails on it
-        results.put((rank, None, f"{type(exc).__name__}: {exc}"))
-        barrier.abort()
-
-
-def _start(url: str, bucket, proxy: CountingProxy, cache: str, *, ranks: int, workers: int,
-           cursor: int = 0) -> tuple[dict[int, float], list]:
-    """Start ``ranks`` fresh processes together; returns (each rank's first batch on the
-    proxy's clock, the proxy's requests)."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(ranks + 1), ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(
-        url, bucket.options_via(proxy.endpoint_url(r), read_timeout=10), cache, r, ranks,
-        workers, cursor, barrier, results)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    try:
-        barrier.wait(180)   # every rank has imported torch and zephon_store
-        proxy.reset()
-        got = [results.get(timeout=180) for _ in range(ranks)]
-        reqs = proxy.snapshot()
-        assert not [err for _, _, err in got if err], got
-        barrier.wait(60)
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    return {r: proxy.clock(t) for r, t, _ in got}, reqs
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +112,9 @@ NODE = pytest.mark.skipif(
 def test_cold_first_batch_in_few_round_trips(slow_s3, ranks, workers, resume):
     url, bucket, proxy, tmp = slow_s3
     cursor = 400 if resume else 0       # half of the corpus's 800 samples
-    firsts, reqs = _start(url, bucket, proxy, str(tmp / "cache"), ranks=ranks,
-                          workers=workers, cursor=cursor)
+    start = node_start(url, bucket, proxy, str(tmp / "cache"), ranks=ranks, workers=workers,
+                       cursor=cursor)
+    firsts, reqs = start.firsts, start.requests
     assert sorted(firsts) == list(range(ranks))
     chains = _chains(open_dataset(url, storage_options=bucket.storage_options, cache=False),
                      firsts, reqs, cursor)

@@ -1,0 +1,92 @@
+"""A simulated node start against S3 behind the counting proxy, shared by the start tests.
+
+A node is ``ranks`` fresh (spawned) processes sharing one cache folder, each a
+``ZephonLoader`` with ``workers`` DataLoader workers talking to the proxy on its own port (the
+proxy's label ``r`` is rank ``r``), all released at once after they have imported; the node is
+done when every rank has its first batch. The proxy's log is reset at that release, so what it
+holds afterwards is the node's start and nothing of the imports.
+
+>>> start = node_start(url, bucket, proxy, cache, ranks=4, workers=2)   # doctest: +SKIP
+>>> sorted(start.firsts), len(start.requests)                            # doctest: +SKIP
+([0, 1, 2, 3], 7)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import time
+from dataclasses import dataclass, field
+
+from zephon_store.testing.s3_proxy import CountingProxy
+from zephon_store.write.shardwriter import WriteOptions
+
+OPTS = WriteOptions(target_shard_bytes=40 << 10, row_group_bytes=6 << 10)
+BATCH = 4            # samples per rank per step
+METADATA = re.compile(r"/(manifest\.json|index/[0-9a-f]{32}\.arrow)$")
+
+
+@dataclass
+class NodeStart:
+    """What a node start left: per rank, when it had its first batch (on the proxy's clock)
+    and that batch's sample ids (``with_seq`` loaders only, else None); the proxy's requests
+    until the last rank had its batch; the seconds that took (printed, never asserted)."""
+
+    firsts: dict[int, float] = field(default_factory=dict)
+    ids: dict[int, list[int] | None] = field(default_factory=dict)
+    requests: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _rank(url: str, so: dict, cache: str, rank: int, ranks: int, workers: int, cursor: int,
+          loader_kwargs: dict, barrier, results) -> None:
+    """One rank of the node: import, wait for the others, then take the first batch."""
+    try:
+        from zephon_store.order import OrderOptions
+        from zephon_store.torch import ZephonLoader
+
+        barrier.wait(120)
+        loader = ZephonLoader(url, global_batch=BATCH * ranks, world_size=ranks, rank=rank,
+                              ranks_per_node=ranks, num_workers=workers,
+                              order=OrderOptions(seed=3), storage_options=so, cache=cache,
+                              collate=None, **loader_kwargs)
+        if cursor:
+            loader.load_state_dict(dict(loader.state_dict(), cursor=cursor))
+        batch = next(iter(loader))
+        ids = sorted(int(s) for s in batch["_seq"]) if loader_kwargs.get("with_seq") else None
+        results.put((rank, time.monotonic(), ids, None))
+        barrier.wait(120)   # keep every rank (and its workers) alive until all are done
+    except Exception as exc:   # noqa: BLE001 - reported to the test, which fails on it
+        results.put((rank, None, None, f"{type(exc).__name__}: {exc}"))
+        barrier.abort()
+
+
+def node_start(url: str, bucket, proxy: CountingProxy, cache: str, *, ranks: int, workers: int,
+               cursor: int = 0, **loader_kwargs) -> NodeStart:
+    """Start a node of ``ranks`` x ``workers`` on ``url`` (``bucket``: the ``s3_bucket``
+    fixture) through ``proxy`` (one label per rank), from ``cursor``; ``loader_kwargs`` go to
+    every rank's ``ZephonLoader``. Fails the test naming every rank that raised."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(ranks + 1), ctx.Queue()
+    procs = [ctx.Process(target=_rank, daemon=False, args=(
+        url, bucket.options_via(proxy.endpoint_url(r), read_timeout=10), cache, r, ranks,
+        workers, cursor, loader_kwargs, barrier, results)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(180)   # every rank has imported torch and zephon_store
+        proxy.reset()
+        t0 = time.monotonic()
+        got = [results.get(timeout=180) for _ in range(ranks)]
+        seconds = time.monotonic() - t0
+        reqs = proxy.snapshot()
+        errors = [f"rank {r}: {err}" for r, _, _, err in got if err]
+        assert not errors, errors
+        barrier.wait(60)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    return NodeStart(firsts={r: proxy.clock(t) for r, t, _, _ in got},
+                     ids={r: ids for r, _, ids, _ in got}, requests=reqs, seconds=seconds)
