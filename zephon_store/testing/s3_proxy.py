@@ -8,9 +8,9 @@ key, ``PUT``: PUT or POST, ``DELETE``), the object key, the body bytes sent back
 status, and when the request arrived and when its answer was sent (so tests can count the
 sequential round trips of a start: :func:`round_trips`). ``latency(s)`` delays every request by ``s`` before it is forwarded (a round trip
 to a remote S3); ``throttle(rate)`` answers ``503 SlowDown`` (the S3 XML error) to any
-request beyond ``rate`` per second (a token bucket holding at most ``rate`` tokens, so a
-burst of ``rate`` requests passes at once and then ``rate`` per second), as S3 does while a
-prefix is hit harder than it is partitioned for.
+request beyond ``rate`` per second (a token bucket holding at most ``rate`` tokens, or
+``burst``, so a burst of that many requests passes at once and then ``rate`` per second), as
+S3 does while a prefix is hit harder than it is partitioned for.
 
 Stdlib asyncio in a daemon thread; the clients are other processes. Requests are parsed
 (Content-Length and chunked bodies, keep-alive), so counts are per HTTP request, also on a
@@ -129,6 +129,7 @@ class CountingProxy:
         self.requests: list[Request] = []
         self._latency = 0.0
         self._rate = 0.0
+        self._burst = 0.0
         self._tokens = 0.0
         self._stamp = 0.0
         self._t0 = time.monotonic()
@@ -152,11 +153,16 @@ class CountingProxy:
         """Delay every request by ``seconds`` before forwarding it (0: none)."""
         self._latency = float(seconds)
 
-    def throttle(self, rate: float) -> None:
-        """Answer 503 SlowDown above ``rate`` requests per second (0: never)."""
+    def throttle(self, rate: float, *, burst: float | None = None) -> None:
+        """Answer 503 SlowDown above ``rate`` requests per second (0: never); ``burst``: the
+        most requests that pass at once after a quiet spell (default ``rate``; 1 spaces every
+        request ``1/rate`` apart, the harshest store of that rate)."""
+        if burst is not None and burst < 1:
+            raise ValueError(f"burst must be >= 1 request (or None: the rate), got {burst}")
         with self._lock:
             self._rate = float(rate)
-            self._tokens = float(rate)
+            self._burst = float(rate if burst is None else burst)
+            self._tokens = self._burst
             self._stamp = time.monotonic()
 
     def reset(self) -> list[Request]:
@@ -164,7 +170,7 @@ class CountingProxy:
         with self._lock:
             old, self.requests = self.requests, []
             self._t0 = time.monotonic()
-            self._tokens, self._stamp = self._rate, time.monotonic()
+            self._tokens, self._stamp = self._burst, time.monotonic()
         return old
 
     def clock(self, at: float | None = None) -> float:
@@ -218,7 +224,7 @@ class CountingProxy:
             if not self._rate:
                 return True
             now = time.monotonic()
-            self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
+            self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
             self._stamp = now
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
