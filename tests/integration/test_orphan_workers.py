@@ -12,12 +12,14 @@ parent check.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -137,15 +139,29 @@ def test_workers_blocked_on_a_full_result_pipe_end_with_their_rank(local_ds, fro
     _kill_rank_and_check_workers(rank, workers)
 
 
-@pytest.fixture()
-def remote(corpus, s3_bucket, tmp_path):
-    url = f"{s3_bucket.url}/ds"
+@pytest.fixture(scope="module")
+def remote_ds(corpus, s3_server):
+    """The corpus converted once to a bucket of this module: the tests only read it (each
+    through its own proxy, with its own node cache)."""
+    import s3fs
+
+    bucket = f"t-{uuid.uuid4().hex[:16]}"
+    fs = s3fs.S3FileSystem(**s3_server.storage_options(), skip_instance_cache=True)
+    fs.mkdir(bucket)
+    url = f"s3://{bucket}/ds"
     convert([str(corpus)], url, options=WriteOptions(target_shard_bytes=40 << 10,
                                                      row_group_bytes=6 << 10),
-            storage_options=s3_bucket.storage_options)
-    with CountingProxy(s3_bucket.server.ports["s3"]) as proxy:
-        so = s3_bucket.options_via(proxy.endpoint_url(), read_timeout=120)
-        yield url, so, str(tmp_path / "cache"), proxy
+            storage_options=s3_server.storage_options())
+    yield url
+    with contextlib.suppress(Exception):
+        fs.rm(bucket, recursive=True)
+
+
+@pytest.fixture()
+def remote(remote_ds, s3_server, tmp_path):
+    with CountingProxy(s3_server.ports["s3"]) as proxy:
+        so = s3_server.storage_options(proxy.endpoint_url(), read_timeout=120)
+        yield remote_ds, so, str(tmp_path / "cache"), proxy
 
 
 def test_workers_mid_request_end_with_their_rank(remote):
