@@ -28,6 +28,7 @@ falls back to s3fs (botocore follows S3's region redirects).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import http.client
@@ -36,6 +37,7 @@ import re
 import ssl
 import threading
 import urllib.parse
+import weakref
 import zlib
 from typing import Any
 
@@ -268,6 +270,7 @@ class LeanS3:
         self._lock = threading.Lock()
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
         self._pid = os.getpid()
+        _CLIENTS.add(self)
 
     # -- addressing -------------------------------------------------------------------------
 
@@ -414,6 +417,18 @@ class LeanS3:
         for conns in idle.values():
             for conn in conns:
                 conn.close()
+
+
+# Every client of this process, so that their idle connections are closed at exit (not left
+# to the garbage collector, which warns about each unclosed socket).
+_CLIENTS: weakref.WeakSet[LeanS3] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for client in list(_CLIENTS):
+        if client._pid == os.getpid():
+            client.close()
 
 
 def _check_checksum(resp: http.client.HTTPResponse, body: bytes, url: str) -> None:
