@@ -161,6 +161,9 @@ def from_options(storage_options: dict[str, Any]) -> LeanS3 | None:
     roles), refreshed before they expire."""
     if not lean_options(storage_options):
         return None
+    from ..errors import require
+
+    require("botocore.auth", "s3")   # the s3 extra brings it (s3fs -> aiobotocore -> botocore)
     opts = storage_options
     client = opts.get("client_kwargs") or {}
     config = opts.get("config_kwargs") or {}
