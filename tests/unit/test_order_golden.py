@@ -153,11 +153,13 @@ def test_a_changed_permutation_fails_the_vectors(monkeypatch):
 
 def test_a_changed_rank_rule_fails_the_vectors(monkeypatch):
     assign._lane_order_cached.cache_clear()
+    assign._slot_offsets.cache_clear()
     monkeypatch.setattr(assign, "_GOLDEN_STEP", 0.5)
     try:
         problems = _problems("ranks.json", only=lambda i: i["kind"] == "ranks")
     finally:
         assign._lane_order_cached.cache_clear()
+        assign._slot_offsets.cache_clear()
     assert problems and "owners[" in problems[0]
 
 

@@ -137,8 +137,18 @@ def _slots(cursor: int, global_batch: int, lanes: int, nodes: int, lo: int,
 
     The step holds ``B`` consecutive keys, so key ``k`` occurs ``f = B // P`` times, plus
     once more for the ``r = B % P`` keys from ``cursor % P`` on (cyclically); its ``j``-th
-    position is ``cursor + (k - cursor) % P + j*P``.
+    position is ``cursor + (k - cursor) % P + j*P``: ``cursor`` plus offsets that depend on
+    ``cursor % P`` only, computed once per residue (a loader asks for thousands of steps
+    ahead, and the per-call numpy work was most of a small step's cost).
     """
+    return _slot_offsets(cursor % lanes, global_batch, lanes, nodes, lo, hi) + cursor
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_offsets(residue: int, global_batch: int, lanes: int, nodes: int, lo: int,
+                  hi: int) -> np.ndarray:
+    """:func:`_slots` at ``cursor = residue`` minus ``residue`` (read-only: it is shared)."""
+    cursor = residue
     order, _ = _lane_order_cached(lanes, nodes, global_batch % lanes == 0)
     f, r = divmod(global_batch, lanes)
     first = (order - cursor) % lanes            # offset of each key's first position
@@ -151,8 +161,9 @@ def _slots(cursor: int, global_batch: int, lanes: int, nodes: int, lo: int,
     n = j_hi - j_lo
     rep = np.repeat(np.arange(b - a), n)
     j = j_lo[rep] + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-    out = cursor + first[a:b][rep] + j * lanes
+    out = first[a:b][rep] + j * lanes
     out.sort()
+    out.setflags(write=False)
     return out
 
 
