@@ -176,7 +176,25 @@ class ZephonLoader(Loader):
                         pin_memory=w.pin_memory,
                         multiprocessing_context=w.multiprocessing_context, collate_fn=_identity,
                         worker_init_fn=ZephonIterableDataset.worker_init_fn)
-        yield from dl
+        it = iter(dl)
+        # Held from outside this generator while it runs: an iterator the caller drops in a
+        # reference cycle is collected with everything in the cycle, and the collector may
+        # finalize torch's queues before the torch iterator's own cleanup asks its workers
+        # to stop, which then waits out a 5 s join per worker (a whole training step's
+        # stall at a random later collection). Held here, the torch iterator stays whole
+        # until this generator's own close (also run by the collector) stops its workers.
+        _RUNNING.add(it)
+        try:
+            yield from it
+        finally:
+            _RUNNING.discard(it)
+            stop = getattr(it, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+
+
+# The torch DataLoader iterators of running loaders (see ZephonLoader._processes).
+_RUNNING: set = set()
 
 
 def _identity(x):
