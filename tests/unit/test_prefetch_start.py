@@ -219,7 +219,7 @@ def test_a_row_group_published_before_the_claim_is_not_fetched_again(local_ds, t
     assert ds.storage.stats.requests == opened and fetcher.ranges == 0
 
 
-# -- background requests wait out the throttle episode -------------------------------------
+# -- background requests yield to the others while the node is paced ------------------------
 
 
 class _Clock:
@@ -233,25 +233,38 @@ class _Clock:
         self.now += s
 
 
-def test_background_requests_wait_out_the_episode_and_others_only_the_pause(tmp_path):
+def test_background_requests_yield_and_others_take_the_next_slot(tmp_path):
     clock = _Clock()
-    t = NodeThrottle(tmp_path, base_delay=1.0, max_delay=8.0, clock=clock, sleep=clock.sleep,
-                     rand=lambda: 0.0)
-    t.report()                           # paused for 1 s from now
-    assert t.wait() == pytest.approx(1.0)
-    assert t.wait() == 0.0               # a foreground request goes right after the pause
+    t = NodeThrottle(tmp_path, clock=clock, sleep=clock.sleep)
     with background():
-        # The episode: the pause and as long again; the pause already passed.
-        assert t.wait() == pytest.approx(1.0)
-        assert t.wait() == 0.0
+        assert t.wait() == 0.0           # not paced: a background request goes at once too
+    t.report()                           # paced from the end of the gather on
+    assert t.wait() == pytest.approx(0.25)
+    interval = t.state().next_slot - clock.now
+    assert interval > 0
+    with background():
+        # A slot is reserved ahead of now (the next foreground one's): the background
+        # request lets it pass (one interval), and takes a slot once the schedule is idle
+        # (one interval later): a foreground request would have waited one.
+        assert t.wait() == pytest.approx(2 * interval, abs=1e-5)
+    # A foreground request asking now takes the next slot, not yielding: one interval.
+    clock.now += 0.01
+    reserved = t.state().next_slot - clock.now
+    assert reserved > 0 and t.wait() == pytest.approx(reserved, abs=1e-5)
 
 
 def test_a_background_wait_is_bounded(tmp_path, monkeypatch):
+    """Past MAX_BACKGROUND_WAIT a background request takes a slot like the others (the
+    schedule simulated for many foreground readers: tests/unit/test_throttle_rate.py)."""
     clock = _Clock()
-    t = NodeThrottle(tmp_path, base_delay=2.0, max_delay=2.0, clock=clock, sleep=clock.sleep,
-                     rand=lambda: 0.0)
+    t = NodeThrottle(tmp_path, clock=clock, sleep=clock.sleep)
     monkeypatch.setattr(throttle_mod, "MAX_BACKGROUND_WAIT", 3.0)
     t.report()
+    clock.now += 0.3
+    st = t.state()
+    far = throttle_mod.RateState(st.wmax, st.t_dec, clock.now + 100.0, 0.0)
+    with open(t.path, "r+b") as f:       # a foreground queue reserved for 100 s
+        f.write(far.encode())
     with background():
-        # Past the 2 s pause, short of the episode's 4 s.
-        assert t.wait() == pytest.approx(3.0)
+        # It yields 3 s, then takes the slot after the queue.
+        assert t.wait() == pytest.approx(100.0, abs=1e-5)

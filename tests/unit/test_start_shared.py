@@ -1,5 +1,5 @@
-"""The start's node-shared pieces, without a server: the shared back-off file
-(io/throttle.py), the node's recent copy of a mutable object (ChunkCache.get_or_fetch_recent)
+"""The start's node-shared pieces, without a server: the shared request rate's file
+(io/throttle.py; its math: test_throttle_rate.py), the node's recent copy of a mutable object (ChunkCache.get_or_fetch_recent)
 and the manifest loaded once per node through them (format/manifest.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from zephon_store.format.manifest import MANIFEST_NAME, load_manifest
 from zephon_store.io.cache import ChunkCache
 from zephon_store.io.retry import RetryPolicy, is_throttle, is_transient
 from zephon_store.io.storage import Storage
-from zephon_store.io.throttle import NodeThrottle
+from zephon_store.io.throttle import NodeThrottle, RateState
 from zephon_store.testing.synthetic import RG_BYTES, write_synthetic
 from zephon_store.write.shardwriter import WriteOptions
 
@@ -36,7 +36,7 @@ class _Clock:
 
 
 def _throttle(tmp_path, clock, **kw) -> NodeThrottle:
-    return NodeThrottle(tmp_path, clock=clock, sleep=clock.sleep, rand=lambda: 0.5, **kw)
+    return NodeThrottle(tmp_path, clock=clock, sleep=clock.sleep, **kw)
 
 
 class _SlowDown(Exception):
@@ -54,33 +54,26 @@ def test_throttle_is_a_transient_error_and_only_throttles_count():
         assert not is_throttle(exc)
 
 
-def test_processes_of_a_node_share_one_pause(tmp_path):
+def test_processes_of_a_node_share_one_rate(tmp_path):
     clock = _Clock()
     a, b = _throttle(tmp_path, clock), _throttle(tmp_path, clock)   # two processes' handles
-    assert b.wait() == 0.0 and clock.slept == []
-    a.report()                                  # a is throttled: b pauses too
-    assert b.state() == (pytest.approx(1000.2), 1)
-    assert b.wait() == pytest.approx(0.2 + 0.5 * 0.2)   # to the end, plus jitter
-    a.report()                                  # again within the episode: the pause doubles
-    assert a.state()[1] == 2
-    for _ in range(10):
-        a.report()
-    assert a.pause_for(a.state()[1]) == 5.0     # capped at max_delay
-    clock.now += 100                            # long after: a new episode starts at level 1
-    a.report()
-    assert a.state() == (pytest.approx(clock.now + 0.2), 1)
-
-
-def test_a_report_never_shortens_a_pause(tmp_path):
-    clock = _Clock()
-    t = _throttle(tmp_path, clock, base_delay=1.0, max_delay=4.0)
-    for _ in range(3):
-        t.report()
-    until = t.state()[0]
-    assert until == pytest.approx(1000 + 4.0)
-    clock.now += 3.9
-    t.report()                                  # level 4 is capped: 4 s from now
-    assert t.state()[0] >= until
+    assert b.wait() == 0.0 and a.wait() == 0.0 and clock.slept == []
+    a.report()                                  # a is throttled: b is paced too
+    st = b.state()
+    assert st.t_dec == pytest.approx(1000.25) and st.wmax == pytest.approx(1.0)
+    # b waits out the gather (adding its own rate), then takes the first slot; the next
+    # request, a's, waits one interval of the node's rate.
+    assert b.wait() == pytest.approx(0.25)
+    assert b.state().wmax == pytest.approx(3.0)  # b's request sent and the one it asks for
+    assert a.wait() == pytest.approx(1 / (0.7 * 3.0), abs=1e-5)   # the file keeps µs
+    # A throttle of the request b let go before a's report changes nothing more ...
+    a.report(sent_at=999.0)
+    assert a.decreases == 1
+    # ... one of a request let go after it decreases the rate again.
+    b.report()
+    assert b.decreases == 1 and b.state().t_dec == clock.now
+    clock.now += 100                            # long after: the pacing has ended
+    assert a.rate() is None and a.wait() == 0.0
 
 
 def test_an_unusable_folder_leaves_each_process_alone(tmp_path):
@@ -88,7 +81,7 @@ def test_an_unusable_folder_leaves_each_process_alone(tmp_path):
     blocker.write_bytes(b"")
     t = NodeThrottle(blocker)                   # its folder is a file: no shared state
     t.report()
-    assert t.state() == (0.0, 0) and t.wait() == 0.0
+    assert t.state() == RateState() and t.wait() == 0.0 and t.rate() is None
 
 
 def test_storage_waits_on_and_reports_to_the_node_throttle(tmp_path, monkeypatch):
@@ -107,11 +100,12 @@ def test_storage_waits_on_and_reports_to_the_node_throttle(tmp_path, monkeypatch
 
     monkeypatch.setattr("time.sleep", lambda s: None)   # the retry's own (zero) delays
     assert st._call(flaky, url="s3://bucket/ds/x", label="x", op="GET") == b"ok"
-    assert throttle.reports == 2
-    # The second and third attempts waited for the node's pause (0.2 s, then 0.4 s, each
-    # with its jitter): the node slowed down, not only the attempt's own retry delay.
-    assert calls[1] - calls[0] == pytest.approx(0.3)
-    assert calls[2] - calls[1] == pytest.approx(0.6)
+    assert throttle.reports == 2 and throttle.decreases == 2
+    # The second attempt waited for the node's rate to be gathered (0.25 s), the third for
+    # a slot of the decreased rate (the floor, 0.5/s: 2 s): the node slowed down, not only
+    # the attempt's own retry delay.
+    assert calls[1] - calls[0] == pytest.approx(0.25)
+    assert calls[2] - calls[1] == pytest.approx(2.0)
     st2 = Storage("s3://bucket/ds", throttle=throttle,
                   retry=RetryPolicy(base_delay=0.0, max_delay=0.0, max_attempts=2))
     st2.local = False
@@ -121,7 +115,7 @@ def test_storage_waits_on_and_reports_to_the_node_throttle(tmp_path, monkeypatch
 
     with pytest.raises(RetriesExhaustedError):   # the policy bounds a throttled request
         st2._call(refused, url="s3://bucket/ds/x", label="x", op="GET")
-    assert throttle.reports == 3
+    assert throttle.reports == 3   # the last refusal raises; there is no next request
 
 
 def test_recent_copy_is_fetched_once_per_node_and_expires(tmp_path):
