@@ -82,8 +82,8 @@ def test_throttled_node_start_completes_without_amplifying(node):
     refused_per_object = Counter(r.key for r in reqs if r.status == 503)
     # The whole loader's start survives throttling: every rank's batch, the metadata once, no
     # error. (The old code: 391 of 581 requests refused, 42.6 s.) This node now makes ~13
-    # requests, too few to tell a shared back-off from processes backing off alone: even
-    # without one it is refused only 0-5 times; test_throttle_s3.py measures that.
+    # requests, too few to tell the node's shared rate from processes backing off alone: even
+    # without it the node is refused only 0-5 times; test_throttle_s3.py measures that.
     assert s["throttled_503"] <= s["requests"], s
     assert _metadata(reqs) == Counter({("GET", "manifest.json"): 1, ("GET", "index"): 3})
     # Each object's requests were refused a handful of times at most, far inside the policy

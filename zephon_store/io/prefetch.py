@@ -19,8 +19,8 @@ before that they only competed with the first step's requests, for the node's co
 connections and, on a throttled store, its request rate (the start benchmark's 8 ranks x 2
 workers, docs/benchmarks_start.md). A held range is still known to the readers: one that
 needs its row groups early runs it in its own thread, as one coalesced GET. After the first
-batch, the later steps' ranges run as :func:`~.throttle.background` requests, which wait out
-the node's throttle episodes so the requests a batch waits for go first.
+batch, the later steps' ranges run as :func:`~.throttle.background` requests, which take
+only the idle send slots while the node is paced, so the requests a batch waits for go first.
 """
 
 from __future__ import annotations

@@ -380,7 +380,7 @@ class Storage:
 
     Reads are retried per ``retry`` (a :class:`~zephon_store.io.retry.RetryPolicy`; default: the
     ``"retry"`` storage option, else ``RetryPolicy()``, a 60 s deadline) and, when an
-    ``expected_xxh3`` is given, verified. ``throttle``: the node's shared back-off
+    ``expected_xxh3`` is given, verified. ``throttle``: the node's shared request rate
     (:class:`~zephon_store.io.throttle.NodeThrottle`), waited on before every request and told
     of every throttled one (None: this process backs off alone). Picklable: a copy in another
     process opens its own filesystem client.

@@ -76,7 +76,7 @@ class Dataset:
         return self._node_cache_obj
 
     def _storage(self) -> Storage:
-        """The dataset's storage; remote, it shares the node's back-off through the cache's
+        """The dataset's storage; remote, it shares the node's request rate through the cache's
         folder (io/throttle.py) when there is a cache."""
         cache = None if is_local_url(self.url) else self._node_cache()
         throttle = NodeThrottle(cache.directory) if cache is not None else None
