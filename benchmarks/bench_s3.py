@@ -10,6 +10,9 @@ each case in a fresh subprocess, ``--runs`` times, interleaved:
 - ``zephon_seq_cold`` / ``zephon_shuffled_cold``: one epoch of ``ZephonLoader`` (batch 256,
   thread path) from S3 into an empty cache directory (``ZEPHON_CACHE_DIR``, a fresh temp dir);
 - ``zephon_seq_warm``: the same with the cache filled by a previous process;
+- ``ranged_gets`` (only when named in ``--cases``): the same 8 MiB ranged GETs through
+  ``Storage`` with zephon's own GET client and with s3fs (``{"s3_client": "s3fs"}``), each
+  warmed first: MB/s and MB per CPU second of each (``io/s3_get.py``);
 - ``zephon_fetch_cold``: the fetch path alone, no decoding: the loader's prefetcher over
   every row group in order (one per step), each read with ``ds.row_groups.fetch_bytes``
   as the decoder would, into an empty cache.
@@ -47,6 +50,10 @@ BUCKET = "bench"
 BATCH = 256
 CASES = ["raw_cat_file", "zephon_fetch_cold", "zephon_seq_cold", "zephon_seq_warm",
          "zephon_shuffled_cold"]
+# Not a pass over the dataset: the same ranged GETs through each S3 client of Storage.
+CLIENT_CASE = "ranged_gets"
+RANGE_BYTES = 8 << 20
+RANGE_READS = 10
 
 
 # ----------------------------------------------------------------------------- children
@@ -72,6 +79,29 @@ def child_raw(url: str, so: dict) -> dict:
     t0 = time.perf_counter()
     total = sum(len(fs.cat_file(f"{root}/{rel}")) for rel in rels)
     return {"seconds": time.perf_counter() - t0, "bytes": total, "objects": len(rels)}
+
+
+def child_ranged_gets(url: str, so: dict) -> dict:
+    """``RANGE_READS`` ranged GETs of the first ``RANGE_BYTES`` of the largest shard through
+    ``Storage.read_range``, with zephon's GET client and with s3fs (``s3_client``), each
+    client warmed by one read first: MB/s and MB per CPU second of each."""
+    from zephon_store.format.manifest import load_manifest
+    from zephon_store.io.storage import Storage
+
+    m = load_manifest(Storage(url, storage_options=so))
+    shard = max(range(m.num_shards), key=lambda i: int(m.shard_bytes[i]))
+    n = min(RANGE_BYTES, int(m.shard_bytes[shard]))
+    out = {}
+    for client in ("auto", "s3fs"):
+        st = Storage(url, storage_options={**so, "s3_client": client})
+        st.read_range(m.shard_path(shard), 0, 4)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(RANGE_READS):
+            st.read_range(m.shard_path(shard), 0, n)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        mb = RANGE_READS * n / 1e6
+        out[client] = {"MB_per_s": round(mb / wall, 1), "MB_per_cpu_s": round(mb / cpu, 1)}
+    return {"range_bytes": n, "reads": RANGE_READS, **out}
 
 
 def child_fetch(url: str, so: dict) -> dict:
@@ -150,6 +180,8 @@ def child_main(argv: list[str]) -> None:
 
     if a.child == "raw_cat_file":
         res = child_raw(a.url, so)
+    elif a.child == CLIENT_CASE:
+        res = child_ranged_gets(a.url, so)
     elif a.child == "zephon_fetch_cold":
         res = child_fetch(a.url, so)
     else:
@@ -185,7 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES),
-                    help="comma-separated subset of the cases (raw_cat_file always runs)")
+                    help="comma-separated subset of the cases (raw_cat_file always runs); "
+                         f"{CLIENT_CASE!r}: the same ranged GETs through zephon's GET client "
+                         "and through s3fs")
     a = ap.parse_args(argv)
     cases_run = ["raw_cat_file"] + [c for c in CASES[1:] if c in a.cases.split(",")]
     mb = corpora.QUICK_MB if a.quick else a.mb
@@ -227,6 +261,8 @@ def main(argv: list[str] | None = None) -> dict:
                     log(f"  run {r} {case}: {raw[case][-1]['seconds']:.2f} s")
             two = _spawn("zephon_shuffled_cold", url, so, os.path.join(work, "two-epochs"),
                          epochs=2)
+            clients = [_spawn(CLIENT_CASE, url, so, os.path.join(work, f"gets-{r}"))
+                       for r in range(a.runs)] if CLIENT_CASE in a.cases.split(",") else []
             server_info = {"weed": server.weed}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -256,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "stored_bytes": stored, "convert_to_s3_s": round(t_convert, 1),
                        "convert_input_MB_per_s": round(corpus["input_bytes"] / 1e6 / t_convert,
                                                        1)},
-           "cases": cases, "ratios": ratios,
+           "cases": cases, "ratios": ratios, CLIENT_CASE: clients,
            "two_epochs_shuffled": {"per_epoch": two["per_epoch"], "cache": two["cache"]},
            "targets": {
                "zephon_seq_cold >= 0.8x raw cat_file": "not measured" if ratio is None
