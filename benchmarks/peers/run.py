@@ -381,7 +381,7 @@ def summarize_all(raw: dict) -> dict:
 
 def check_env() -> None:
     try:
-        from common import import_streaming
+        from .common import import_streaming
 
         import_streaming()
         import datasets  # noqa: F401
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the page here, its plots in img/ beside it (default: "
                          "docs/benchmarks_peers.md and docs/img/)")
     a = ap.parse_args(argv)
-    import report
+    from . import report
 
     if a.report_only:
         with open(a.results) as f:
