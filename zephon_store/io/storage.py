@@ -205,6 +205,7 @@ def _s3_session(session_kwargs: dict[str, Any]):
     return session
 
 
+_UNSET = object()
 # The read path's GET clients of this process (io/s3_get.py), by their storage options; None
 # where the options need s3fs, or a bucket's region turned out to be another (WrongRegion).
 _LEAN: dict[str, Any] = {}
@@ -408,6 +409,7 @@ class Storage:
         # set by ``fs`` on first use for a remote one.
         self._root_path = self.root_url if self.local else ""
         self._pid = -1
+        self._lean_client: Any = _UNSET   # io/s3_get.py's client, looked up on first use
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -450,10 +452,11 @@ class Storage:
 
     def _lean(self) -> s3_get.LeanS3 | None:
         """The GET client for this root's reads, or None: s3fs (or another fsspec
-        filesystem) serves them."""
-        if not self._is_s3():
-            return None
-        return lean_client(self.storage_options)
+        filesystem) serves them. Looked up once per Storage (a forked copy shares it: the
+        client opens its own connections in each process)."""
+        if self._lean_client is _UNSET:
+            self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
+        return self._lean_client
 
     def _get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         """One GET of a remote object, whole or ``[start, end)``: the lean client where it
@@ -465,6 +468,7 @@ class Storage:
                 return lean.get(bucket, key, start, end)
             except s3_get.WrongRegion as exc:
                 _lean_off(self.storage_options, exc)
+                self._lean_client = None
         if start is None:
             return _get_whole(self.fs, path)
         return self.fs.cat_file(path, start=start, end=end)
