@@ -263,10 +263,12 @@ class CountingProxy:
                     await asyncio.sleep(self._latency)
                 if not self._admit():
                     payload = b"" if method == "HEAD" else SLOWDOWN
+                    # Recorded before the client can have the answer: a test that looks
+                    # right after its read returns must find the request counted.
+                    self._record(rid, label, method, target, 503, len(payload), None)
                     cwriter.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
                                   b"Content-Length: %d\r\n\r\n" % len(SLOWDOWN) + payload)
                     await cwriter.drain()
-                    self._record(rid, label, method, target, 503, len(payload), None)
                     continue
                 request = _encode(first, headers, drop=("expect",)) + body
                 for _ in range(2):   # a reused upstream connection may have closed idle
@@ -288,10 +290,10 @@ class CountingProxy:
                     raw, n, keep = b"", 0, True
                 else:
                     raw, n, keep = await _body(up[0], rmap)
+                self._record(rid, label, method, target, status, n,   # before: see the 503 above
+                             _span(rmap, n) if status in (200, 206) and method == "GET" else None)
                 cwriter.write(_encode(rfirst, rheaders) + raw)
                 await cwriter.drain()
-                self._record(rid, label, method, target, status, n,
-                             _span(rmap, n) if status in (200, 206) and method == "GET" else None)
                 if not keep:
                     up[1].transport.abort()
                     up = None
