@@ -121,7 +121,7 @@ def plot(results: dict, path: str = PLOT) -> None:
 def codec_table(codecs: dict) -> str:
     """Per corpus and column: the auto rule's sample ratio, then each codec's ratio and
     CPU MB/s (of Arrow bytes) writing and reading the column, fastest of the rounds."""
-    from zephon_store.write.shardwriter import AUTO_MIN_RATIO
+    from zephon_store.write.shardwriter import AUTO_LEVEL, AUTO_MIN_RATIO, AUTO_TEXT_LEVEL
 
     names = ("none", "lz4", "snappy", "zstd-1", "zstd-3")
     lines = ["| corpus: column (storage type) | auto's sample ratio → choice | "
@@ -130,7 +130,9 @@ def codec_table(codecs: dict) -> str:
     for kind, res in codecs.items():
         for col, c in res["columns"].items():
             mb = c["arrow_bytes"] / 1e6
-            choice = "zstd-1" if c["auto_ratio"] >= AUTO_MIN_RATIO else "none"
+            text = c["type"] in ("string", "large_string", "binary", "large_binary")
+            choice = (f"zstd-{AUTO_TEXT_LEVEL if text else AUTO_LEVEL}"
+                      if c["auto_ratio"] >= AUTO_MIN_RATIO else "none")
             cells = " | ".join(
                 f"{c['arrow_bytes'] / x['bytes']:.2f}, {mb / max(x['write_s'], 1e-9):.0f} / "
                 f"{mb / max(x['read_s'], 1e-9):.0f}" for x in (c["codecs"][n] for n in names))

@@ -52,8 +52,21 @@ def _footer_codecs(root) -> set[tuple[str, str]]:
 
 
 def test_rule_compresses_what_shrinks_and_stores_noise_plain():
-    assert choose_codecs(_table()) == {"text": "zstd-1", "noise": "none", "emb": "none",
-                                       "tokens": "zstd-1", "digest": "none", "lang": "zstd-1"}
+    """Text that compresses at zstd level 6 (format v5), every other column that compresses
+    at level 1; what does not shrink (random ids, floats, digests) uncompressed."""
+    assert choose_codecs(_table()) == {"text": "zstd-6", "noise": "none", "emb": "none",
+                                       "tokens": "zstd-1", "digest": "none", "lang": "zstd-6"}
+
+
+@pytest.mark.parametrize("type_", [pa.string(), pa.large_string(), pa.binary(),
+                                   pa.large_binary(), pa.string_view(), pa.binary_view()],
+                         ids=str)
+def test_every_variable_length_text_type_takes_the_text_level(type_):
+    words = ["alpha beta gamma delta " * 4] * 300
+    t = pa.table({"v": pa.array([w.encode() if "binary" in str(type_) else w for w in words],
+                                type_),
+                  "fixed": pa.array([b"alpha beta gamma"] * 300, pa.binary(16))})
+    assert choose_codecs(t) == {"v": "zstd-6", "fixed": "zstd-1"}
 
 
 def test_rule_threshold_is_the_ratio(monkeypatch):
@@ -70,8 +83,8 @@ def test_auto_is_the_default_and_the_manifest_records_the_choice(tmp_path):
     assert doc["format_version"] >= 3
     assert doc["writer"]["compression"] == "auto" and doc["writer"]["compression_level"] is None
     n = doc["totals"]["num_shards"]
-    assert doc["codecs"] == {"digest": {"none": n}, "emb": {"none": n}, "lang": {"zstd-1": n},
-                             "noise": {"none": n}, "text": {"zstd-1": n},
+    assert doc["codecs"] == {"digest": {"none": n}, "emb": {"none": n}, "lang": {"zstd-6": n},
+                             "noise": {"none": n}, "text": {"zstd-6": n},
                              "tokens": {"zstd-1": n}}
     assert _footer_codecs(out) == {("text", "ZSTD"), ("noise", "UNCOMPRESSED"),
                                    ("emb", "UNCOMPRESSED"), ("tokens", "ZSTD"),

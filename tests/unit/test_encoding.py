@@ -1,4 +1,5 @@
-"""Storage encodings (format v2): fixed-size lists of numbers as little-endian fixed-size binary."""
+"""Storage encodings: fixed-size lists of numbers as fixed-size binary, little-endian back to
+back (format v2) or in byte planes (v5)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from zephon_store.errors import InputError, ZephonError
 from zephon_store.format import encoding as enc_mod
 from zephon_store.format.encoding import (
     FIXED_SIZE_BINARY_LE,
+    FIXED_SIZE_BINARY_SPLIT,
     ElementNullError,
     encodable,
     storage_encodings,
@@ -44,8 +46,8 @@ def _values(rng, type_, count):
     return rng.integers(info.min, info.max, size=count, endpoint=True, dtype=dtype)
 
 
-def _roundtrip(table: pa.Table) -> pa.Table:
-    encodings = storage_encodings(table.schema)
+def _roundtrip(table: pa.Table, mode: str = "split") -> pa.Table:
+    encodings = storage_encodings(table.schema, mode)
     stored = to_storage(table, encodings)
     assert stored.schema == storage_schema(table.schema, encodings)
     back = to_logical(stored, table.schema, encodings)
@@ -59,12 +61,21 @@ def test_which_columns_are_encoded():
     schema = pa.schema([("a", pa.list_(pa.int32(), 4)), ("b", pa.list_(pa.int32())),
                         ("c", pa.list_(pa.string(), 2)), ("d", pa.list_(pa.bool_(), 2)),
                         ("e", pa.list_(pa.float64(), 1)), ("f", pa.list_(pa.int8(), 0)),
-                        ("g", pa.struct([("x", pa.list_(pa.int32(), 2))])), ("h", pa.int32())])
-    assert storage_encodings(schema) == {"a": FIXED_SIZE_BINARY_LE, "e": FIXED_SIZE_BINARY_LE}
+                        ("g", pa.struct([("x", pa.list_(pa.int32(), 2))])), ("h", pa.int32()),
+                        ("i", pa.list_(pa.uint8(), 3))])
+    # Planes of one byte are the bytes themselves: int8/uint8 lists stay back to back.
+    assert storage_encodings(schema) == {"a": FIXED_SIZE_BINARY_SPLIT,
+                                         "e": FIXED_SIZE_BINARY_SPLIT, "i": FIXED_SIZE_BINARY_LE}
+    assert storage_encodings(schema, "binary") == {"a": FIXED_SIZE_BINARY_LE,
+                                                   "e": FIXED_SIZE_BINARY_LE,
+                                                   "i": FIXED_SIZE_BINARY_LE}
     assert storage_encodings(schema, "list") == {}
     assert not encodable(pa.list_(pa.int32(), 0))
-    with pytest.raises(ValueError, match="fixed_size_lists must be one of binary, list"):
+    with pytest.raises(ValueError, match="fixed_size_lists must be one of split, binary, list"):
         storage_encodings(schema, "bytes")
+    with pytest.raises(ValueError, match="'i': encoding 'fixed_size_binary_split' needs "
+                                         "elements of 2 bytes or more"):
+        storage_schema(schema, {"i": FIXED_SIZE_BINARY_SPLIT})
 
 
 def test_storage_schema_keeps_names_nullability_and_metadata():
@@ -76,26 +87,34 @@ def test_storage_schema_keeps_names_nullability_and_metadata():
     assert got.field("s") == schema.field("s")
 
 
+@pytest.mark.parametrize("mode", ["split", "binary"])
 @pytest.mark.parametrize("type_", NUMERIC, ids=str)
-def test_roundtrip_every_numeric_type_with_null_rows(type_):
+def test_roundtrip_every_numeric_type_with_null_rows(type_, mode):
     rng = np.random.default_rng(0)
     n, rows = 5, 40
     valid = rng.random(rows) > 0.3
     t = pa.table({"x": _fsl(_values(rng, type_, rows * n), n, type_, valid),
                   "y": pa.array(range(rows))})
-    stored = _roundtrip(t)
+    stored = _roundtrip(t, mode)
     col = stored.column("x")
     assert col.null_count == int((~valid).sum())
-    # The exact layout: each value is the row's elements, little-endian, back to back.
-    k = int(np.flatnonzero(valid)[0])
-    want = np.asarray(t.column("x")[k].values).astype(np.dtype(type_.to_pandas_dtype()).newbyteorder("<"))
-    assert col[k].as_py() == want.tobytes()
+    # The exact layout: each value is the row's elements, little-endian, back to back
+    # ("binary"), or those bytes as planes: byte 0 of every element, then byte 1, ...
+    for k in np.flatnonzero(valid)[:3]:
+        want = np.asarray(t.column("x")[int(k)].values).astype(
+            np.dtype(type_.to_pandas_dtype()).newbyteorder("<"))
+        le = want.tobytes()
+        if mode == "split":
+            le = np.frombuffer(le, np.uint8).reshape(n, want.itemsize).T.tobytes()
+        assert col[int(k)].as_py() == le
 
 
 @settings(max_examples=60, deadline=None)
-@given(type_=st.sampled_from([pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.uint16()]),
-       n=st.integers(1, 40), rows=st.integers(0, 60), data=st.data())
-def test_roundtrip_arbitrary_sizes_slices_and_chunks(type_, n, rows, data):
+@given(type_=st.sampled_from([pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.uint16(),
+                               pa.int8()]),
+       n=st.integers(1, 40), rows=st.integers(0, 60), mode=st.sampled_from(["split", "binary"]),
+       data=st.data())
+def test_roundtrip_arbitrary_sizes_slices_and_chunks(type_, n, rows, mode, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     child_pad = data.draw(st.integers(0, 3))
     valid = rng.random(rows) > data.draw(st.sampled_from([0.0, 0.5]))
@@ -107,8 +126,13 @@ def test_roundtrip_arbitrary_sizes_slices_and_chunks(type_, n, rows, data):
     cut = data.draw(st.integers(lo, hi))
     col = pa.chunked_array([arr.slice(lo, cut - lo), arr.slice(cut, hi - cut)], type=arr.type)
     table = pa.table({"x": col})
-    _roundtrip(table)
-    _roundtrip(table.slice(data.draw(st.integers(0, hi - lo))))
+    _roundtrip(table, mode)
+    part = table.slice(data.draw(st.integers(0, hi - lo)))
+    stored = _roundtrip(part, mode)
+    # A stored column sliced again (rows of a decoded row group) turns back too.
+    a = data.draw(st.integers(0, stored.num_rows))
+    back = to_logical(stored.slice(a), table.schema, storage_encodings(table.schema, mode))
+    assert back.equals(part.slice(a))
 
 
 def test_to_storage_and_back_are_zero_copy():
@@ -162,13 +186,14 @@ def test_big_endian_host_is_refused(monkeypatch):
 
 # -- shard writer --------------------------------------------------------------------------------
 def test_write_options_field():
-    assert WriteOptions().fixed_size_lists == "binary"
-    assert WriteOptions().to_dict()["fixed_size_lists"] == "binary"
-    with pytest.raises(ValueError, match="fixed_size_lists must be one of binary, list; got 'x'"):
+    assert WriteOptions().fixed_size_lists == "split"
+    assert WriteOptions().to_dict()["fixed_size_lists"] == "split"
+    with pytest.raises(ValueError, match="fixed_size_lists must be one of split, binary, list; "
+                                         "got 'x'"):
         WriteOptions(fixed_size_lists="x")
 
 
-@pytest.mark.parametrize("mode", ["binary", "list"])
+@pytest.mark.parametrize("mode", ["split", "binary", "list"])
 def test_write_shard_layout(tmp_path, mode):
     t = pa.table({"tok": pa.array([[i, i + 1, i + 2] for i in range(50)], pa.list_(pa.int32(), 3)),
                   "s": pa.array([f"v{i % 3}" for i in range(50)])})
@@ -178,8 +203,12 @@ def test_write_shard_layout(tmp_path, mode):
     assert info.rows == 50 and [r.rows for r in info.row_groups] == [20, 30]
     cols = {pf.metadata.row_group(0).column(i).path_in_schema: pf.metadata.row_group(0).column(i)
             for i in range(pf.metadata.num_columns)}
-    if mode == "binary":
+    if mode != "list":
         assert pf.schema_arrow.field("tok").type == pa.binary(12)
+        first = pf.read_row_group(0).column("tok")[1].as_py()   # row 1: [1, 2, 3]
+        want = np.array([1, 2, 3], "<i4").tobytes()
+        assert first == (want if mode == "binary"
+                         else np.frombuffer(want, np.uint8).reshape(3, 4).T.tobytes())
         assert not cols["tok"].has_dictionary_page   # whole windows: no dictionary
         assert cols["s"].has_dictionary_page         # other columns keep use_dictionary
     else:
@@ -191,7 +220,7 @@ def _convert(tmp_path, table, **opts):
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     pq.write_table(table, src / "in.parquet")
-    out = tmp_path / f"ds-{opts.get('fixed_size_lists', 'binary')}"
+    out = tmp_path / f"ds-{opts.get('fixed_size_lists', 'split')}"
     convert([str(src / "in.parquet")], str(out),
             options=WriteOptions(target_shard_bytes=2000, row_group_rows=16, **opts))
     return out
@@ -208,19 +237,25 @@ def _token_table(rows=100):
 
 def test_dataset_round_trip_and_cuts_match_the_list_layout(tmp_path):
     t = _token_table()
-    binary = _convert(tmp_path, t)
+    split = _convert(tmp_path, t)
+    binary = _convert(tmp_path, t, fixed_size_lists="binary")
     listed = _convert(tmp_path, t, fixed_size_lists="list")
-    b, lst = open_dataset(str(binary)), open_dataset(str(listed))
+    s, b, lst = open_dataset(str(split)), open_dataset(str(binary)), open_dataset(str(listed))
+    assert s.manifest.storage == {"tokens": FIXED_SIZE_BINARY_SPLIT,
+                                  "emb": FIXED_SIZE_BINARY_SPLIT}
     assert b.manifest.storage == {"tokens": FIXED_SIZE_BINARY_LE, "emb": FIXED_SIZE_BINARY_LE}
     assert lst.manifest.storage == {}
-    assert b.schema == lst.schema == t.schema
-    assert b.take(range(100)).equals(t) and lst.take(range(100)).equals(t)
-    # Cuts are made on logical sizes, so both layouts cut the same rows.
-    assert list(b.manifest.rg_rows) == list(lst.manifest.rg_rows)
-    assert list(b.manifest.shard_rows) == list(lst.manifest.shard_rows)
-    doc = json.loads((binary / "manifest.json").read_text())
-    assert doc["format_version"] >= 2 and doc["writer"]["fixed_size_lists"] == "binary"
-    assert verify(str(binary), deep=True).ok and verify(str(listed), deep=True).ok
+    assert s.schema == b.schema == lst.schema == t.schema
+    for path, ds in ((split, s), (binary, b), (listed, lst)):
+        assert ds.take(range(100)).equals(t)
+        assert ds.take([97, 3, 50, 3]).equals(t.take([97, 3, 50, 3]))
+        # Cuts are made on logical sizes, so every layout cuts the same rows.
+        assert list(ds.manifest.rg_rows) == list(lst.manifest.rg_rows)
+        assert list(ds.manifest.shard_rows) == list(lst.manifest.shard_rows)
+        assert verify(str(path), deep=True).ok
+    for path, mode in ((split, "split"), (binary, "binary")):
+        doc = json.loads((path / "manifest.json").read_text())
+        assert doc["format_version"] == 5 and doc["writer"]["fixed_size_lists"] == mode
 
 
 def test_element_null_names_the_input_and_record(tmp_path):
@@ -261,8 +296,16 @@ def test_manifest_rejects_inconsistent_storage(tmp_path):
     _reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
     with pytest.raises(ManifestError, match="lacks its 'storage'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: doc.update(format_version=5, storage={}))
-    with pytest.raises(ManifestError, match="format_version 5 is not supported.*reads 1, 2, 3, 4"):
+    _reseal(ds, lambda doc: doc.update(format_version=6, storage={}))
+    with pytest.raises(ManifestError, match="format_version 6 is not supported.*reads 1, 2, 3, 4, 5"):
+        open_dataset(str(ds))
+
+
+def test_split_storage_is_refused_before_version_5(tmp_path):
+    ds = _convert(tmp_path, _token_table())
+    _reseal(ds, lambda doc: doc.update(format_version=4))
+    with pytest.raises(ManifestError, match="format_version 4 manifest cannot name the storage "
+                                            "encoding 'fixed_size_binary_split'"):
         open_dataset(str(ds))
 
 
@@ -271,11 +314,12 @@ def test_cli_convert_fixed_size_lists_flag(tmp_path, capsys):
 
     src = tmp_path / "in.parquet"
     pq.write_table(_token_table(20), src)
-    for mode in ("binary", "list"):
+    for mode in ("split", "binary", "list"):
         out = tmp_path / mode
         assert main(["convert", str(src), "-o", str(out), "--fixed-size-lists", mode,
                      "--json"]) == 0
         doc = json.loads((out / "manifest.json").read_text())
         assert doc["writer"]["fixed_size_lists"] == mode
-        assert bool(doc["storage"]) == (mode == "binary")
+        want = {"split": FIXED_SIZE_BINARY_SPLIT, "binary": FIXED_SIZE_BINARY_LE}.get(mode)
+        assert set(doc["storage"].values()) == ({want} if want else set())
         assert open_dataset(str(out)).take(range(20)).equals(_token_table(20))

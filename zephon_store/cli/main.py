@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
 
 >>> main(["info", tiny_dataset, "--json"])
-{"url": "...", "dataset_id": "xxh3:...", "format_version": 4, "num_samples": 100, ...}
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 5, "num_samples": 100, ...}
 0
 """
 
@@ -96,9 +96,11 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--dictionary", choices=["auto", "on", "off"], default="auto",
                    help="dictionary encoding: auto (default: not for top-level text whose "
                         "values are mostly distinct, e.g. documents), on or off for every column")
-    c.add_argument("--fixed-size-lists", choices=["binary", "list"], default="binary",
-                   help="store fixed-size lists of numbers as fixed-size binary (fast to decode, "
-                        "default) or as Parquet lists (can hold null elements)")
+    c.add_argument("--fixed-size-lists", choices=["split", "binary", "list"], default="split",
+                   help="store fixed-size lists of numbers as fixed-size binary, each value's "
+                        "bytes in byte planes (default: smaller and faster with zstd), or back "
+                        "to back (binary: the format v2-v4 layout, decoded without a copy), or "
+                        "as Parquet lists (can hold null elements)")
     c.add_argument("--workers", type=positive_int, default=None,
                    help="conversion processes (local engine, default 1) or Ray tasks at once "
                         "(default: the Ray cluster's CPUs)")

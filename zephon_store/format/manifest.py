@@ -37,14 +37,18 @@ from .._util.arrow import column_np
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from ..errors import ManifestError, StorageError, UnsafePathError, ZephonError
 from .chunks import CHUNK_TABLE_SCHEMA, INDEX_TABLE_SCHEMAS, ROW_GROUPS_PER_CHUNK, ChunkedDetails
-from .encoding import storage_encodings, storage_schema, to_logical
+from .encoding import FIXED_SIZE_BINARY_SPLIT, storage_encodings, storage_schema, to_logical
 
 FORMAT_NAME = "zephon"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings; v3
 # adds compression="auto" (a codec per column) and the top-level "codecs" record; v4 the
-# chunked row-group index (formats/SPEC.md 4.1) and zstd-compressed side tables.
-READ_VERSIONS = (1, 2, 3, 4)
+# chunked row-group index (formats/SPEC.md 4.1) and zstd-compressed side tables; v5 the
+# byte-plane storage encoding (fixed_size_binary_split, the default) and zstd level 6 for
+# text under "auto" (formats/SPEC.md 3.1, 3.2).
+READ_VERSIONS = (1, 2, 3, 4, 5)
+# The first version whose storage may be fixed_size_binary_split.
+SPLIT_VERSION = 5
 # The first version whose row-group details are chunked.
 CHUNKED_VERSION = 4
 # How a v4 writer compresses every side table's buffers (readers take any IPC codec).
@@ -727,6 +731,7 @@ class Manifest:
             "format_version": FORMAT_VERSION,
             "schema": schema_to_json(schema),
             # The shard writer derives the same encodings from the same schema and options.
+            # (A writer record without the key predates "split": it meant "binary".)
             "storage": storage_encodings(schema, writer.get("fixed_size_lists", "binary")),
             "writer": writer,
             "totals": totals,
@@ -762,6 +767,11 @@ def check_version(doc: dict, url: str) -> None:
     if version >= 2 and not isinstance(doc.get("storage"), dict):
         raise ManifestError(f"{url}: format_version {version} manifest lacks its "
                             "'storage' object; the manifest is corrupted, re-convert")
+    if (version < SPLIT_VERSION and isinstance(doc.get("storage"), dict)
+            and FIXED_SIZE_BINARY_SPLIT in doc["storage"].values()):
+        raise ManifestError(f"{url}: a format_version {version} manifest cannot name the "
+                            f"storage encoding {FIXED_SIZE_BINARY_SPLIT!r} (added in version "
+                            f"{SPLIT_VERSION}); the manifest is corrupted, re-convert")
     if version < CHUNKED_VERSION and "row_groups_per_chunk" in doc:
         raise ManifestError(f"{url}: a format_version {version} manifest cannot have "
                             "'row_groups_per_chunk' (added in version 4); the manifest is "
