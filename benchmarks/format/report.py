@@ -123,7 +123,7 @@ def codec_table(codecs: dict) -> str:
     CPU MB/s (of Arrow bytes) writing and reading the column, fastest of the rounds."""
     from zephon_store.write.shardwriter import AUTO_LEVEL, AUTO_MIN_RATIO, AUTO_TEXT_LEVEL
 
-    names = ("none", "lz4", "snappy", "zstd-1", "zstd-3")
+    names = ("none", "lz4", "snappy", "zstd-1", "zstd-3", "zstd-6")
     lines = ["| corpus: column (storage type) | auto's sample ratio → choice | "
              + " | ".join(f"{n}: ratio, write / read MB/s" for n in names) + " |",
              "|---|---|" + "---|" * len(names)]

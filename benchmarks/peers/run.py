@@ -205,7 +205,8 @@ def drop_stale(fmt: dict, systems: list[str]) -> None:
         with open(path) as f:
             doc = json.load(f)
         version = doc.get("format_version")
-        want = WriteOptions(compression="none" if system == "zephonraw" else "zstd").to_dict()
+        want = (WriteOptions(compression="none") if system == "zephonraw"
+                else WriteOptions()).to_dict()
         if version != FORMAT_VERSION:
             log(f"  {system}: its copy is format v{version}, not v{FORMAT_VERSION}: removed")
             shutil.rmtree(fmt[system])
