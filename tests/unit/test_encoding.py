@@ -70,6 +70,9 @@ def test_which_columns_are_encoded():
                                                    "e": FIXED_SIZE_BINARY_LE,
                                                    "i": FIXED_SIZE_BINARY_LE}
     assert storage_encodings(schema, "list") == {}
+    # No codec, no planes: uncompressed datasets keep windows back to back (zero-copy).
+    assert storage_encodings(schema, "split", "none") == storage_encodings(schema, "binary")
+    assert storage_encodings(schema, "split", "auto") == storage_encodings(schema)
     assert not encodable(pa.list_(pa.int32(), 0))
     with pytest.raises(ValueError, match="fixed_size_lists must be one of split, binary, list"):
         storage_encodings(schema, "bytes")
@@ -256,6 +259,18 @@ def test_dataset_round_trip_and_cuts_match_the_list_layout(tmp_path):
     for path, mode in ((split, "split"), (binary, "binary")):
         doc = json.loads((path / "manifest.json").read_text())
         assert doc["format_version"] == 5 and doc["writer"]["fixed_size_lists"] == mode
+    # The default layout without a codec: back to back, in the manifest and in the shards.
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw-binary").mkdir()
+    raw = _convert(tmp_path / "raw", t, compression="none")
+    raw_binary = _convert(tmp_path / "raw-binary", t, compression="none",
+                          fixed_size_lists="binary")
+    r, rb = open_dataset(str(raw)).manifest, open_dataset(str(raw_binary)).manifest
+    assert r.storage == rb.storage == b.manifest.storage
+    assert ([r.shard_name(i) for i in range(r.num_shards)]
+            == [rb.shard_name(i) for i in range(rb.num_shards)])
+    assert open_dataset(str(raw)).take(range(100)).equals(t)
+    assert verify(str(raw), deep=True).ok
 
 
 def test_element_null_names_the_input_and_record(tmp_path):

@@ -99,27 +99,31 @@ def encodable(type_: pa.DataType) -> bool:
             and (pat.is_integer(type_.value_type) or pat.is_floating(type_.value_type)))
 
 
-def storage_encodings(schema: pa.Schema, mode: str = "split") -> dict[str, str]:
+def storage_encodings(schema: pa.Schema, mode: str = "split",
+                      compression: str | None = None) -> dict[str, str]:
     """Column name -> storage encoding for a logical schema (what the manifest records).
 
     ``mode`` is ``WriteOptions.fixed_size_lists``: ``"split"`` stores elements of 2 bytes
     or more in byte planes and single bytes back to back (planes of one byte are the same
     bytes), ``"binary"`` stores every eligible column back to back, ``"list"`` encodes
-    nothing.
+    nothing. ``compression`` is ``WriteOptions.compression``: with ``"none"`` no codec
+    runs, so planes would only cost every read a copy (2x the CPU of an uncompressed pass
+    over token windows), and ``"split"`` stores them back to back as ``"binary"`` does.
 
     >>> schema = pa.schema([("x", pa.list_(pa.float32(), 3)), ("b", pa.list_(pa.uint8(), 4)),
     ...                     ("y", pa.string())])
     >>> storage_encodings(schema)
     {'x': 'fixed_size_binary_split', 'b': 'fixed_size_binary_le'}
-    >>> storage_encodings(schema, "binary")
-    {'x': 'fixed_size_binary_le', 'b': 'fixed_size_binary_le'}
+    >>> storage_encodings(schema, "binary") == storage_encodings(schema, "split", "none")
+    True
     """
     if mode not in FIXED_SIZE_LIST_MODES:
         raise ValueError(f"fixed_size_lists must be one of {', '.join(FIXED_SIZE_LIST_MODES)}; "
                          f"got {mode!r}")
     if mode == "list":
         return {}
-    return {f.name: FIXED_SIZE_BINARY_SPLIT if mode == "split" and _item(f.type) > 1
+    split = mode == "split" and compression != "none"
+    return {f.name: FIXED_SIZE_BINARY_SPLIT if split and _item(f.type) > 1
             else FIXED_SIZE_BINARY_LE for f in schema if encodable(f.type)}
 
 
@@ -187,7 +191,12 @@ def _planes(data: pa.Buffer | None, byte_offset: int, rows: int, n: int, item: i
             split: bool) -> pa.Buffer:
     """``rows`` values of ``n`` elements of ``item`` bytes from ``data`` (starting at
     ``byte_offset``), their bytes moved into planes (``split``) or back out of them."""
-    out = np.empty(rows * n * item, np.uint8)
+    if data is None:   # no values buffer (every row null): zeros, like the decoder's
+        return pa.py_buffer(np.zeros(rows * n * item, np.uint8))
+    # From Arrow's pool (where the Parquet decoder's buffers come from), not numpy's malloc:
+    # the pool keeps freed memory, where a fresh mmap per row group costs page faults.
+    buf = pa.allocate_buffer(rows * n * item)
+    out = np.frombuffer(buf, np.uint8)
     if rows:
         src = np.frombuffer(data, np.uint8, rows * n * item, byte_offset)
         if split:
@@ -198,7 +207,7 @@ def _planes(data: pa.Buffer | None, byte_offset: int, rows: int, n: int, item: i
             src, dst = src.reshape(rows, item, n), out.reshape(rows, n, item)
             for k in range(item):
                 dst[:, :, k] = src[:, k, :]
-    return pa.py_buffer(out)
+    return buf
 
 
 def _validity_from_row0(arr: pa.Array) -> pa.Buffer | None:

@@ -732,7 +732,8 @@ class Manifest:
             "schema": schema_to_json(schema),
             # The shard writer derives the same encodings from the same schema and options.
             # (A writer record without the key predates "split": it meant "binary".)
-            "storage": storage_encodings(schema, writer.get("fixed_size_lists", "binary")),
+            "storage": storage_encodings(schema, writer.get("fixed_size_lists", "binary"),
+                                         writer.get("compression")),
             "writer": writer,
             "totals": totals,
             "tables": table_refs,

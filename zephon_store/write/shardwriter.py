@@ -42,7 +42,8 @@ class WriteOptions:
     ``fixed_size_lists``: ``"split"`` (the default from format v5) stores fixed-size lists of
     numbers as fixed-size binary (decoded without Parquet's list levels; docs/benchmarks.md,
     "Storage encodings") with each value's bytes in byte planes, which zstd level 1 packs
-    like level 3 at ~4x the speed (:mod:`zephon_store.format.encoding`); ``"binary"`` keeps
+    like level 3 at ~4x the speed (:mod:`zephon_store.format.encoding`; with
+    ``compression="none"`` the values stay back to back: no codec, no gain); ``"binary"`` keeps
     the v2-v4 layout (elements back to back, decoded without a copy); ``"list"`` keeps
     Parquet's list layout, which can hold null elements.
     ``compression``: ``"auto"`` (the default) picks a codec per column from a sample of the
@@ -157,7 +158,7 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     """
     if sum(row_group_rows) != table.num_rows:
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
-    encodings = storage_encodings(table.schema, options.fixed_size_lists)
+    encodings = storage_encodings(table.schema, options.fixed_size_lists, options.compression)
     table = to_storage(table, encodings)
     codecs: dict[str, str] = {}
     if options.compression == "auto":
