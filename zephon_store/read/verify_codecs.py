@@ -21,9 +21,11 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# The writer's codec names (WriteOptions.compression, the labels in ``codecs``) as Parquet's
-# footer spells them.
-PARQUET_CODEC = {"none": "UNCOMPRESSED", "zstd": "ZSTD", "lz4": "LZ4_RAW", "snappy": "SNAPPY",
+# The writer's codec names (WriteOptions.compression, the labels in ``codecs``) as pyarrow's
+# footer metadata spells them. "lz4" is written as Parquet's LZ4_RAW codec, which pyarrow
+# names "LZ4" (Arrow's codec of that name; Parquet's legacy Hadoop-framed LZ4 reads as
+# "LZ4_HADOOP"), so a dataset written with lz4 is stored as its manifest says.
+PARQUET_CODEC = {"none": "UNCOMPRESSED", "zstd": "ZSTD", "lz4": "LZ4", "snappy": "SNAPPY",
                  "gzip": "GZIP", "brotli": "BROTLI"}
 
 
