@@ -58,6 +58,48 @@ def test_rule_compresses_what_shrinks_and_stores_noise_plain():
                                        "tokens": "zstd-1", "digest": "none", "lang": "zstd-6"}
 
 
+def _windows(n: int = 300, width: int = 512) -> pa.Table:
+    """Token windows like a real corpus's: Zipf-ranked ids of a 50,257-id vocabulary, each
+    rank a fixed random id (benchmarks/corpora.py draws its tokens corpus the same way)."""
+    rng = np.random.default_rng(3)
+    p = 1.0 / (np.arange(50_257) + 2.7) ** 1.1
+    ids = rng.permutation(50_257).astype(np.int32)
+    r = np.searchsorted(np.cumsum(p / p.sum()), rng.random(n * width), side="right")
+    flat = ids[np.minimum(r, 50_256)]
+    return pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(flat), width)})
+
+
+def test_token_windows_in_byte_planes_take_lz4_and_back_to_back_zstd(monkeypatch):
+    """In byte planes (format v5's layout) LZ4 packs token ids almost as well as zstd-1 and
+    decodes them faster, so "auto" picks it; back to back it packs them 25% worse: zstd-1.
+    The share is the threshold: at 0 every compressible non-text column takes LZ4, above 1
+    none does."""
+    from zephon_store.format.encoding import storage_encodings, to_storage
+
+    t = _windows()
+    planes = to_storage(t, storage_encodings(t.schema, "split"))
+    back_to_back = to_storage(t, storage_encodings(t.schema, "binary"))
+    assert choose_codecs(planes) == {"tokens": "lz4"}
+    assert choose_codecs(back_to_back) == {"tokens": "zstd-1"}
+    monkeypatch.setattr(shardwriter, "AUTO_FAST_SHARE", 1.5)
+    assert choose_codecs(planes) == {"tokens": "zstd-1"}
+    monkeypatch.setattr(shardwriter, "AUTO_FAST_SHARE", 0.0)
+    assert choose_codecs(back_to_back) == {"tokens": "lz4"}
+    assert choose_codecs(_table().select(["text", "noise"])) == {"text": "zstd-6",
+                                                                 "noise": "none"}
+
+
+def test_converted_windows_are_lz4_in_the_footers_and_the_record(tmp_path):
+    out = _convert(tmp_path, _windows(), name="win")
+    doc = json.loads((out / "manifest.json").read_text())
+    assert doc["storage"] == {"tokens": "fixed_size_binary_split"}
+    assert doc["codecs"] == {"tokens": {"lz4": doc["totals"]["num_shards"]}}
+    assert _footer_codecs(out) == {("tokens", "LZ4")}   # pyarrow's name for LZ4_RAW
+    ds = open_dataset(str(out))
+    assert ds.take(range(ds.num_samples)).equals(_windows())
+    assert verify(str(out), deep=True).ok
+
+
 @pytest.mark.parametrize("type_", [pa.string(), pa.large_string(), pa.binary(),
                                    pa.large_binary(), pa.string_view(), pa.binary_view()],
                          ids=str)

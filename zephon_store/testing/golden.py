@@ -110,6 +110,22 @@ def _auto_inputs(d: str) -> list[str]:
     return [path]
 
 
+def _windows_inputs(d: str) -> list[str]:
+    # v5: the defaults on token windows: byte planes (formats/SPEC.md 3.1) and, because LZ4
+    # packs the planes of Zipf-distributed ids nearly as well as zstd-1, "auto" picks lz4
+    # (3.2). The ids come from a seeded generator written out here, so the golden's input
+    # never depends on numpy's random streams.
+    ids, x = [], 12345
+    for _ in range(48 * 256):
+        x = (x * 1103515245 + 12345) % 2**31   # a fixed LCG; rank = a Zipf-like skew of it
+        u = (x >> 8) / 2**23
+        ids.append(int((50_257 ** u - 1) * 7919) % 50_257)
+    t = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(ids, pa.int32()), 256)})
+    path = os.path.join(d, "windows.parquet")
+    pq.write_table(t, path)
+    return [path]
+
+
 # The first three were written before use_dictionary="auto" became the default; they pin
 # use_dictionary=True so their bytes stay what they were. All four were written before
 # compression="auto" and pin zstd (level 3). "auto" has the defaults.
@@ -127,6 +143,9 @@ DATASETS = {
                                         compression="zstd"), InputOptions()),
     "auto": (_auto_inputs, WriteOptions(target_shard_bytes=4000, row_group_rows=8),
              InputOptions()),
+    # From v5: the default options on token windows.
+    "windows": (_windows_inputs, WriteOptions(target_shard_bytes=24_000, row_group_rows=8),
+                InputOptions()),
 }
 
 
