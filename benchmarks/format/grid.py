@@ -26,7 +26,9 @@ CELLS: dict[str, dict] = {
     "zstd-6": {"compression": "zstd", "compression_level": 6, **V4_LAYOUT},
     # token windows in byte planes (v5), zstd-1
     "zstd-1 (byte planes)": {"compression": "zstd", "compression_level": 1},
-    # the v5 rule: text zstd-6, other columns zstd-1 or none, windows in byte planes
+    # token windows in byte planes, LZ4
+    "lz4 (byte planes)": {"compression": "lz4"},
+    # the v5 rule: text zstd-6, other columns lz4, zstd-1 or none, windows in byte planes
     "auto (v5 default)": {},
     # data page size, old codec
     "zstd-3, pages 64 KiB": {**OLD, "data_page_size": 64 << 10},
