@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Benchmark: decoding token windows stored as fixed_size_list (format v1) vs fixed-size binary (v2).
+"""Benchmark: decoding token windows stored as fixed_size_list (v1), fixed-size binary (v2), byte planes (v5).
 
 Writes the same windows (``corpora.token_windows``: Zipf-distributed int32 ids,
 ``tokens: fixed_size_list<int32>[2049]``) as one shard per (layout, compression) with
 :func:`zephon_store.write.shardwriter.write_shard` and the default ~1 MiB row groups
-(``WriteOptions(fixed_size_lists="list" | "binary")``), then, in this one process, times a
-full decode of every row group to the logical ``fixed_size_list<int32>`` column:
-``ParquetFile.read_row_group`` from the memory-mapped file plus, for the binary layout,
-:func:`zephon_store.format.encoding.to_logical` (the only reader change). Cases run interleaved
-round-robin, ``--runs`` times each; the table reports the best and the median.
+(``WriteOptions(fixed_size_lists="list" | "binary" | "split")``), then, in this one process,
+times a full decode of every row group to the logical ``fixed_size_list<int32>`` column:
+``ParquetFile.read_row_group`` from the memory-mapped file plus, for the binary layouts,
+:func:`zephon_store.format.encoding.to_logical` (a relabel for "binary", a strided copy for
+"split"). Cases run interleaved round-robin, ``--runs`` times each; the table reports the best
+and the median. A compression ``zstd-1`` is zstd at level 1 (``zstd`` alone: level 3); byte
+planes are not written uncompressed (the writer stores those back to back).
 
-    python -m benchmarks.bench_encoding --mb 300 --runs 5 --json
+    python -m benchmarks.bench_encoding --mb 300 --runs 5 --compressions none,zstd,zstd-1,lz4
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from zephon_store.write.shardwriter import WriteOptions, write_shard
 
 from .corpora import WINDOW, token_windows
 
-LAYOUTS = ("list", "binary")
+LAYOUTS = ("list", "binary", "split")
 
 
 def windows_table(mb: int) -> pa.Table:
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=300, help="payload MB of int32 windows")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--compressions", default="none,zstd,lz4")
+    ap.add_argument("--compressions", default="none,zstd,zstd-1,lz4")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     table = windows_table(args.mb)
@@ -74,14 +76,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for comp in args.compressions.split(","):
             for layout in LAYOUTS:
-                opts = WriteOptions(compression=comp, fixed_size_lists=layout)
+                if layout == "split" and comp == "none":
+                    continue
+                codec, _, level = comp.partition("-")
+                opts = WriteOptions(compression=codec, fixed_size_lists=layout,
+                                    compression_level=int(level) if level else None)
                 sizes = row_groups(table, opts)
                 path = os.path.join(tmp, f"{layout}-{comp}.parquet")
                 t0 = time.perf_counter()
                 info = write_shard(table, sizes, path, opts)
                 write_s = time.perf_counter() - t0
                 name = f"{layout}/{comp}"
-                cases.append((name, path, storage_encodings(logical, layout)))
+                cases.append((name, path, storage_encodings(logical, layout, codec)))
                 out["cases"][name] = {"file_bytes": info.bytes, "row_groups": len(sizes),
                                       "write_s": round(write_s, 3), "decode_s": []}
         for _name, path, enc in cases:   # warm the page cache
@@ -100,13 +106,15 @@ def main(argv=None) -> int:
         return 0
     print(f"{out['windows']} windows of {WINDOW} int32 ({args.mb} MB), best/median of "
           f"{args.runs}")
-    print(f"{'compression':12} {'list (v1)':>18} {'binary (v2)':>18} {'speedup':>8} "
-          f"{'MB list/binary':>16}")
+    print(f"{'compression':12} " + " ".join(f"{name + ' s, MB':>24}" for name in LAYOUTS))
     for comp in args.compressions.split(","):
-        a, b = out["cases"][f"list/{comp}"], out["cases"][f"binary/{comp}"]
-        print(f"{comp:12} {a['best_s']:8.3f}/{a['median_s']:.3f} s {b['best_s']:8.3f}/"
-              f"{b['median_s']:.3f} s {a['median_s'] / b['median_s']:7.2f}x "
-              f"{a['file_bytes'] / 1e6:7.1f}/{b['file_bytes'] / 1e6:.1f}")
+        row = []
+        for layout in LAYOUTS:
+            c = out["cases"].get(f"{layout}/{comp}")
+            row.append(f"{'-':>24}" if c is None else
+                       f"{c['best_s']:.3f}/{c['median_s']:.3f}, {c['file_bytes'] / 1e6:6.1f}"
+                       .rjust(24))
+        print(f"{comp:12} " + " ".join(row))
     return 0
 
 
