@@ -17,8 +17,18 @@ def i64(values) -> pa.Array:
     >>> i64([1, 2]).to_pylist()
     [1, 2]
     """
-    arr = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
-    return pa.Array.from_buffers(pa.int64(), len(arr), [None, pa.py_buffer(arr)])
+    return numbers(values, pa.int64())
+
+
+def numbers(values, type_: pa.DataType) -> pa.Array:
+    """Arrow array of a fixed-width integer or float ``type_`` from a sequence or numpy
+    array (no nulls; values are cast to the type's numpy dtype).
+
+    >>> numbers([1, 2], pa.uint16()).type, numbers([1, 2], pa.uint16()).to_pylist()
+    (DataType(uint16), [1, 2])
+    """
+    arr = np.ascontiguousarray(np.asarray(values, dtype=type_.to_pandas_dtype()))
+    return pa.Array.from_buffers(type_, len(arr), [None, pa.py_buffer(arr)])
 
 
 def strings(values: list[str]) -> pa.Array:

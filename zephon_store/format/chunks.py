@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from .._util.arrow import column_np
+from .._util.arrow import column_np, i64, numbers
 from ..errors import ManifestError
 
 # 1,024 row groups a chunk: a dataset of up to ~1,000 row groups has one chunk (one request,
@@ -79,8 +79,8 @@ def chunk_tables(offset: np.ndarray, length: np.ndarray, digests: np.ndarray,
         hi = min(len(offset), lo + per_chunk)
         d = np.ascontiguousarray(digests[lo:hi], dtype=np.uint8)
         out.append(pa.table([
-            pa.array(np.asarray(offset[lo:hi], np.int64)),
-            pa.array(np.asarray(length[lo:hi], np.int64)),
+            i64(offset[lo:hi]),
+            i64(length[lo:hi]),
             pa.Array.from_buffers(pa.binary(16), hi - lo, [None, pa.py_buffer(d.tobytes())]),
         ], schema=CHUNK_TABLE_SCHEMA))
     return out
@@ -94,16 +94,16 @@ def index_table(rows: np.ndarray, length: np.ndarray, chunk_refs: list[tuple[byt
     t = count_type(int(rows.max()) if rows.size else 0)
     n = len(chunk_refs)
     bounds = np.minimum(np.arange(n + 1, dtype=np.int64) * per_chunk, rows.size)
-    values = pa.array(rows.astype(t.to_pandas_dtype()), t)
-    lists = pa.LargeListArray.from_arrays(pa.array(bounds, pa.int64()), values,
+    values = numbers(rows, t)
+    lists = pa.LargeListArray.from_arrays(i64(bounds), values,
                                           type=index_table_schema(t).field("rows").type)
     sums = np.add.reduceat(np.asarray(length, np.int64), bounds[:-1]) if n else np.zeros(0)
     digests = b"".join(d for d, _ in chunk_refs)
     return pa.table([
         lists,
         pa.Array.from_buffers(pa.binary(16), n, [None, pa.py_buffer(digests)]),
-        pa.array([b for _, b in chunk_refs], pa.int64()),
-        pa.array(np.asarray(sums, np.int64)),
+        i64([b for _, b in chunk_refs]),
+        i64(sums),
     ], schema=index_table_schema(t))
 
 
