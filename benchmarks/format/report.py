@@ -121,12 +121,7 @@ def plot(results: dict, path: str = PLOT) -> None:
 def codec_table(codecs: dict) -> str:
     """Per corpus and column: the auto rule's sample ratio, then each codec's ratio and
     CPU MB/s (of Arrow bytes) writing and reading the column, fastest of the rounds."""
-    from zephon_store.write.shardwriter import (
-        AUTO_FAST_SHARE,
-        AUTO_LEVEL,
-        AUTO_MIN_RATIO,
-        AUTO_TEXT_LEVEL,
-    )
+    from zephon_store.write.shardwriter import auto_codec
 
     names = ("none", "lz4", "snappy", "zstd-1", "zstd-3", "zstd-6")
     lines = ["| corpus: column (storage type) | auto's sample ratio → choice | "
@@ -136,12 +131,11 @@ def codec_table(codecs: dict) -> str:
         for col, c in res["columns"].items():
             mb = c["arrow_bytes"] / 1e6
             text = c["type"] in ("string", "large_string", "binary", "large_binary")
-            # The rule's LZ4 test, on the column's whole-file sizes here (the writer's is on
-            # its 1 MiB sample).
-            fast = c["codecs"]["lz4"]["bytes"] * AUTO_FAST_SHARE <= c["codecs"]["zstd-1"]["bytes"]
-            choice = ("none" if c["auto_ratio"] < AUTO_MIN_RATIO
-                      else f"zstd-{AUTO_TEXT_LEVEL}" if text else "lz4" if fast
-                      else f"zstd-{AUTO_LEVEL}")
+            # The writer's rule: zstd-1 on the sample's ratio, LZ4 against zstd-1 on the
+            # column's whole-file sizes here (the writer compares them on its 1 MiB sample).
+            lz4_vs_zstd1 = c["codecs"]["zstd-1"]["bytes"] / c["codecs"]["lz4"]["bytes"]
+            choice = auto_codec(text, c["auto_ratio"],
+                                lambda c=c, r=lz4_vs_zstd1: c["auto_ratio"] * r)
             cells = " | ".join(
                 f"{c['arrow_bytes'] / x['bytes']:.2f}, {mb / max(x['write_s'], 1e-9):.0f} / "
                 f"{mb / max(x['read_s'], 1e-9):.0f}" for x in (c["codecs"][n] for n in names))

@@ -13,10 +13,10 @@ decoded row group back into the logical types. Two layouts of the value's bytes 
 - ``fixed_size_binary_split`` (v5, for elements of 2 bytes or more): the same bytes split
   into ``sizeof(T)`` planes per value, plane ``k`` holding byte ``k`` of every element in
   order (Parquet's BYTE_STREAM_SPLIT, applied inside each value). Token ids below 2**16
-  in int32 leave two planes of zeros and a plane of slowly varying high bytes, so zstd
-  level 1 stores a window in 0.81x the bytes of the ``le`` layout at level 3, compressing
-  ~4x and decompressing ~2x faster (formats/SPEC.md 3.1; docs/benchmarks_format.md).
-  Each direction costs one strided copy (~3.6 GB/s on one core).
+  in int32 leave two planes of zeros and a plane of slowly varying high bytes, so a fast
+  codec packs a window smaller than zstd level 3 packs the ``le`` layout (formats/SPEC.md
+  3.1; measured in docs/benchmarks.md, "token windows in byte planes"). Each direction
+  costs one strided copy.
 
 Arrow's buffers are in host byte order and the on-disk order is little-endian, so both
 directions refuse to run on a big-endian host rather than misread. A null *row* keeps its
@@ -132,7 +132,7 @@ def _item(type_: pa.DataType) -> int:
 
 
 def _width(type_: pa.DataType) -> int:
-    return type_.list_size * (type_.value_type.bit_width // 8)
+    return type_.list_size * _item(type_)
 
 
 def _check_encodings(schema: pa.Schema, encodings: dict[str, str]) -> None:
@@ -201,7 +201,7 @@ def _planes(data: pa.Buffer | None, byte_offset: int, rows: int, n: int, item: i
         src = np.frombuffer(data, np.uint8, rows * n * item, byte_offset)
         if split:
             src, dst = src.reshape(rows, n, item), out.reshape(rows, item, n)
-            for k in range(item):   # one strided copy per plane: ~3.6 GB/s, 2.6x transpose()
+            for k in range(item):   # a strided copy per plane (faster than one transpose())
                 dst[:, k, :] = src[:, :, k]
         else:
             src, dst = src.reshape(rows, item, n), out.reshape(rows, n, item)
@@ -223,7 +223,7 @@ def _validity_from_row0(arr: pa.Array) -> pa.Buffer | None:
 def _chunk_to_storage(arr: pa.FixedSizeListArray, name: str, row0: int,
                       encoding: str = FIXED_SIZE_BINARY_LE) -> pa.Array:
     n = arr.type.list_size
-    item = arr.type.value_type.bit_width // 8
+    item = _item(arr.type)
     # The rows' elements: the child array sliced to this (possibly offset) list array.
     values = arr.values.slice(arr.offset * n, len(arr) * n)
     bad = _element_nulls(arr, values)
@@ -281,7 +281,7 @@ def to_storage(table: pa.Table, encodings: dict[str, str]) -> pa.Table:
 def _chunk_to_logical(arr: pa.Array, type_: pa.DataType, name: str,
                       encoding: str = FIXED_SIZE_BINARY_LE) -> pa.Array:
     n = type_.list_size
-    item = type_.value_type.bit_width // 8
+    item = _item(type_)
     if arr.type != pa.binary(n * item):
         raise ZephonError(
             f"column {name!r}: shard holds {arr.type}, the manifest's {type_} is stored as "

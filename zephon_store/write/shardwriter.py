@@ -13,6 +13,7 @@ writer re-types them to the storage types of :mod:`encoding` just before Parquet
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -195,14 +196,12 @@ AUTO_SAMPLE_BYTES = 1 << 20
 AUTO_MIN_RATIO = 1.25
 #: The codec and level of every other column ...
 AUTO_CODEC, AUTO_LEVEL = "zstd", 1
-#: ... except variable-length strings and binaries (documents, code, URLs), from format v5:
-#: level 6 stores text in 0.84x the bytes of level 1 (smaller than MosaicML's whole-shard
-#: zstd) for ~8% more read CPU and ~0.4x more conversion CPU on text ...
+#: ... except variable-length strings and binaries (documents, code, URLs), from format v5
+#: (smaller text for a little more read and conversion CPU) ...
 AUTO_TEXT_LEVEL = 6
 #: ... and, from format v5, any other column whose sample LZ4 (Parquet's LZ4_RAW) packs to
-#: at least this share of zstd-1's ratio: token windows in byte planes (1.98 against 2.07)
-#: then decode with ~20% less CPU per pass for 4.5% more bytes; scalars, ids and windows back
-#: to back (0.67-0.85) stay zstd-1.
+#: at least this share of zstd-1's ratio (token windows in byte planes do; scalars, ids and
+#: windows back to back do not). The measurements: docs/benchmarks_format.md, "The rule".
 AUTO_FAST_SHARE = 0.90
 
 
@@ -227,16 +226,29 @@ def choose_codecs(table: pa.Table) -> dict[str, str]:
     out = {}
     for i, f in enumerate(table.schema):
         raw = _sample(table.column(i), f)
-        packed = pa.Codec("zstd", 1).compress(raw).size
-        if len(raw) < AUTO_MIN_RATIO * packed:
-            out[f.name] = "none"
-        elif _variable_bytes(f.type):
-            out[f.name] = f"{AUTO_CODEC}-{AUTO_TEXT_LEVEL}"
-        elif pa.Codec("lz4_raw").compress(raw).size * AUTO_FAST_SHARE <= packed:
-            out[f.name] = "lz4"
-        else:
-            out[f.name] = f"{AUTO_CODEC}-{AUTO_LEVEL}"
+        out[f.name] = auto_codec(
+            _variable_bytes(f.type), len(raw) / pa.Codec("zstd", 1).compress(raw).size,
+            lambda raw=raw: len(raw) / pa.Codec("lz4_raw").compress(raw).size)
     return out
+
+
+def auto_codec(text: bool, zstd1_ratio: float, lz4_ratio: Callable[[], float]) -> str:
+    """The ``"auto"`` rule on one column's measured ratios (raw / compressed): ``text`` for
+    a variable-length string or binary column, ``lz4_ratio`` called only when LZ4 is a
+    candidate (what :func:`choose_codecs` applies to each column's sample).
+
+    >>> auto_codec(False, 2.07, lambda: 1.98), auto_codec(False, 1.74, lambda: 1.32)
+    ('lz4', 'zstd-1')
+    >>> auto_codec(True, 3.3, lambda: 2.4), auto_codec(False, 1.0, lambda: 1.0)
+    ('zstd-6', 'none')
+    """
+    if zstd1_ratio < AUTO_MIN_RATIO:
+        return "none"
+    if text:
+        return f"{AUTO_CODEC}-{AUTO_TEXT_LEVEL}"
+    if lz4_ratio() >= AUTO_FAST_SHARE * zstd1_ratio:
+        return "lz4"
+    return f"{AUTO_CODEC}-{AUTO_LEVEL}"
 
 
 def _variable_bytes(t: pa.DataType) -> bool:
