@@ -17,7 +17,9 @@ An index means one of two things:
   ``len``).
 
 Every byte is checked against the manifest's xxh3 before it is decoded, as in the rest of
-Zephon. A batched read decodes each row group it touches once, and for a remote source fetches
+Zephon. A ``deny_list`` (a takedown, docs/audit.md) reaches this source as it reaches every
+loader: a denied sample keeps its index, its record's columns are blanked before Grain sees
+them, and every record holds ``_masked`` (True for a denied one). A batched read decodes each row group it touches once, and for a remote source fetches
 the missing ones' bytes first as coalesced ranged GETs (neighbouring row groups in one
 request, :mod:`zephon_store.io.coalesce`), not one request per index.
 
@@ -41,6 +43,7 @@ import pyarrow as pa
 
 from .._util.to_numpy import table_to_numpy
 from ..io.coalesce import CoalesceOptions
+from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
 from ..load.mixed import SOURCE_KEY
 from ..load.source import open_source
 from ..load.stream import SEQ_KEY
@@ -70,7 +73,10 @@ class ZephonSource:
     mixture source runs out; more spans several epochs); ``with_seq``: each record also holds ``_seq`` (the sample's id in
     its dataset) and, for a mixture, ``_source`` (the source's index); ``global_batch``:
     the run's, which converts a mixture's stage starts given in steps; ``coalesce``: how
-    neighbouring row groups of a remote source merge into one GET.
+    neighbouring row groups of a remote source merge into one GET; ``deny_list``: a takedown
+    list, as the loaders take it (a file or ``DenyList``; a mixture's: a file or dict per
+    source, :func:`~zephon_store.load.denylist.open_deny_list`): denied records are blanked
+    and flagged in ``_masked``, and keep their index.
 
     A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
     numpy arrays, other values (strings, structs) as Python objects. The source pickles
@@ -85,7 +91,7 @@ class ZephonSource:
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
                  storage_options: dict | None = None, cache=None, decoded_cache=None,
-                 coalesce: CoalesceOptions | None = None) -> None:
+                 coalesce: CoalesceOptions | None = None, deny_list=None) -> None:
         self.source = open_source(dataset, columns=None if columns is None else list(columns),
                                   global_batch=global_batch, storage_options=storage_options,
                                   cache=cache, decoded_cache=decoded_cache)
@@ -107,6 +113,8 @@ class ZephonSource:
         self.columns = None if columns is None else list(columns)
         self.with_seq = with_seq
         self.coalesce = coalesce
+        self.deny_list = (None if deny_list is None
+                          else open_deny_list(deny_list, self.source.deny_list_manifest()))
         n = self.source.num_samples
         if order is not None:
             end = self.source.end
@@ -133,14 +141,13 @@ class ZephonSource:
     def _getitems(self, indices: Sequence[int]) -> list[dict]:
         """The records at ``indices``, in that order (repeats allowed): each row group
         they touch read and decoded once, a remote source's bytes in coalesced GETs."""
-        table, extra = self._rows(indices)
-        cols = table_to_numpy(table)
-        for name, col in cols.items():
+        table, cols = self._columns(indices)
+        for name in table.column_names:
+            col = cols[name]
             if isinstance(col, list) and _is_list(table.schema.field(name).type):
                 # Grain treats a Python list as a tree of leaves: a list value comes as one
                 # numpy array, so batching stacks it like a token window.
                 cols[name] = [None if v is None else np.asarray(v) for v in col]
-        cols.update(extra)
         return [{k: v[i] for k, v in cols.items()} for i in range(table.num_rows)]
 
     def read_batch(self, indices: Sequence[int]) -> dict:
@@ -156,22 +163,34 @@ class ZephonSource:
         >>> ds[0]["id"].tolist(), ds[0]["text"][0]
         ([35, 7, 50, 32], 'record 35')
         """
-        table, extra = self._rows(indices)
-        return {**table_to_numpy(table), **extra}
+        return self._columns(indices)[1]
 
     __getitems__ = _getitems
 
     def __repr__(self) -> str:
         # Grain's DataLoader checks a checkpoint against repr(source): the data's identity
-        # and how it is indexed, never the path it was opened from.
+        # and how it is indexed, never the path it was opened from. Not the deny list: a
+        # takedown added at a restart keeps every index where it was, as in the loaders.
         how = "ids" if self.options is None else f"order={self.options.to_dict()}"
         return (f"ZephonSource(dataset_id={self.source.dataset_id!r}, len={self._len}, {how}, "
                 f"columns={self.columns}, with_seq={self.with_seq})")
 
     # -- reading -------------------------------------------------------------------------
+    def _columns(self, indices: Sequence[int]) -> tuple[pa.Table, dict]:
+        """(the rows at ``indices`` as read, their batch of columns): numpy or lists, plus
+        ``_seq``/``_source`` (``with_seq``) and, with a deny list, ``_masked``, the denied
+        rows blanked before anything else sees them (as the loaders' pipeline does)."""
+        table, extra, ids = self._rows(indices)
+        cols = {**table_to_numpy(table), **extra}
+        if self.deny_list is not None:
+            masked = self.deny_list.masked(ids)
+            cols = blank_denied(cols, masked, dict(zip(table.schema.names, table.schema.types)))
+            cols[MASK_KEY] = masked
+        return table, cols
+
     def _rows(self, indices: Sequence[int]):
         """(the rows at ``indices`` as a table of the chosen columns, ``_seq``/``_source``
-        arrays when ``with_seq``)."""
+        arrays when ``with_seq``, their sample ids)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         bad = idx[(idx < 0) | (idx >= self._len)]
         if bad.size:
@@ -188,7 +207,7 @@ class ZephonSource:
             extra[SEQ_KEY] = local
             if source is not None:
                 extra[SOURCE_KEY] = source
-        return table, extra
+        return table, extra, ids
 
     def _take(self, ids: np.ndarray):
         """Rows ``ids`` (sample ids of the source), in that order, as one table."""
