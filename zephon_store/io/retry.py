@@ -47,7 +47,7 @@ _PERMANENT_CLASS_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsErr
 _CHECKSUM_CLASS_NAMES = frozenset({"FlexibleChecksumError", "ChecksumMismatch"})
 _CHECKSUM_S3_CODES = frozenset({"BadDigest", "XAmzContentSHA256Mismatch"})
 # The store asking the client to slow down: retried, and reported to the node's shared
-# back-off (io/throttle.py) so every process of the node slows down, not only this one.
+# request rate (io/throttle.py) so every process of the node slows down, not only this one.
 _THROTTLE_S3_CODES = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded",
     "ServiceUnavailable", "503", "429",
