@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,12 +17,6 @@ from typing import Any
 import pytest
 
 from zephon_store.testing.s3_server import SeaweedServer, find_weed
-
-# Helper modules beside this file (helpers, faultproxy, stateful_helper) import as top-level
-# modules.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
 
 @dataclass(frozen=True)

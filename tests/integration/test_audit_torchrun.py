@@ -27,15 +27,14 @@ import subprocess
 import sys
 
 import pytest
-from stateful_helper import small_dataset
 
+from tests.helpers import ROOT, small_dataset
 from zephon_store.cli.main import main as zephon
 from zephon_store.read.dataset import open_dataset
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = "zephon_store.testing.elastic_worker"
 N = 600
 LAUNCH_TIMEOUT = 150

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import tree_digest, write_jsonl_corpus
+from tests.helpers import ROOT, tree_digest, write_jsonl_corpus
 from zephon_store import convert
 from zephon_store.errors import InputError, OutputLockedError
 from zephon_store.ingest import InputOptions
@@ -36,7 +36,6 @@ from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = WriteOptions(target_shard_bytes=32 << 10, row_group_bytes=8 << 10)
 SIZES = ["--target-shard-size", "32KiB", "--row-group-size", "8KiB"]
 

@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-from faultproxy import FaultProxy
 
-from tests.helpers import write_jsonl_corpus
+from tests.helpers import ROOT, write_jsonl_corpus
+from tests.helpers.faultproxy import FaultProxy
 from zephon_store import convert
 from zephon_store.cli.main import main
 from zephon_store.errors import AccessDeniedError, OutputLockedError
@@ -22,7 +22,6 @@ from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = ["--target-shard-size", "16KiB", "--row-group-size", "4KiB"]
 # Fast retries for the faults below; the default budget (a minute) would only slow a failure.
 FAST_RETRY = {"base_delay": 0.05, "max_delay": 0.2, "deadline": 30}

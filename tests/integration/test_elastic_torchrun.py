@@ -29,8 +29,9 @@ import subprocess
 import sys
 
 import pytest
-from stateful_helper import Step, assert_matches_reference, reference_ids, small_dataset
 
+from tests.helpers import ROOT, small_dataset
+from tests.helpers.stateful import Step, assert_matches_reference, reference_ids
 from zephon_store.load.accounting import RunContext
 from zephon_store.order import Order, OrderOptions
 from zephon_store.read.dataset import open_dataset
@@ -38,7 +39,6 @@ from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = "zephon_store.testing.elastic_worker"
 DEMO = os.path.join(ROOT, "scripts", "elastic_demo.py")
 B = 12
@@ -196,9 +196,8 @@ def test_restarts_across_world_sizes_and_workers_consume_the_single_process_stre
 
 
 def test_elastic_demo_proves_the_resume_on_s3(s3_bucket, tmp_path) -> None:
-    from helpers import write_jsonl_corpus
-
     import zephon_store as z
+    from tests.helpers import write_jsonl_corpus
 
     write_jsonl_corpus(tmp_path / "raw", files=2, records=150)
     url = f"{s3_bucket.url}/ds"

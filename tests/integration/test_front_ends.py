@@ -14,20 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from tests.integration.torchtitan_worker import make_packed_dataset
 from zephon_store.load.accounting import RunContext
 
 pytestmark = pytest.mark.integration
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from torchtitan_worker import make_packed_dataset  # noqa: E402
 
 SEQ_LEN = 16
 SEED = 11

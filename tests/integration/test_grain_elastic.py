@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
+
 SEED = 5
 B = 12
 PHASES = [(2, 6, 0), (3, 6, 2), (1, 5, 0)]   # (hosts, steps, Grain workers per host)
@@ -136,7 +137,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_grain_hosts_2_then_3_with_workers_then_1_read_the_uninterrupted_stream(tmp_path):
-    from stateful_helper import small_dataset
+    from tests.helpers import small_dataset
 
     data = small_dataset(str(tmp_path / "data"), files=3, records=101, row_group_rows=10)
     logged, first = _run_job(str(tmp_path), data)
@@ -145,7 +146,7 @@ def test_grain_hosts_2_then_3_with_workers_then_1_read_the_uninterrupted_stream(
 
 
 def test_grain_hosts_resume_a_mixture_across_its_stage_change(tmp_path):
-    from stateful_helper import small_dataset
+    from tests.helpers import small_dataset
 
     web = small_dataset(str(tmp_path / "web"), files=2, records=101, row_group_rows=10)
     code = small_dataset(str(tmp_path / "code"), files=1, records=90, row_group_rows=9,

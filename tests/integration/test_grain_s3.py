@@ -10,9 +10,9 @@ import os
 import grain
 import numpy as np
 import pytest
-from helpers import write_jsonl_corpus
 
 import zephon_store as z
+from tests.helpers import write_jsonl_corpus
 from zephon_store.grain import ZephonSource
 
 pytestmark = pytest.mark.integration

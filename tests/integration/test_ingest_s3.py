@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 import zstandard
-from faultproxy import FaultProxy
 
+from tests.helpers.faultproxy import FaultProxy
 from zephon_store.errors import StorageError
 from zephon_store.ingest import expand_inputs, open_stream, read_input
 from zephon_store.ingest import source as source_mod

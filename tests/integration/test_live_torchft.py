@@ -41,9 +41,10 @@ import time
 from collections import defaultdict
 
 import pytest
-from stateful_helper import assert_exactly_once_per_epoch, reference_ids, small_dataset
 from torchft.coordination import LighthouseServer
 
+from tests.helpers import ROOT, small_dataset
+from tests.helpers.stateful import assert_exactly_once_per_epoch, reference_ids
 from zephon_store.load.accounting import RunContext
 from zephon_store.load.runlog import read_run_log
 from zephon_store.order import Order, OrderOptions
@@ -53,7 +54,6 @@ from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = "zephon_store.testing.live_worker"
 B = 10
 N = 400

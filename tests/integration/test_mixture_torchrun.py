@@ -23,14 +23,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import write_jsonl_corpus
 
 import zephon_store as z
+from tests.helpers import ROOT, write_jsonl_corpus
 from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = "zephon_store.testing.elastic_worker"
 SEED = 3
 TIMEOUT = 150

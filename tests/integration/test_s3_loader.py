@@ -18,9 +18,14 @@ import time
 import numpy as np
 import pytest
 import s3fs
-from faultproxy import FaultProxy, cache_disk_full, cache_folder_vanishes, read_only_folder
 
 from tests.helpers import write_jsonl_corpus
+from tests.helpers.faultproxy import (
+    FaultProxy,
+    cache_disk_full,
+    cache_folder_vanishes,
+    read_only_folder,
+)
 from zephon_store import IntegrityError, StorageError, convert, open_dataset
 from zephon_store.cli.main import main
 from zephon_store.io.cache import ChunkCache

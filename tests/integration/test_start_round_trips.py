@@ -18,7 +18,7 @@ import os
 import pytest
 
 from tests.helpers import write_jsonl_corpus
-from tests.node_start import BATCH, METADATA, OPTS, node_start
+from tests.helpers.node_start import BATCH, METADATA, OPTS, node_start
 from zephon_store import OrderOptions, Topology, convert, open_dataset
 from zephon_store.testing.s3_proxy import CountingProxy, round_trips
 

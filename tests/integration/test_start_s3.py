@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from tests.helpers import write_jsonl_corpus
-from tests.node_start import BATCH, METADATA, OPTS, node_start
+from tests.helpers.node_start import BATCH, METADATA, OPTS, node_start
 from zephon_store import convert
 from zephon_store.testing.s3_proxy import CountingProxy, summarize
 

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-from faultproxy import FaultProxy
 
+from tests.helpers.faultproxy import FaultProxy
 from zephon_store._util.hashing import xxh3_hex
 from zephon_store.errors import (
     IntegrityError,

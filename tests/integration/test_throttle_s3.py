@@ -16,7 +16,7 @@ request served; a node whose processes take send slots at one shared, adaptive r
 refused for its first burst and about once per probe of the rate afterwards (numbers at
 ``MAX_REFUSED_PER_SERVED``). Time is printed, not asserted (the machine's load changes it);
 the time the schedule itself takes is asserted on a simulated clock in
-tests/unit/test_throttle_rate.py, which also covers a rate decreased by every refusal.
+tests/unit/io/test_throttle_rate.py, which also covers a rate decreased by every refusal.
 
 To see the test fail, set ``ZEPHON_BROKEN_BACKOFF`` to one of ``BROKEN``: ``alone`` (no node
 throttle: each process backs off alone, as without a cache folder), ``alone-unjittered`` (the

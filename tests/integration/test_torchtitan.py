@@ -23,14 +23,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests.helpers import ROOT
+from tests.integration.torchtitan_worker import make_packed_dataset
+
 pytestmark = pytest.mark.integration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from torchtitan_worker import make_packed_dataset  # noqa: E402
 
 SEQ_LEN = 32
 LOCAL_BATCH = 2
@@ -137,8 +135,9 @@ def _expected_positions(doc_starts: list[int]) -> list[int]:
 
 @needs_torchtitan
 def test_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
-    from stateful_helper import assert_exactly_once_per_epoch
     from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.helpers.stateful import assert_exactly_once_per_epoch
 
     _, url, windows, starts = packed
     n = len(windows)
@@ -264,7 +263,7 @@ def _window_ids(windows):
 
 @needs_torchtitan
 def test_every_step_checkpoint_restores_with_any_world_size_and_workers(packed):
-    from stateful_helper import Segment, assert_matches_reference, run_segments
+    from tests.helpers.stateful import Segment, assert_matches_reference, run_segments
 
     _, url, windows, _ = packed
     ids_of = _window_ids(windows)

@@ -31,10 +31,10 @@ import sys
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.integration
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 # Set by `make test-titan-main`: the plain suite never spends its time here, even where the
 # venv exists.
 VENV = os.environ.get("ZEPHON_TITAN_MAIN_VENV", "")
@@ -74,10 +74,7 @@ def packed(tmp_path_factory):
     """(dataset URL, every window [N, L+1]); 24 < N < 48, so a 48-window run crosses an epoch."""
     import numpy as np
 
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    from torchtitan_worker import make_packed_dataset
-
+    from tests.integration.torchtitan_worker import make_packed_dataset
     from zephon_store.read.dataset import open_dataset
 
     url = make_packed_dataset(str(tmp_path_factory.mktemp("titan-main")), seq_len=SEQ_LEN,
@@ -120,8 +117,9 @@ def test_main_resume_on_other_dp_degrees_continues_exactly(packed, tmp_path):
     """TorchTitan main's CheckpointManager saves the loader after step 6 of a DP=2 run; the
     checkpoint resumes at DP=3 and DP=1 and the consumed windows continue exactly, token for
     token, as in the uninterrupted run (main's GrainDataLoader refuses both resumes)."""
-    from stateful_helper import assert_exactly_once_per_epoch
     from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.helpers.stateful import assert_exactly_once_per_epoch
 
     url, windows = packed
     ckpt = str(tmp_path / "dump")
@@ -234,9 +232,7 @@ def test_main_override_config_function_and_model(packed):
 def test_ci_stand_in_driver_passes_against_the_real_classes(packed):
     """test_torchtitan.py checks main's API in CI against stand-ins of its classes; the same
     driver, unchanged, passes against TorchTitan main itself."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    import test_torchtitan
+    from tests.integration import test_torchtitan
 
     url, windows = packed
     out = _run_main("-c", test_torchtitan._MAIN_DRIVER, url, str(SEQ_LEN))
@@ -251,8 +247,8 @@ def _build(args, world: int, rank: int):
     import torch
     from torchtitan.components.checkpointer import CheckpointManager
     from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
-    from torchtitan_worker import TrainState  # the 0.3.0 worker's, beside this file
 
+    from tests.integration.torchtitan_worker import TrainState  # the 0.3.0 worker's
     from zephon_store.integrations.torchtitan import ZephonDataLoader
 
     dataloader = ZephonDataLoader.Config(

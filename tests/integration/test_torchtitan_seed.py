@@ -6,17 +6,12 @@ rule the loader, plan, trace, where and audit share (load/order_inputs.py)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+from tests.integration.torchtitan_worker import make_packed_dataset
 
-from torchtitan_worker import make_packed_dataset  # noqa: E402
+pytestmark = pytest.mark.integration
 
 pytest.importorskip("torchtitan.components.dataloader")
 

@@ -1,0 +1,148 @@
+"""Takedowns on a mixture: each source's own ids (or inputs) denied, in every batch, the run
+log, trace and audit; the same blanking as for one dataset (tests/unit/runs/test_denylist.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import zephon_store as z
+from zephon_store.cli.main import main
+from zephon_store.load.denylist import MASK_KEY, DenyList, DenyListError
+from zephon_store.order import OrderOptions
+from zephon_store.torch import ZephonLoader
+
+SMALL = z.WriteOptions(target_shard_bytes=1 << 12, row_group_rows=8, row_group_bytes=None)
+MARK = "SECRET"
+DENY = {"web": [3, 17, 40], "code": [0, 5]}
+
+
+def _source(root, name: str, n: int) -> str:
+    src = root / f"{name}.jsonl"
+    with open(src, "w") as f:
+        for i in range(n):
+            bad = i in DENY[name]
+            f.write(json.dumps({"text": f"{MARK} {name} {i}" if bad else f"{name} {i}",
+                                "n": -1 if bad else i}) + "\n")
+    return z.convert([str(src)], str(root / name), options=SMALL).url
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deny_mix")
+    web, code = _source(root, "web", 60), _source(root, "code", 30)
+    path = root / "mix.json"
+    path.write_text(json.dumps({
+        "stages": [{"name": "warm", "start": {"samples": 0}},
+                   {"name": "main", "start": {"steps": 3}}],
+        "sources": [{"name": "web", "url": web, "weights": [0.8, 0.4]},
+                    {"name": "code", "url": code, "weights": [0.2, 0.6]}]}))
+    return str(path)
+
+
+def _loader(mixture, deny, **kw):
+    return ZephonLoader(mixture, global_batch=6, order=OrderOptions(seed=3), world_size=1,
+                        rank=0, with_seq=True, collate=None, deny_list=deny, **kw)
+
+
+NAMES = ["web", "code"]
+
+
+def _check_batches(loader, deny=DENY) -> list[list[tuple[str, int]]]:
+    """Every batch: exactly the rows ``deny`` names blanked and flagged (so no marked text
+    left when ``deny`` is all of DENY), the others intact; returns each step's (source, own
+    id) pairs."""
+    steps = []
+    for batch in loader:
+        pairs = [(NAMES[int(k)], int(i)) for k, i in zip(batch["_source"], batch["_seq"])]
+        for j, (text, masked) in enumerate(zip(batch["text"], batch[MASK_KEY].tolist())):
+            assert masked == (pairs[j][1] in deny.get(pairs[j][0], ())), pairs[j]
+            if masked:
+                assert (text, int(batch["n"][j])) == ("", 0)
+            else:
+                assert text.endswith(f"{pairs[j][0]} {pairs[j][1]}")   # not denied: intact
+        steps.append(pairs)
+    return steps
+
+
+@pytest.mark.parametrize("spelling", ["file", "dict", "paths", "denylists"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_source_s_ids_are_denied_in_every_batch(mixture, tmp_path, spelling, workers):
+    if spelling == "file":
+        path = tmp_path / "deny.json"
+        path.write_text(json.dumps({"sources": {k: {"ids": v} for k, v in DENY.items()}}))
+        deny = str(path)
+    elif spelling == "dict":
+        deny = {k: {"ids": v} for k, v in DENY.items()}
+    elif spelling == "paths":
+        deny = {}
+        for k, v in DENY.items():
+            (tmp_path / f"{k}.txt").write_text("".join(f"{i}\n" for i in v))
+            deny[k] = str(tmp_path / f"{k}.txt")
+    else:
+        mix = z.open_dataset  # the sources' own DenyLists, made from their manifests
+        deny = {}
+        spec = json.loads(open(mixture).read())
+        for s in spec["sources"]:
+            with mix(s["url"]) as ds:
+                deny[s["name"]] = DenyList(np.array(DENY[s["name"]]), ds.dataset_id)
+    steps = _check_batches(_loader(mixture, deny, max_steps=40, num_workers=workers))
+    denied = {p for st in steps for p in st if p[1] in DENY[p[0]]}
+    assert denied == {(k, i) for k, v in DENY.items() for i in v}   # every one was met
+
+
+def test_the_run_log_trace_and_audit_of_a_mixture_with_a_deny_list(mixture, tmp_path,
+                                                                    capsys):
+    log = str(tmp_path / "ckpt" / "run.jsonl")
+    deny = tmp_path / "deny.json"
+    deny.write_text(json.dumps({"sources": {"web": {"ids": DENY["web"]}}}))
+    first = _loader(mixture, str(deny), max_steps=20, run_log=log)
+    seen = _check_batches(first, {"web": DENY["web"]})
+    state = first.state_dict()
+    deny.write_text(json.dumps({"sources": {k: {"ids": v} for k, v in DENY.items()}}))
+    second = _loader(mixture, str(deny), max_steps=20, run_log=log)   # the takedown grows
+    second.load_state_dict(state)
+    seen += _check_batches(second)
+    assert main(["audit", mixture, "--log", log, "--end-step", "40", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"]
+    assert [d["count"] for d in report["deny_lists"]] == [3, 5]
+    assert main(["trace", mixture, "--log", log, "--steps", "0:40", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    for s, (step, pairs) in enumerate(zip(steps, seen, strict=True)):
+        lists = {"web": DENY["web"]} if s < 20 else DENY
+        assert step["ranks"][0]["masked"] == [i in lists.get(k, ()) for k, i in pairs]
+    masked = {}
+    for s, pairs in enumerate(seen):
+        lists = {"web": DENY["web"]} if s < 20 else DENY
+        for k, i in pairs:
+            masked[k] = masked.get(k, 0) + (i in lists.get(k, ()))
+    got = {}
+    for e in report["epochs"]:
+        got[e["source"]] = got.get(e["source"], 0) + e["masked"]
+    assert got == masked and masked["code"] > 0 and masked["web"] > 0
+
+
+@pytest.mark.parametrize("deny, message", [
+    ({"nope": {"ids": [1]}}, "source(s) ['nope'] are not in the mixture"),
+    ({"web": {"ids": [60]}}, "outside the dataset's [0, 60)"),
+    ({"web": {"id": [1]}}, "unknown key(s) ['id']"),
+])
+def test_a_wrong_mixture_list_is_refused_at_construction(mixture, deny, message):
+    with pytest.raises(DenyListError) as info:
+        _loader(mixture, deny)
+    assert message in str(info.value)
+
+
+def test_a_one_dataset_list_given_for_a_mixture_says_what_to_pass(mixture, tmp_path):
+    path = tmp_path / "deny.json"
+    path.write_text(json.dumps({"ids": [1, 2]}))
+    with pytest.raises(DenyListError) as info:
+        _loader(mixture, str(path))
+    assert "sources" in str(info.value) and "['web', 'code']" in str(info.value)
+    with z.open_dataset(json.loads(open(mixture).read())["sources"][0]["url"]) as ds:
+        one = DenyList(np.array([1]), ds.dataset_id)
+    with pytest.raises(DenyListError, match=r"pass \{source name: list\}"):
+        _loader(mixture, one)
