@@ -86,7 +86,7 @@ _LAZY = {
     "gc": ("write.gc", "gc"),
     "load_deny_list": ("load.denylist", "load_deny_list"),
     "load_mixture_file": ("format.mixture_file", "load_mixture_file"),
-    "make_executor": ("write.executors", "make_executor"),
+    "make_executor": ("write.engines", "make_executor"),
     "mixture_info": ("load.plan_mixture", "mixture_info"),
     "open_dataset": ("read.dataset", "open_dataset"),
     "open_mixture": ("load.mixed", "open_mixture"),

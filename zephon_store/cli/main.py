@@ -260,7 +260,7 @@ def cmd_convert(args) -> int:
             text_column=args.text_column, bos=args.bos, eos=args.eos))
     if args.ray_address is not None and args.engine != "ray":
         raise UsageError("--ray-address needs --engine ray")
-    from ..write.executors import make_executor
+    from ..write.engines import make_executor
 
     try:
         # Before convert writes anything: a wrong --ray-address fails here in seconds.

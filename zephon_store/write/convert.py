@@ -41,7 +41,8 @@ from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
-from .executors import Executor, LocalExecutor, make_executor
+from .engines import make_executor
+from .executors import Executor, LocalExecutor
 from .layout import Cutter, ShardCut
 from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact

@@ -13,6 +13,8 @@ byte for byte on any executor. ``shared_hosts`` says whether tasks may run on ot
 - :class:`LocalExecutor` (the default): processes of this host, or threads for one worker;
 - :class:`~zephon_store.write.ray_engine.RayExecutor`: Ray tasks on a Ray cluster.
 
+:func:`~zephon_store.write.engines.make_executor` picks one by its engine's name.
+
 A Dask ``distributed`` client would plug in the same way (``client.map(fn, tasks)`` then
 ``client.gather`` in order), and so would Spark (``sc.parallelize(tasks, len(tasks))
 .map(fn).collect()`` keeps the order); see ``docs/scale.md``.
@@ -33,10 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Any
 
-__all__ = ["ENGINES", "Executor", "LocalExecutor", "make_executor"]
-
-#: The engines :func:`make_executor` knows.
-ENGINES = ("local", "ray")
+__all__ = ["Executor", "LocalExecutor"]
 
 
 class Executor:
@@ -171,37 +170,3 @@ def _in_order(futures: list) -> Iterator:
     finally:
         for fut in futures:
             fut.cancel()
-
-
-def make_executor(engine: str = "local", *, workers: int | None = None,
-                  ray_address: str | None = None, verbose: bool = False) -> Executor:
-    """The executor for ``engine``: ``"local"`` (``workers`` processes, default 1) or ``"ray"``
-    (``workers`` tasks at once, default: the cluster's CPUs; ``ray_address`` joins an existing
-    cluster, else a local Ray instance is started; ``verbose`` shows Ray's own log lines).
-
-    A ``ray_address`` where no Ray cluster answers raises
-    :class:`~zephon_store.errors.RayAddressError` here, within seconds, so a conversion
-    fails before it writes anything (Ray's own connect retries for minutes).
-
-    >>> make_executor("local", workers=2).workers
-    2
-    >>> make_executor("spark")
-    Traceback (most recent call last):
-    ...
-    ValueError: engine must be one of local, ray; got 'spark'
-    """
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if engine == "local":
-        if ray_address is not None:
-            raise ValueError("ray_address is for engine='ray'; pass engine='ray' or drop it")
-        return LocalExecutor(workers or 1)
-    from ..errors import require
-    from .ray_engine import RayExecutor, check_ray_address
-
-    require("ray", "ray")
-    if ray_address is not None:
-        check_ray_address(ray_address)
-    return RayExecutor(workers=workers, address=ray_address, verbose=verbose)

@@ -11,7 +11,8 @@ import pytest
 
 from tests.helpers import ROOT
 from zephon_store.cli.main import main
-from zephon_store.write.executors import LocalExecutor, make_executor
+from zephon_store.write.engines import make_executor
+from zephon_store.write.executors import LocalExecutor
 
 
 def _slow_square(x: int) -> int:
