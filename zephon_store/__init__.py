@@ -89,7 +89,7 @@ _LAZY = {
     "make_executor": ("write.engines", "make_executor"),
     "mixture_info": ("load.plan_mixture", "mixture_info"),
     "open_dataset": ("read.dataset", "open_dataset"),
-    "open_mixture": ("load.mixed", "open_mixture"),
+    "open_mixture": ("load.source", "open_mixture"),
     "packing_convert_kwargs": ("write.packing", "packing_convert_kwargs"),
     "plan_mixture": ("load.plan_mixture", "plan_mixture"),
     "positions_for_participant": ("order.assign", "positions_for_participant"),

@@ -258,16 +258,17 @@ def _parse_seqs(ctx, seqs: list[str]) -> list[tuple[int | None, list[int]]]:
     groups: dict = {}
     for text in seqs:
         source, _, sid = text.rpartition(":")
-        if (ctx.mix is not None) != bool(source):
-            raise UsageError(f"{text!r}: " + ("a mixture's samples are SOURCE:ID" if ctx.mix
-                                               is not None else "a sample id is an integer"))
+        named = ctx.source_names is not None
+        if named != bool(source):
+            raise UsageError(f"{text!r}: " + ("a mixture's samples are SOURCE:ID" if named
+                                               else "a sample id is an integer"))
         try:
             i = int(sid)
         except ValueError:
             raise UsageError(f"{text!r} is not a sample id") from None
         with _answers(None):
             k = ctx.source_index(source) if source else None
-        n = ctx.manifest.num_samples if k is None else ctx.mix.sources[k].num_samples
+        n = ctx.part(k).num_samples
         if not 0 <= i < n:
             raise UsageError(f"sample id {i} is outside [0, {n})"
                              + ("" if k is None else f" of source {source!r}"))

@@ -353,6 +353,11 @@ class Manifest:
     def num_row_groups(self) -> int:
         return int(self.doc["totals"]["num_row_groups"])
 
+    def row_group_of(self, ids) -> np.ndarray:
+        """The row group holding each sample id (no range check: :func:`~zephon_store.format.index.locate`
+        checks)."""
+        return self.rg_row_start.searchsorted(np.asarray(ids, dtype=np.int64), "right") - 1
+
     @property
     def total_bytes(self) -> int:
         return int(self.doc["totals"]["total_bytes"])

@@ -35,6 +35,7 @@ import grain
 from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from ..load.share_reader import ShareReader
+from ..load.workers import ProcessWorkers
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .workers import worker_batches
@@ -42,11 +43,13 @@ from .workers import worker_batches
 __all__ = ["ZephonDatasetIterator", "ZephonIterDataset"]
 
 
-class _GrainLoader(Loader):
-    """The torch-free loader whose process workers are Grain's."""
+class GrainProcesses(ProcessWorkers):
+    """The workers part of :class:`ZephonIterDataset` (:mod:`zephon_store.load.workers`):
+    with ``num_workers > 0``, Grain's process workers, each making its share of the batches
+    by Zephon's worker rule (:mod:`.workers`); with none, threads."""
 
-    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
-        return worker_batches(reader, self.workers)
+    def processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
+        return worker_batches(reader, self.options)
 
 
 class ZephonIterDataset(grain.IterDataset):
@@ -81,16 +84,16 @@ class ZephonIterDataset(grain.IterDataset):
                              "pass num_workers and prefetch only")
         self._options: dict = dict(
             topology=topology, seed=seed, order=order, batch=batch, read_ahead=read_ahead,
-            stop=stop, workers=workers, storage_options=storage_options, cache=cache,
-            decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
+            stop=stop, workers=GrainProcesses(workers), storage_options=storage_options,
+            cache=cache, decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
             run_log=run_log, deny_list=deny_list)
         self._dataset = dataset
         # Opened now, so a wrong URL, option or mixture fails here and not at the first
         # batch; each iterator starts from this loader's options.
-        self._first: _GrainLoader | None = self._loader()
+        self._first: Loader | None = self._loader()
 
-    def _loader(self) -> _GrainLoader:
-        return _GrainLoader(self._dataset, **self._options)
+    def _loader(self) -> Loader:
+        return Loader(self._dataset, **self._options)
 
     @property
     def topology(self) -> Topology:

@@ -44,9 +44,7 @@ import pyarrow as pa
 from .._util.to_numpy import table_to_numpy
 from ..io.coalesce import CoalesceOptions
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
-from ..load.mixed import SOURCE_KEY
-from ..load.source import open_source
-from ..load.stream import SEQ_KEY
+from ..load.source import open_source, plan_of
 from ..order.order import OrderOptions
 from ..read.dataset import gather_rows
 
@@ -92,15 +90,17 @@ class ZephonSource:
                  with_seq: bool = False, global_batch: int | None = None,
                  storage_options: dict | None = None, cache=None, decoded_cache=None,
                  coalesce: CoalesceOptions | None = None, deny_list=None) -> None:
-        self.source = open_source(dataset, columns=None if columns is None else list(columns),
-                                  global_batch=global_batch, storage_options=storage_options,
-                                  cache=cache, decoded_cache=decoded_cache)
+        self.plan = plan_of(open_source(
+            dataset, columns=None if columns is None else list(columns),
+            global_batch=global_batch, storage_options=storage_options, cache=cache,
+            decoded_cache=decoded_cache))
+        self.source = self.plan.source
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:
             raise ValueError(f"columns {missing} are not in {self.source.url}; it has "
                              f"{self.source.schema.names}")
         if order is not None:
-            order = order.replace(seed=self.source.order_seed(order.seed))
+            order = order.replace(seed=self.plan.order_seed(order.seed))
             if order.is_auto:
                 # Random access has no topology: one lane keeps the order independent of it.
                 order = order.replace(lanes=1)
@@ -109,21 +109,21 @@ class ZephonSource:
                              "order=OrderOptions(...) with it, or leave it out (the index is "
                              "then the sample id, and the length the number of samples)")
         self.options = order
-        self._order = None if order is None else self.source.order(order)
+        self._order = None if order is None else self.plan.order(order)
         self.columns = None if columns is None else list(columns)
         self.with_seq = with_seq
         self.coalesce = coalesce
         self.deny_list = (None if deny_list is None
-                          else open_deny_list(deny_list, self.source.deny_list_manifest()))
+                          else open_deny_list(deny_list, self.plan.deny_ids()))
         n = self.source.num_samples
         if order is not None:
-            end = self.source.end
+            end = self.plan.end
             n = length if length is not None else n if end is None else min(n, end)
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
                 raise ValueError(f"length must be an int > 0, got {length!r}")
             if end is not None and n > end:
                 raise ValueError(f"length {n} runs past position {end}, where this mixture "
-                                 f"ends: {self.source.end_reason()}; pass length <= {end}")
+                                 f"ends: {self.plan.end_reason()}; pass length <= {end}")
         self._len = int(n)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -201,18 +201,13 @@ class ZephonSource:
         table = self._take(ids)
         if self.columns is not None:
             table = table.select(self.columns)
-        extra = {}
-        if self.with_seq:
-            source, local = self.source.split_ids(ids)
-            extra[SEQ_KEY] = local
-            if source is not None:
-                extra[SOURCE_KEY] = source
+        extra = self.plan.seq_fields(ids) if self.with_seq else {}
         return table, extra, ids
 
     def _take(self, ids: np.ndarray):
         """Rows ``ids`` (sample ids of the source), in that order, as one table."""
-        m = self.source.manifest
-        rg = m.rg_row_start.searchsorted(ids, "right") - 1
+        m = self.source.row_group_table
+        rg = m.row_group_of(ids)
         rgs, inverse = np.unique(rg, return_inverse=True)
         pre = None
         if self.source.cache is not None and rgs.size > 1:

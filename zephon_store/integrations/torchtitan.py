@@ -67,7 +67,7 @@ except ImportError as _main_error:
 from ..io.cache import ChunkCache  # noqa: E402
 from ..load.denylist import MASK_KEY  # noqa: E402
 from ..load.runlog import RUNLOG_NAME  # noqa: E402
-from ..load.source import MixtureParts, Source, open_parts  # noqa: E402
+from ..load.source import MixtureParts, Source, open_parts, seed_of  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
 from ..read.dataset import Dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
@@ -276,7 +276,7 @@ class ZephonDataLoader(BaseDataLoader):
             columns.append(DOC_STARTS_COLUMN)
         # Config.seed's default 0 means "not given": a mixture file's seed then applies, by
         # the source's own seed rule (the loader's); another seed is refused.
-        order = config.order_options().replace(seed=opened.order_seed(config.seed or None))
+        order = config.order_options().replace(seed=seed_of(opened, config.seed or None))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
             opened, global_batch=rows * dp_world_size, order=order,

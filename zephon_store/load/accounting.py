@@ -1,11 +1,11 @@
 """Run accounting: which order and which deny list each segment of a run log used.
 
 A :class:`RunContext` is built from what a user names (a dataset URL or a mixture file, the
-run log or None, the order options given, storage options) and loads the manifest (or the
-mixture's), the log's segments and what each segment honoured, once. It answers the
-questions :mod:`zephon_store.load.audit` asks: ``order_for(segment)`` (the stream order the
-segment read: the loader's own :class:`~zephon_store.order.order.Order` or, for a mixture,
-:class:`~zephon_store.load.mixed.MixedOrder` rebuilt from the schedule the log recorded) and
+run log or None, the order options given, storage options) and opens it as the loader does
+(:func:`~zephon_store.load.source.open_source`, then its plan), reads the log's segments and
+what each segment honoured, once. It answers the questions :mod:`zephon_store.load.audit`
+asks: ``order_for(segment)`` (the stream order the segment read: the plan's, for a mixture
+over the schedule the log recorded) and
 ``deny_for(segment)`` (the deny list it honoured: the run log's copy, never the file as it
 is now). ``zephon trace``, ``where`` and ``audit`` only parse their arguments, call it and
 print; the demo's audit calls it too.
@@ -55,21 +55,43 @@ class RunContext:
                  global_batch: int | None = None, seed: int | None = None,
                  shuffle: bool | None = None, window_blocks: int | None = None,
                  lanes: int | str | None = None, storage_options: dict | None = None) -> None:
-        from .source import by_kind
+        from .runlog import read_run_log
+        from .source import open_source, plan_of
 
         self.dataset, self.log, self.storage_options = dataset, log, storage_options
         self._given = {"seed": seed, "shuffle": shuffle, "window_blocks": window_blocks,
                        "lanes": lanes}
-        self.mix = None
-        self.manifest = None
         self.segments = None
         self._orders: dict = {}
         self._deny: dict = {}
-        # What is opened, and in which order the log is read, is each kind's own (below).
-        by_kind(dataset, dataset=lambda url: self._open_dataset(url, global_batch),
-                mixture=lambda spelling: self._open_mixture(spelling, global_batch))
+        # The log first: its global batch places a mixture's stage starts. Each segment's
+        # schedule comes from the log, so stages in steps that a checkpoint fixed (and that
+        # would not be in order at the first segment's batch) are not an error here (as
+        # for a loader that resumes).
         if log:
+            self.segments = read_run_log(log)
+        self.global_batch = self._run_global_batch(global_batch)
+        # The data as the loader opens it, and the plan it reads it by (load/plan.py). No
+        # disk cache: the accounting reads manifests, and records only when asked.
+        self.plan = plan_of(open_source(
+            dataset, storage_options=storage_options, global_batch=self.global_batch,
+            defer_stage_order=self.segments is not None, cache=False))
+        self.source = self.plan.source
+        self.dataset_id = self.source.dataset_id
+        if log:
+            self._check_log()
             self._check_order_flags()
+
+    @property
+    def source_names(self) -> tuple[str, ...] | None:
+        """The names of the sources the log lines record, from the plan's checkpoint entry
+        (a mixture's); None where the lines name one dataset, whose samples are plain ids."""
+        entry = self.plan.state_entry()
+        return None if entry is None else tuple(s["name"] for s in entry["sources"])
+
+    def part(self, k: int | None):
+        """Source ``k`` of a mixture (None: the dataset itself), an open dataset."""
+        return self.source.parts()[0 if k is None else k][1]
 
     def _run_global_batch(self, global_batch: int | None) -> int | None:
         """The loader's rule: the log's global batch (or ``global_batch`` without a log)
@@ -81,36 +103,6 @@ class RunContext:
             return run_global_batch(global_batch, self.segments, log=self.log)
         except MixtureError as exc:
             raise AuditRequestError(str(exc)) from None
-
-    def _open_dataset(self, url: str, global_batch: int | None) -> None:
-        """One dataset: its manifest, then the log, which must be for this dataset."""
-        from ..format.manifest import load_manifest
-        from ..io.storage import Storage
-        from .runlog import read_run_log
-
-        self.global_batch = self._run_global_batch(global_batch)
-        self.manifest = load_manifest(Storage(url, storage_options=self.storage_options))
-        self.dataset_id = self.manifest.dataset_id
-        if self.log:
-            self.segments = read_run_log(self.log, dataset_id=self.dataset_id)
-            self._run_global_batch(global_batch)
-
-    def _open_mixture(self, spelling, global_batch: int | None) -> None:
-        """A mixture file: the log first (its global batch places the stage starts), then
-        the sources' manifests; each segment's schedule comes from the log, so stages in
-        steps that a checkpoint fixed (and that would not be in order at the first
-        segment's batch) are not an error here (as for a loader that resumes)."""
-        from .mixed import open_mixture
-        from .runlog import read_run_log
-
-        if self.log:
-            self.segments = read_run_log(self.log)
-        self.global_batch = self._run_global_batch(global_batch)
-        self.mix = open_mixture(spelling, global_batch=self.global_batch,
-                                defer_stage_order=self.segments is not None)
-        self.dataset_id = self.mix.dataset_id
-        if self.log:
-            self._check_mixture_log()
 
     def _check_order_flags(self) -> None:
         """With a log, the order options given may only repeat what every segment recorded."""
@@ -125,10 +117,19 @@ class RunContext:
                         f"{shown} disagrees with {self.log} line {seg.line}, which records "
                         f"{key} {logged.get(key)!r}; leave it out (the log's order is used)")
 
-    def _check_mixture_log(self) -> None:
+    def _check_log(self) -> None:
+        """The log is for this data: one dataset's first segment read it (a later swap is
+        the audit's to report); every segment of a mixture's read its sources."""
         from .runlog import RunLogError
 
-        ids = [s.dataset_id for s in self.mix.sources]
+        if self.source_names is None:
+            first = self.segments[0] if self.segments else None
+            if first is not None and first.dataset_id != self.dataset_id:
+                raise RunLogError(
+                    f"{self.log} line {first.line}: the log is for dataset {first.dataset_id}, "
+                    f"not {self.dataset_id}; pass the dataset (or mixture) the run read")
+            return
+        ids = [d.dataset_id for _, d in self.source.parts()]
         for seg in self.segments:
             logged = [str(s.get("dataset_id")) for s in (seg.mixture or {}).get("sources", [])]
             if seg.mixture is None or logged[:len(ids)] != ids[:len(logged)]:
@@ -140,31 +141,26 @@ class RunContext:
 
     @property
     def num_samples(self) -> int:
-        return self.mix.num_samples if self.mix is not None else self.manifest.num_samples
+        return self.source.num_samples
 
     def order(self, options, schedule: dict | None = None):
         """The stream order for ``options`` (a mixture: over ``schedule``, a schedule's
         dict as a run log records it; None: the file's), built once per inputs."""
         from ..order.mixture import MixtureSchedule
-        from ..order.order import Order
-        from .mixed import MixedOrder
+        from .source import plan_of
 
         key = (options, None if schedule is None else json.dumps(schedule, sort_keys=True))
         got = self._orders.get(key)
         if got is None:
-            if self.mix is None:
-                got = Order(self.manifest.rg_rows, options)
-            else:
-                mix = self.mix if schedule is None else self.mix.with_schedule(
-                    MixtureSchedule.from_dict(schedule))
-                got = MixedOrder(mix, options)
-            self._orders[key] = got
+            plan = self.plan if schedule is None else plan_of(
+                self.source.with_schedule(MixtureSchedule.from_dict(schedule)))
+            got = self._orders[key] = plan.order(options)
         return got
 
     def order_for(self, seg):
         """The order segment ``seg`` of the log read (the ``order_for`` of
         :func:`~zephon_store.load.audit.audit_run`, ``trace`` and ``where``)."""
-        if self.mix is not None:
+        if self.source_names is not None:
             return self.order(seg.order, (seg.mixture or {}).get("schedule"))
         if seg.mixture is not None:
             raise AuditRequestError(f"line {seg.line} of {self.log} is a mixture's segment; "
@@ -185,7 +181,7 @@ class RunContext:
 
     def source_index(self, name: str) -> int:
         """A mixture source's index from its name or its index as text."""
-        names = list(self.mix.names)
+        names = list(self.source_names or ())
         if name in names:
             return names.index(name)
         if name.isdigit() and int(name) < len(names):
@@ -208,7 +204,7 @@ class RunContext:
         if got is None:
             at = f"{self.log} line {seg.line}"
             path = entry.get("path") or ""
-            space = self.manifest if self.mix is None else self.mix.deny_list_manifest()
+            space = self.plan.deny_ids()
             try:
                 got = load_logged_copy(self.log, entry, space.num_samples)
                 if got is None:   # the copy checks its own identity; the file cannot
@@ -251,15 +247,12 @@ class RunContext:
         seed unless given, and a disagreeing one refused (the loader's rule)."""
         from ..errors import MixtureError
         from ..order.order import OrderOptions
-        from .order_inputs import mixture_seed
 
         given = self._given
-        seed = 0 if given["seed"] is None else given["seed"]
-        if self.mix is not None:
-            try:
-                seed = mixture_seed(self.mix.seed, given["seed"], origin=self.dataset)
-            except MixtureError as exc:
-                raise AuditRequestError(str(exc)) from None
+        try:
+            seed = self.plan.order_seed(given["seed"])
+        except MixtureError as exc:
+            raise AuditRequestError(str(exc)) from None
         kw = {"seed": seed, "shuffle": given["shuffle"] is not False}
         if given["window_blocks"] is not None:
             kw["window_blocks"] = given["window_blocks"]
@@ -298,8 +291,8 @@ class RunContext:
         """Each id's input file and record index (a mixture: in its source)."""
         out = []
         for j, i in enumerate(ids):
-            manifest = (self.manifest if sources is None
-                        else self.mix.sources[self.source_index(sources[j])].manifest)
+            manifest = self.part(None if sources is None
+                                 else self.source_index(sources[j])).manifest
             starts, names, input_rows = self.provenance(manifest)
             k = int(np.searchsorted(starts, i, side="right") - 1)
             out.append({"input": str(names[k]), "record": int(input_rows[k] + i - starts[k])})
@@ -310,13 +303,10 @@ class RunContext:
         """The records themselves (reads their row groups); None, unread, where ``hide``
         (a deny list's mask) is true."""
         if sources is None:
-            from ..read.dataset import open_dataset
-
             keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
-            with open_dataset(self.dataset, storage_options=self.storage_options) as ds:
-                got = iter(ds.take(keep).to_pylist() if keep else [])
+            got = iter(self.source.take(keep).to_pylist() if keep else [])
             return [None if hide and hide[j] else next(got) for j in range(len(ids))]
-        return [self.mix.sources[self.source_index(src)].take([i]).to_pylist()[0]
+        return [self.part(self.source_index(src)).take([i]).to_pylist()[0]
                 for i, src in zip(ids, sources)]
 
     # The audit questions, with this context's orders and deny lists.
@@ -326,7 +316,7 @@ class RunContext:
         from .audit import audit_run
 
         return audit_run(self.segments, self.order_for, end_step=end_step,
-                         dataset_id=None if self.mix is not None else self.dataset_id,
+                         dataset_id=self.dataset_id if self.source_names is None else None,
                          deny_for=self.deny_for)
 
     def trace(self, steps: Iterable[int], *, rank: int | None = None,

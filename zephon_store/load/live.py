@@ -52,6 +52,7 @@ from ..order.topology import Topology
 from .loader import Loader
 from .options import BatchOptions, ReadAheadOptions
 from .share_reader import ShareReader
+from .workers import thread_batches
 
 __all__ = ["LiveTopologyError", "StepClaim", "claim_step", "check_claims", "participant_positions",
            "Participant", "LiveCursor", "LiveShare", "LiveLoader"]
@@ -559,9 +560,9 @@ class LiveLoader(Loader):
     def _batches_of(self, reader: ShareReader) -> Iterator:
         """One quorum shape's batches: by the process workers, if any, unless this process
         only watches (it reads nothing: no worker is started for an empty share)."""
-        if self.num_workers and reader.stream.split.index is not None:
-            return self._processes(reader)
-        return self._threaded(reader)
+        if reader.stream.split.index is not None:
+            return self.worker_part.batches(reader)
+        return thread_batches(reader, self.workers.prefetch)
 
 
 def _file_size(path: str) -> int:

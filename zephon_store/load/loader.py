@@ -2,12 +2,13 @@
 and a one-cursor checkpoint.
 
 :class:`Loader` owns everything about a run that is not torch: the source (opened by
-:func:`~zephon_store.load.source.open_source`), the order and its lanes, the cursor and
-the step count, ``state_dict``/``load_state_dict`` (a loaded state applies at the next
-``iter()``, STYLE 13), the run log's segments, the deny list, the end of the stream and
-its warnings, over :class:`~zephon_store.load.share_reader.ShareReader`. A batch is a dict of
-numpy arrays. :class:`~zephon_store.torch.ZephonLoader` adds only process workers (a
-torch ``DataLoader``), the tensor collation and the topology torch.distributed knows.
+:func:`~zephon_store.load.source.open_source`) and the plan it reads it by, the order and its
+lanes, the cursor and the step count, ``state_dict``/``load_state_dict`` (a loaded state
+applies at the next ``iter()``, STYLE 13), the run log's segments, the deny list, the end of
+the stream and its warnings, over :class:`~zephon_store.load.share_reader.ShareReader`. Who
+makes the batches is a part handed to it (:mod:`zephon_store.load.workers`). A batch is a
+dict of numpy arrays. :class:`~zephon_store.torch.ZephonLoader` adds only its workers part
+(torch's ``DataLoader``), the tensor collation and the topology torch.distributed knows.
 
 The cursor advances by ``global_batch`` each time a batch is handed to the training loop,
 so it counts consumed samples, never prefetched ones.
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -37,11 +36,12 @@ from .options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
 from .share_reader import ShareReader, prepare_workers_soon
-from .source import open_source
+from .source import open_source, plan_of
 from .state import MAX_CURSOR, LoaderState, check_state
 from .stream import RankStream
+from .workers import Workers, as_workers
 
-__all__ = ["Loader", "threaded_batches"]
+__all__ = ["Loader"]
 
 log = logging.getLogger("zephon_store")
 
@@ -55,8 +55,10 @@ class Loader:
     with ``storage_options``, ``cache``, ``decoded_cache`` and ``expect_dataset_id``;
     ``topology``: who reads (global batch, world size, rank, ranks per node); ``seed`` or
     ``order``: the order (a mixture file's seed applies unless one is given); the option
-    groups ``batch``, ``read_ahead``, ``stop`` and ``workers`` (:mod:`zephon_store.load.options`;
-    process workers need :class:`~zephon_store.torch.ZephonLoader`); ``run_log``: rank 0
+    groups ``batch``, ``read_ahead`` and ``stop`` (:mod:`zephon_store.load.options`);
+    ``workers``: who makes the batches, a part (:mod:`zephon_store.load.workers`: threads, or
+    torch's or Grain's process workers, which their front ends hand over) or the
+    :class:`~zephon_store.load.options.WorkerOptions` of threads; ``run_log``: rank 0
     appends one line per segment; ``deny_list``: a file or a ``DenyList`` (a mixture's: a
     dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`); ``collate``:
     applied to each batch handed out. Each keyword is described in
@@ -66,7 +68,8 @@ class Loader:
     def __init__(self, dataset, *, topology: Topology, seed: int | None = None,
                  order: OrderOptions | None = None, batch: BatchOptions | None = None,
                  read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
-                 workers: WorkerOptions | None = None, storage_options: dict | None = None,
+                 workers: WorkerOptions | Workers | None = None,
+                 storage_options: dict | None = None,
                  cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
                  run_log: str | None = None, deny_list=None,
                  collate: Callable[[dict], object] | None = None) -> None:
@@ -75,11 +78,9 @@ class Loader:
             order = OrderOptions(seed=seed or 0)
         elif seed is not None and seed != order.seed:
             raise ValueError(f"seed={seed} disagrees with order.seed={order.seed}; pass one")
-        self.workers = workers or WorkerOptions()
-        if self.workers.num_workers and type(self)._processes is Loader._processes:
-            raise ValueError("process workers (num_workers > 0) need torch's DataLoader: use "
-                             "zephon_store.torch.ZephonLoader (LiveZephonLoader for a live "
-                             "run)")
+        # Who makes the batches (load/workers.py), and its options.
+        self.worker_part = as_workers(workers)
+        self.workers = self.worker_part.options
         self.stop = stop or StopOptions()
         self.batch_options = batch or BatchOptions()
         self.run_log = run_log
@@ -89,14 +90,15 @@ class Loader:
         if self.workers.num_workers:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
             prepare_workers_soon(dataset, self.workers.multiprocessing_context, storage_options)
-        # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py).
-        self.dataset = open_source(dataset, columns=None if columns is None else list(columns),
-                                   global_batch=topology.global_batch,
-                                   storage_options=storage_options, cache=cache,
-                                   decoded_cache=decoded_cache,
-                                   expect_dataset_id=expect_dataset_id, defer_stage_order=True)
-        # The source's seed rule (a mixture file's seed applies unless one is given).
-        order = order.replace(seed=self.dataset.order_seed(order.seed if seed_given else None))
+        # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py),
+        # and the plan this run reads it by (load/plan.py).
+        self.plan = plan_of(open_source(
+            dataset, columns=None if columns is None else list(columns),
+            global_batch=topology.global_batch, storage_options=storage_options, cache=cache,
+            decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
+            defer_stage_order=True))
+        # The plan's seed rule (a mixture file's seed applies unless one is given).
+        order = order.replace(seed=self.plan.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,
         # from the dataset and the nodes this run starts on, and a resume takes the
         # checkpoint's lanes instead (load_state_dict).
@@ -114,10 +116,15 @@ class Loader:
         self.step = 0
         self._logged_loads: int | None = None
         if deny_list is not None:
-            deny_list = open_deny_list(deny_list, self.dataset.deny_list_manifest())
+            deny_list = open_deny_list(deny_list, self.plan.deny_ids())
             self.batch_options = self.batch_options.with_deny_list(deny_list)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
+
+    @property
+    def dataset(self):
+        """The :class:`~zephon_store.read.source.Source` this loader reads (its plan's)."""
+        return self.plan.source
 
     @property
     def num_workers(self) -> int:
@@ -129,7 +136,7 @@ class Loader:
 
     def _resolve_lanes(self, order: OrderOptions) -> OrderOptions:
         """``order`` with ``lanes="auto"`` resolved for this job (OrderOptions.resolved)."""
-        return self.dataset.resolve_lanes(order, self.topology)
+        return self.plan.resolve_lanes(order, self.topology)
 
     def _check_working_set(self) -> None:
         # A shuffled order keeps (lanes / world_size) * (window_blocks + 2) row groups in use
@@ -137,7 +144,7 @@ class Loader:
         # groups are decoded more than once per epoch: say so, with the numbers.
         if self.read_ahead.decode_ahead_bytes is not None:
             return
-        stream = RankStream(self.dataset, self.order, self.topology)
+        stream = RankStream(self.plan, self.order, self.topology)
         need = two_working_sets_bytes(stream)
         if need > MAX_AUTO_AHEAD_BYTES:
             log.warning(
@@ -158,7 +165,7 @@ class Loader:
         counts the global steps consumed since the run began (the run log's step numbers)."""
         cursor, step = self._position()
         return LoaderState(self.dataset_id, self.order, cursor,
-                           mixture=self.dataset.state_entry(), step=step).to_dict()
+                           mixture=self.plan.state_entry(), step=step).to_dict()
 
     def _position(self) -> tuple[int, int]:
         """``(cursor, step)``: positions and global steps consumed (a live loader: committed)."""
@@ -192,7 +199,7 @@ class Loader:
         mixture's schedule adopted; returns it and its step count. The cursor is the
         caller's to move (at the next ``iter()``, or a live run's next step)."""
         st = check_state(state, dataset_id=self.dataset_id, order=self._requested_order,
-                         mixture=self.dataset.state_entry() is not None)
+                         mixture=self.plan.state_entry() is not None)
         if st.cursor + self.topology.global_batch > MAX_CURSOR:
             raise StateMismatchError(
                 f"loader state 'cursor' {st.cursor} leaves no room for a step of "
@@ -201,14 +208,14 @@ class Loader:
         # A mixture: the checkpoint's schedule up to the cursor, then this loader's later
         # stages (an appended stage continues each source where it stopped; one given in
         # steps begins at that step of the run). A dataset: itself.
-        self.dataset = self.dataset.resumed(st.mixture, st.cursor, step=step,
-                                            global_batch=self.topology.global_batch)
+        self.plan = self.plan.resumed(st.mixture, st.cursor, step=step,
+                                      global_batch=self.topology.global_batch)
         self.order = st.order
         return st, step
 
     # -- iteration -----------------------------------------------------------------------
     def _num_batches(self, start: int) -> int | None:
-        self.dataset.check_ready()
+        self.plan.check_ready()
         n = self.stop.num_batches(start, self.topology.global_batch, self.dataset.num_samples)
         end = self._mixture_end
         if end is not None:
@@ -222,7 +229,7 @@ class Loader:
     @property
     def _mixture_end(self) -> int | None:
         """The first position the mixture cannot serve (a capped source ran out), or None."""
-        return self.dataset.end
+        return self.plan.end
 
     @property
     def _stream_end(self) -> int | None:
@@ -238,7 +245,7 @@ class Loader:
     def _reader(self, start: int, split=None) -> ShareReader:
         """The reader of this loader's batches from cursor ``start`` (``split``: another
         rule for this process's share of each step, a live run's participant)."""
-        return ShareReader(self.dataset, self.order, self.topology, batch=self.batch_options,
+        return ShareReader(self.plan, self.order, self.topology, batch=self.batch_options,
                            read_ahead=self.read_ahead, start_cursor=start,
                            num_batches=self._num_batches(start), end=self._end, split=split)
 
@@ -273,7 +280,7 @@ class Loader:
                     "in a short last step" if self.drop_last and left % b else "")
             log.warning("zephon: the mixture ends at position %d, before this run's own end "
                         "(%s): %s; the loop ends there, at cursor %d%s", end, own,
-                        self.dataset.end_reason(),
+                        self.plan.end_reason(),
                         start + (left // b * b if self.drop_last else left), tail)
         return True
 
@@ -298,11 +305,7 @@ class Loader:
 
     def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
-        reader = self._reader(start)
-        if self.num_workers:
-            # Once here, not once per (forked) worker process.
-            reader.prepare_workers(self.workers.multiprocessing_context)
-        batches = self._threaded(reader) if self.num_workers == 0 else self._processes(reader)
+        batches = self.worker_part.batches(self._reader(start))
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
         first_step = self.step
@@ -328,7 +331,7 @@ class Loader:
         deny = self.batch_options.deny_list
         # A mixture's entry holds its schedule too: trace and audit rebuild its order from
         # the log (a resume may append stages).
-        entry = self.dataset.state_entry()
+        entry = self.plan.state_entry()
         mixture = None if entry is None else {"id": self.dataset_id, **entry}
         if deny is not None and t.rank == 0:
             # The list's ids beside the log, before the line that names them: audit and
@@ -349,87 +352,3 @@ class Loader:
             raise TypeError(f"an endless {type(self).__name__} has no len(); pass max_steps "
                             "or epochs")
         return n
-
-    def _threaded(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
-        # The pipeline decodes ahead in its own pool; remote datasets also fetch bytes ahead
-        # into the disk cache (the prefetcher). Without a transform the batches are cut here,
-        # in the loop's thread: that is a numpy slice or gather (token windows, numbers) or
-        # one str per document (text), cheaper than handing each batch over from a thread
-        # (docs/benchmarks.md, "Why the code is shaped this way: loading"). A transform
-        # (tokenizing, say) can be heavy, so it runs in a thread up to `prefetch` batches
-        # ahead.
-        if self.batch_options.transform is None:
-            yield from reader.batches()
-            return
-        yield from threaded_batches(reader, self.workers.prefetch)
-
-    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
-        """Batches made by process workers (torch's DataLoader: ZephonLoader)."""
-        raise ValueError("process workers need zephon_store.torch.ZephonLoader")
-
-
-def threaded_batches(reader: ShareReader, prefetch: int) -> Iterator[tuple[int, dict]]:
-    """The reader's ``(i, batch)``, made by one producer thread up to ``prefetch`` batches
-    ahead of the consumer (the transform runs there), with a remote source's bytes fetched
-    ahead; closing the iterator never waits for a decode."""
-    pre = reader.prefetcher() if reader.dataset.cache is not None else None
-    ready: queue.Queue = queue.Queue(maxsize=prefetch)
-    stop = threading.Event()
-
-    def offer(item) -> bool:
-        """Put ``item`` in the queue; False once the consumer has gone."""
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    pipeline = reader.pipeline(stop=stop)
-
-    def produce() -> None:
-        try:
-            for item in pipeline:
-                if not offer(item):
-                    return
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer(_Failed(exc))
-            return
-        offer(_DONE)
-
-    producer = threading.Thread(target=produce, name="zephon-batches", daemon=True)
-    producer.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failed):
-                raise item.exc
-            if pre is not None:
-                pre.consumed(item[0])
-            yield item
-    finally:
-        # Not joined: the producer sees `stop` at its next step (at most one row-group
-        # decode away) and ends the pipeline, whose decodes are cancelled; closing an
-        # iterator never waits for a decode.
-        pipeline.cancel()
-        try:
-            while True:
-                ready.get_nowait()   # a producer blocked on a full queue wakes up
-        except queue.Empty:
-            pass
-        if pre is not None:
-            pre.close()
-
-
-_DONE = object()
-
-
-class _Failed:
-    """An exception raised by the producer thread, to be raised in the consumer's."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-

@@ -5,7 +5,7 @@ schedule (:class:`~zephon_store.order.mixture.MixtureSchedule`), and source ``k`
 :class:`~zephon_store.order.Order` (its own seed-derived key, blocks, windows and epochs)
 gives the sample. :class:`MixedDataset` presents the sources as one dataset to the rest of
 the loader: the sources' row groups concatenated (virtual row group ``g`` is source ``k``'s
-row group ``g - rg_offset[k]``), virtual ids ``id_offset[k] + local id``, a manifest-like
+row group ``g - rg_offset[k]``), virtual ids ``id_offset[k] + local id``, one row-group
 view of the concatenated row-group tables, row-group reads and prefetch dispatched to each
 source (each local or remote with its own storage options and disk cache). So assignment,
 workers, the decode-ahead pipeline, prefetch and the cache run unchanged on the mixed
@@ -36,15 +36,14 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.hashing import xxh3_hex
-from ..errors import MixtureError, StateMismatchError
+from ..errors import MixtureError
 from ..format.columns import ConcatColumn
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions, derive_key
-from .denylist import MixtureIds
+from ..read.source import SourceBase
 
-__all__ = ["MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture",
-           "mean_sample_size", "mixture_spec", "open_mixture", "open_sources",
-           "source_order_options"]
+__all__ = ["ConcatRowGroupTable", "MixedDataset", "MixedOrder", "SOURCE_KEY", "build_mixture",
+           "mean_sample_size", "mixture_spec", "open_sources", "source_order_options"]
 
 SOURCE_KEY = "_source"
 # Folded into each source's seed, so source k's order differs from the mixture seed's own
@@ -64,11 +63,12 @@ def source_order_options(options: OrderOptions, k: int) -> OrderOptions:
     return options.replace(seed=seed)
 
 
-class _RowGroupTables:
+class ConcatRowGroupTable:
     """The sources' row-group tables concatenated (virtual row group ``g`` is source ``k``'s
     ``g - rg_offset[k]``): the tables the engine plans steps from (``rg_rows``,
     ``rg_row_start`` in virtual ids, ``rg_length``, ``rg_offset``, ``rg_shard`` numbered
-    across sources) and their counts; a mixture's ``manifest`` in the Source contract."""
+    across sources) and their counts; a mixture's
+    :class:`~zephon_store.read.source.RowGroupTable`."""
 
     def __init__(self, sources: Sequence, id_offset: np.ndarray) -> None:
         ms = [s.manifest for s in sources]
@@ -89,6 +89,10 @@ class _RowGroupTables:
         self.num_shards = int(shard_base[-1])
         self.total_bytes = int(sum(m.total_bytes for m in ms))
 
+    def row_group_of(self, ids) -> np.ndarray:
+        """The virtual row group holding each virtual sample id."""
+        return self.rg_row_start.searchsorted(np.asarray(ids, dtype=np.int64), "right") - 1
+
 
 class _SourcePrefetchers:
     """The prefetchers of a mixture's remote sources, told together what was consumed (each
@@ -106,7 +110,7 @@ class _SourcePrefetchers:
             p.close()
 
 
-class MixedDataset:
+class MixedDataset(SourceBase):
     """Several datasets read as one by a stage schedule (see the module docstring).
 
     ``sources``: opened :class:`~zephon_store.read.dataset.Dataset` objects, in the
@@ -143,11 +147,11 @@ class MixedDataset:
         self.spec = spec
         # What turns the spec's stage starts into samples (build_mixture): a resume converts
         # the stages in steps again, from the checkpoint's step and cursor.
-        self._inputs = dict(schedule_inputs or {})
+        self.schedule_inputs = dict(schedule_inputs or {})
         # The file's stage starts, converted from step 0 with this run's global batch, can
         # cross (a stage in steps before one in samples) where a checkpoint that began them
         # fixes them; the error then waits for the first batch (check_ready).
-        self._pending: MixtureError | None = None
+        self.pending_error: MixtureError | None = None
         self._setup(columns)
 
     def _setup(self, columns: Sequence[str] | None) -> None:
@@ -159,7 +163,7 @@ class MixedDataset:
         self.columns = list(columns) if columns is not None else list(
             self.sources[0].schema.names)
         self.schema = self._common_schema(self.columns)
-        self.manifest = _RowGroupTables(self.sources, self.id_offset)
+        self.row_group_table = ConcatRowGroupTable(self.sources, self.id_offset)
 
     def _common_schema(self, columns: list[str]) -> pa.Schema:
         fields = []
@@ -193,16 +197,8 @@ class MixedDataset:
         """This mixture (same sources, shared) read by another schedule."""
         out = self._view()
         out.schedule = schedule
-        out._pending = None
+        out.pending_error = None
         return out
-
-    def check_ready(self) -> None:
-        """Raise the error that keeps the mixture file from being read from its start: its
-        stage starts, converted with this run's global batch, do not increase, and no
-        checkpoint fixed them (:meth:`resumed`)."""
-        if self._pending is not None:
-            raise MixtureError(f"{self._pending}; resuming from a checkpoint that began these "
-                               "stages keeps their sample positions")
 
     def _view(self) -> MixedDataset:
         # Shares the opened sources (select, with_schedule). copy.copy() instead goes through
@@ -217,13 +213,13 @@ class MixedDataset:
     def __getstate__(self) -> dict:
         return {"sources": self.sources, "names": self.names, "schedule": self.schedule,
                 "config_schedule": self.config_schedule, "columns": self.columns,
-                "spec": self.spec, "inputs": self._inputs, "pending": self._pending}
+                "spec": self.spec, "inputs": self.schedule_inputs, "pending": self.pending_error}
 
     def __setstate__(self, state: dict) -> None:
         self.sources = [copy.copy(s) for s in state["sources"]]
         self.names, self.schedule, self.spec = state["names"], state["schedule"], state["spec"]
         self.config_schedule = state["config_schedule"]
-        self._inputs, self._pending = state["inputs"], state["pending"]
+        self.schedule_inputs, self.pending_error = state["inputs"], state["pending"]
         self._setup(state["columns"])
 
     # -- facts -------------------------------------------------------------------------
@@ -234,16 +230,7 @@ class MixedDataset:
     @property
     def num_samples(self) -> int:
         """Samples of all sources together (``epochs=1`` of a mixture reads this many)."""
-        return self.manifest.num_samples
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    @property
-    def end(self) -> int | None:
-        """The first position the mixture cannot serve (a capped source ran out under the
-        ``"error"`` policy), or None."""
-        return self.schedule.end
+        return self.row_group_table.num_samples
 
     @property
     def seed(self) -> int | None:
@@ -266,16 +253,6 @@ class MixedDataset:
     def url(self) -> str:
         return "mixture(" + ", ".join(f"{n}={s.url}" for n, s in zip(self.names,
                                                                       self.sources)) + ")"
-
-    @property
-    def cache(self):
-        """A remote source's disk cache (None when every source is local): the loader
-        prefetches when this is set."""
-        return next((s.cache for s in self.sources if s.cache is not None), None)
-
-    def expect_id(self, dataset_id: str) -> None:
-        raise ValueError("expect_dataset_id pins one dataset; a mixture's sources are pinned "
-                         "by their dataset_ids in the checkpoint")
 
     # -- virtual ids and row groups ------------------------------------------------------
     def split_ids(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -335,235 +312,14 @@ class MixedDataset:
                                                   threads=threads)
             for k in remote])
 
-    # -- as a Source (load/source.py) ----------------------------------------------------
-    def order(self, options: OrderOptions) -> MixedOrder:
-        """The mixed order: the schedule picks (source, index), each source's order the sample."""
-        return MixedOrder(self, options)
-
-    def order_seed(self, given: int | None) -> int:
-        """The seed of the order: the mixture file's unless one is given; a given seed that
-        disagrees with the file's is refused (:func:`~zephon_store.load.order_inputs.mixture_seed`)."""
-        from .order_inputs import mixture_seed
-
-        return mixture_seed(self.seed, given,
-                            origin=getattr(self.spec, "origin", None) or "the mixture file")
-
-    def resolve_lanes(self, options: OrderOptions, topology) -> OrderOptions:
-        """``options`` as they are: a mixture's sources keep one lane each (Order's "auto")."""
-        return options
-
-    def end_reason(self) -> str:
-        """Why the mixture ends at :attr:`end` (the schedule's words)."""
-        return self.schedule.end_reason()
-
-    @property
-    def local(self) -> bool:
-        """Whether every source's bytes are read from a local path."""
-        return all(s.local for s in self.sources)
-
-    def decoded_row_group_bytes(self) -> float:
-        """Estimated decoded size of one row group: 4x the mean stored bytes of the sources'
-        row groups (the sources share no writer options to cut the estimate by)."""
-        m = self.manifest
-        return (4.0 * m.stored_row_group_bytes / m.num_row_groups if m.num_row_groups
-                else 0.0)
-
+    # -- as a Source (read/source.py) ---------------------------------------------------
     def parts(self) -> list[tuple[str, object]]:
         """``[(name, dataset)]`` of every source, in the mixture's order."""
         return list(zip(self.names, self.sources))
 
-    def deny_list_manifest(self) -> MixtureIds:
-        """The ids a deny list names: each source's own, placed at its ``id_offset``."""
-        return MixtureIds(tuple(self.names), tuple(s.manifest for s in self.sources),
-                          tuple(int(o) for o in self.id_offset), self.num_samples)
-
-    def working_set_row_groups(self, order: MixedOrder, topology) -> int:
-        """Row groups a rank reads from at once: each source's working set (every lane of
-        it, since the mixture's positions are sliced plainly), at its largest share of the
-        batch over the stages. A source with weight 0 throughout reads nothing."""
-        total = 0
-        shares = np.max([[float(w) for w in ws] for _, ws in self.schedule.stages], axis=0)
-        for s, o, share in zip(self.sources, order.source_orders, shares):
-            if share == 0:
-                continue
-            m = s.manifest
-            mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
-            step = int(np.ceil(topology.local_batch * share / mean_rows)) + 1
-            if o.options.shuffle:
-                need = o.effective_lanes * (o.options.window_blocks + 2) + step
-            else:
-                need = 2 * step
-            total += min(m.num_row_groups, need)
-        return total
-
-    # -- checkpoint ------------------------------------------------------------------------
-    def state_entry(self) -> dict:
-        """The ``mixture`` entry of a checkpoint: each source's name, dataset_id and size,
-        and the schedule with each source's consumed count at every stage boundary.
-
-        It does not :meth:`check_ready`: a checkpointer asks for this entry as the template
-        a checkpoint is loaded into, before the resume that fixes the stages."""
-        return {"sources": [{"name": n, "dataset_id": s.dataset_id,
-                             "num_samples": s.num_samples}
-                            for n, s in zip(self.names, self.sources)],
-                "schedule": self.schedule.to_dict()}
-
-    def resumed(self, saved: dict, cursor: int, *, step: int | None = None,
-                global_batch: int | None = None) -> MixedDataset:
-        """This mixture continuing a checkpoint's (``saved``: its ``mixture`` entry) at
-        ``cursor``, or :class:`~zephon_store.errors.StateMismatchError` saying what differs.
-
-        Every checkpointed source must be here, at the same index, with the same dataset_id
-        (sources may be added after them). The stages that started before the cursor must
-        be this mixture's first stages, unchanged, and keep the samples the checkpoint
-        began them at; this mixture's later stages then follow, each starting at or after
-        the cursor: appended with
-        :meth:`~zephon_store.order.mixture.MixtureSchedule.append_stage`, so every source
-        continues from its consumed count and nothing is repeated or skipped. A later stage
-        given in steps begins at that step of the run: ``step`` (the checkpoint's step
-        count; default ``cursor // global_batch``) begins at ``cursor``, and each step
-        takes ``global_batch`` samples (default: the one this mixture was opened with).
-        """
-        try:
-            saved_sources = list(saved["sources"])
-            saved_schedule = saved["schedule"]
-            names = [str(s["name"]) for s in saved_sources]
-            ids = [str(s["dataset_id"]) for s in saved_sources]
-        except (KeyError, TypeError) as exc:
-            raise StateMismatchError(f"loader state 'mixture' is malformed ({exc!r}); the "
-                                     "checkpoint is corrupted") from exc
-        for k, (name, did) in enumerate(zip(names, ids)):
-            if name not in self.names:
-                raise StateMismatchError(
-                    f"checkpoint mixture source {name!r} (dataset {did}) is missing from this "
-                    f"mixture (sources {self.names}); keep every source of the run, with "
-                    "weight 0 in new stages to drop it")
-            if self.names[k] != name:
-                raise StateMismatchError(
-                    f"checkpoint mixture source {k} is {name!r} but this mixture's source {k} "
-                    f"is {self.names[k]!r}; keep the sources in their order and add new ones "
-                    "at the end")
-            if self.sources[k].dataset_id != did:
-                raise StateMismatchError(
-                    f"mixture source {name!r} ({self.sources[k].url}) holds dataset "
-                    f"{self.sources[k].dataset_id}, but the checkpoint read dataset {did}; "
-                    "its data changed since the checkpoint: point it at the dataset the run "
-                    "started with (or start a new run)")
-        try:
-            saved_sched = MixtureSchedule.from_dict(saved_schedule)
-        except (MixtureError, TypeError, KeyError) as exc:
-            raise StateMismatchError(f"loader state 'mixture' schedule is invalid: {exc}"
-                                     ) from exc
-        past = [(s, w) for s, w in saved_sched.stages if s < cursor]
-        mine = self._schedule_at(past, cursor, step, global_batch)
-        return self.with_schedule(self._continue(saved_sched, saved_schedule, cursor, mine))
-
-    def _schedule_at(self, past: list, cursor: int, step: int | None,
-                     global_batch: int | None) -> MixtureSchedule:
-        """This mixture's own schedule for a run resumed at ``cursor`` whose checkpoint
-        began the stages ``past``: its stages in steps converted from the resume point, those
-        of them already begun at the samples the checkpoint began them at."""
-        spec = self.spec
-        if spec is None or not self._inputs or not any(st.unit == "steps"
-                                                        for st in spec.stages):
-            # No start depends on the run's steps, or the schedule was given ready-made.
-            return self.config_schedule
-        batch = global_batch or self._inputs.get("global_batch")
-        if step is None and batch:
-            step = cursor // batch
-        fixed = {j: start for j, (start, _) in enumerate(past)
-                 if j < len(spec.stages) and spec.stages[j].unit == "steps"}
-        try:
-            starts = spec.stage_starts(
-                global_batch=batch, tokens_per_sample=self._inputs.get("tokens_per_sample"),
-                step=step or 0, cursor=cursor, fixed=fixed)
-        except MixtureError as exc:
-            raise StateMismatchError(
-                f"{exc} (resuming at step {step}, cursor {cursor}, global batch {batch}: a "
-                "stage in steps begins at that step of the run); fix the stage starts") from None
-        return self._schedule_from(starts)
-
-    def _schedule_from(self, starts: Sequence[int]) -> MixtureSchedule:
-        inputs = {k: v for k, v in self._inputs.items()
-                  if k in ("mean_sizes", "epoch_sizes")}
-        return MixtureSchedule.from_spec(self.spec, starts=starts, **inputs)
-
-    def _continue(self, saved: MixtureSchedule, saved_dict: dict, cursor: int,
-                  mine: MixtureSchedule) -> MixtureSchedule:
-        if saved.policy != mine.policy:
-            raise StateMismatchError(
-                f"the checkpoint's exhaustion policy is {saved.policy!r}, this mixture's "
-                f"{mine.policy!r}; resume with the checkpoint's policy")
-        mine_sources = mine.to_dict()["sources"]
-        for k, src in enumerate(saved_dict["sources"]):
-            # A checkpoint that added a source at a resume recorded no epoch size for it
-            # (before this was fixed); its data is pinned by dataset_id, so only a recorded
-            # size or a cap can disagree.
-            size_differs = src["epoch_size"] not in (None, mine_sources[k]["epoch_size"])
-            if src["max_epochs"] != mine_sources[k]["max_epochs"] or size_differs:
-                raise StateMismatchError(
-                    f"mixture source {self.names[k]!r}: the checkpoint caps it at "
-                    f"max_epochs={src['max_epochs']} of {src['epoch_size']} samples, this "
-                    f"mixture at {mine_sources[k]['max_epochs']} of "
-                    f"{mine_sources[k]['epoch_size']}; keep the cap of the run")
-        k_new = mine.num_sources
-        past = [(s, w) for s, w in saved.stages if s < cursor]
-        ours = mine.stages
-        # A start in steps was converted to samples by the run that began the stage, and
-        # _schedule_at kept that sample: changing the global batch does not move a stage
-        # already begun.
-        units = ([st.unit for st in self.spec.stages] if self.spec is not None
-                 else ["samples"] * len(ours))
-        for j, (start, weights) in enumerate(past):
-            pad = (*weights, *[0] * (k_new - len(weights)))
-            moved = j < len(ours) and units[j] == "samples" and ours[j][0] != start
-            if j >= len(ours) or moved or tuple(ours[j][1]) != pad:
-                have = (f"stage {j} starts at {ours[j][0]} with weights "
-                        f"{[str(w) for w in ours[j][1]]}" if j < len(ours)
-                        else f"only {len(ours)} stages")
-                raise StateMismatchError(
-                    f"the checkpoint (cursor {cursor}) consumed stage {j}, starting at "
-                    f"{start} with weights {[str(w) for w in weights]}, but this mixture has "
-                    f"{have}; stages that began before the cursor cannot change: keep them "
-                    "as they were and add a stage starting at or after the cursor")
-        if not past:
-            return mine   # nothing consumed yet: this mixture's schedule as it is
-        kept_sources = [{**src, "epoch_size": mine_sources[k]["epoch_size"]}
-                        for k, src in enumerate(saved_dict["sources"])]
-        kept = {**saved_dict, "sources": kept_sources, "stages": saved_dict["stages"][:len(past)]}
-        out = MixtureSchedule.from_dict(kept)
-        mine_stages = mine.to_dict()["stages"]
-        sizes = dict(zip(self.names, (s["epoch_size"] for s in mine_sources)))
-        for j in range(len(past), len(ours)):
-            start, weights = ours[j]
-            if start < cursor:
-                raise StateMismatchError(
-                    f"stage {j} ({mine_stages[j]['name'] or 'unnamed'}) starts at {start}, "
-                    f"before the checkpoint's cursor {cursor}, and the checkpoint has no such "
-                    "stage: a stage boundary cannot be in the past; start it at or after "
-                    f"{cursor}")
-            if k_new > out.num_sources and mine_sources[out.num_sources]["max_epochs"]:
-                raise StateMismatchError(
-                    f"mixture source {self.names[out.num_sources]!r} is added at resume with "
-                    "max_epochs; a source added mid-run cannot be capped yet")
-            by_name = dict(zip(self.names, mine_stages[j]["weights"]))
-            out = out.append_stage(start, by_name, cursor=cursor,
-                                   name=mine_stages[j]["name"], epoch_sizes=sizes)
-        if out.num_sources != k_new:
-            raise StateMismatchError(
-                f"sources {self.names[out.num_sources:]} were added but no stage at or after "
-                f"the cursor {cursor} gives them a weight; add one")
-        return out
-
     def close(self) -> None:
         for s in self.sources:
             s.close()
-
-    def __enter__(self) -> MixedDataset:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class MixedOrder:
@@ -628,7 +384,7 @@ class MixedOrder:
 
     def block_of(self, ids) -> np.ndarray:
         """The virtual row group (block) holding each virtual sample id."""
-        return np.searchsorted(self.mix.manifest.rg_row_start, np.asarray(ids, np.int64),
+        return np.searchsorted(self.mix.row_group_table.rg_row_start, np.asarray(ids, np.int64),
                                side="right") - 1
 
     def locate(self, positions) -> tuple[np.ndarray, np.ndarray]:
@@ -651,22 +407,6 @@ class MixedOrder:
 
     def __repr__(self) -> str:
         return f"MixedOrder(sources={self.mix.names}, options={self._options!r})"
-
-
-def open_mixture(mixture, *, columns: Sequence[str] | None = None,
-                 global_batch: int | None = None, cache=None,
-                 decoded_cache=None, defer_stage_order: bool = False) -> MixedDataset:
-    """Open a mixture: a :class:`MixedDataset` (``columns`` selected), or a mixture file path,
-    its dict or a :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source
-    opened with its own storage options; remote ones through ``cache``; every one through
-    ``decoded_cache``, as for :func:`~zephon_store.open_dataset`). ``defer_stage_order``:
-    see :func:`build_mixture`. The normaliser (:func:`~zephon_store.load.source.open_source`)
-    tells an open mixture from one to open; any other spelling is read as a mixture's."""
-    from .source import open_source
-
-    return open_source(mixture, columns=columns, global_batch=global_batch, cache=cache,
-                       decoded_cache=decoded_cache, defer_stage_order=defer_stage_order,
-                       as_mixture=True)
 
 
 def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
@@ -728,7 +468,7 @@ def build_mixture(spec, sources: Sequence, *, columns: Sequence[str] | None = No
             epoch_sizes=inputs["epoch_sizes"])
     mix = MixedDataset(sources, schedule, names=spec.source_names, columns=columns, spec=spec,
                        schedule_inputs=inputs)
-    mix._pending = pending
+    mix.pending_error = pending
     return mix
 
 

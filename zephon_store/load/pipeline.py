@@ -366,7 +366,7 @@ class BatchPipeline:
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(self.dataset.decoded_row_group_bytes())
         # Steps gathered together (module docstring); 1 gathers step by step.
-        m = self.dataset.manifest
+        m = self.dataset.row_group_table
         rows_per_rg = max(1.0, m.num_samples / max(1, m.num_row_groups))
         self.group = group or group_steps(stream.topology.local_batch, self._per_rg / rows_per_rg,
                                           max_bytes=self.ahead_bytes)
@@ -468,7 +468,7 @@ class BatchPipeline:
 
     def _steps(self) -> Iterator[tuple[int, dict]]:
         run = _Pass(self)
-        rg_rows = self.dataset.manifest.rg_rows
+        rg_rows = self.dataset.row_group_table.rg_rows
         try:
             run.queue_one(deferred=True)   # the first step alone (the module docstring)
             first = True
@@ -560,7 +560,7 @@ class _Pass:
                 parts.append((i, ids.size))
                 blocks.append(ids)
             groups.append((parts, blocks[0] if len(blocks) == 1 else np.concatenate(blocks)))
-        plans = plan_steps(pipe.dataset.manifest, [ids for _, ids in groups])
+        plans = plan_steps(pipe.dataset.row_group_table, [ids for _, ids in groups])
         self.planned.extend((parts, ids, p) for (parts, ids), p in zip(groups, plans))
 
     def queue_one(self, *, deferred: bool = False) -> bool:

@@ -188,7 +188,7 @@ def plan_mixture(path: str, *, global_batch: int, world_size: int, ranks_per_nod
     sim_steps = simulate_steps
     if last_step is not None:
         sim_steps = min(sim_steps, last_step + 1) if sim_steps else last_step + 1
-    sim = simulate(mix.manifest, options, topology, cursor=cursor, steps=sim_steps,
+    sim = simulate(mix.row_group_table, options, topology, cursor=cursor, steps=sim_steps,
                    order=order, end=end)
     # The realised mix of each stage over the simulated span, or up to the last stage's
     # start plus one step when that reaches further.

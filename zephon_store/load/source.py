@@ -1,13 +1,10 @@
-"""What the loader reads: the :class:`Source` contract, and the one normaliser to it.
+"""What the loader reads: the one normaliser to a :class:`~zephon_store.read.source.Source`.
 
-A *source* is everything the reader (:mod:`zephon_store.load.stream`,
-:mod:`zephon_store.load.share_reader`, :mod:`zephon_store.load.pipeline`) and the loaders need
-from "what is read": its identity, the order over it and that order's seed rule, the ids of
-a position split into (source, own id), the row-group tables, reads and prefetch, the
-working set a rank keeps decoded, its entry in the checkpoint and the resume from one, and
-the end of its data. :class:`~zephon_store.read.dataset.Dataset` and
-:class:`~zephon_store.load.mixed.MixedDataset` both satisfy it; nothing downstream asks
-which one it holds.
+A *source* is what is read (:mod:`zephon_store.read.source`: identity, schema, size, a
+row-group table, reads and prefetch, its datasets); how a run reads it is its plan
+(:func:`~zephon_store.load.plan.plan_of`). :class:`~zephon_store.read.dataset.Dataset` and
+:class:`~zephon_store.load.mixed.MixedDataset` both satisfy the contract; nothing downstream
+asks which one it holds.
 
 :func:`open_source` turns every spelling a loader accepts (a URL, an open ``Dataset``, a
 mixture file ``.toml``/``.json``, its dict, a ``MixtureSpec``, an open ``MixedDataset``)
@@ -17,10 +14,9 @@ global batch that places a mixture's stage starts in steps), for a front end tha
 those from the data (TorchTitan's batch counts windows of the sources' ``seq_len``); its
 answer is a spelling :func:`open_source` takes.
 
->>> from zephon_store import open_dataset
 >>> ds = open_source(tiny_dataset)
->>> isinstance(ds, Source), ds.num_samples, ds.state_entry()
-(True, 100, None)
+>>> isinstance(ds, Source), ds.num_samples
+(True, 100)
 >>> open_source(ds) is ds
 True
 """
@@ -29,79 +25,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
-import pyarrow as pa
+from ..read.source import Source
 
-from ..order.order import OrderOptions
-from ..order.topology import Topology
-
-__all__ = ["MixtureParts", "Source", "by_kind", "is_mixture", "open_parts", "open_source"]
+__all__ = ["MixtureParts", "Source", "by_kind", "is_mixture", "open_mixture", "open_parts",
+           "open_source", "plan_of", "seed_of"]
 
 MIXTURE_FILE_SUFFIXES = (".toml", ".json")
-
-
-@runtime_checkable
-class Source(Protocol):
-    """What the loader reads (see the module docstring); every member is used by the reader
-    or a loader."""
-
-    url: str
-    # Row-group tables (rg_rows, rg_row_start, rg_length, ...).
-    manifest: Any
-
-    @property
-    def local(self) -> bool:
-        """Whether every byte is read from a local path (decode threads: the cores)."""
-    def decoded_row_group_bytes(self) -> float:
-        """Estimated decoded size of one row group (the decode-ahead budget's unit)."""
-
-    @property
-    def dataset_id(self) -> str: ...
-    @property
-    def num_samples(self) -> int: ...
-    @property
-    def schema(self) -> pa.Schema: ...
-    @property
-    def cache(self) -> Any:
-        """The disk cache remote bytes go through (None: all local; nothing to prefetch)."""
-    @property
-    def end(self) -> int | None:
-        """The first position the data cannot serve (a capped mixture source ran out)."""
-
-    def end_reason(self) -> str: ...
-
-    # -- the order -----------------------------------------------------------------------
-    def order(self, options: OrderOptions) -> Any:
-        """Position -> sample id (``sample_at``, ``num_samples``, ``effective_lanes``...)."""
-    def order_seed(self, given: int | None) -> int:
-        """The seed rule: the seed the order uses when ``given`` (None: not given)."""
-    def resolve_lanes(self, options: OrderOptions, topology: Topology) -> OrderOptions: ...
-
-    # -- ids and row groups --------------------------------------------------------------
-    def split_ids(self, ids) -> tuple[np.ndarray | None, np.ndarray]:
-        """Sample ids -> (source index, or None for one dataset; each source's own id)."""
-    def working_set_row_groups(self, order: Any, topology: Topology) -> int: ...
-    def read_row_group(self, rg: int, *, keep: bool = True) -> pa.Table:
-        """Row group ``rg`` decoded (``keep``: held in the decoded LRU)."""
-    def prefetcher(self, step_row_groups, *, budget_bytes: int, num_batches: int | None = None,
-                   coalesce=None, threads: int = 4) -> Any:
-        """Fetches each step's row groups ahead into the disk cache (``consumed``, ``close``)."""
-    def parts(self) -> list[tuple[str, Any]]:
-        """``[(name, Dataset)]`` of every dataset read (a mixture's sources)."""
-    def deny_list_manifest(self) -> Any:
-        """The ids a deny list names: a dataset's manifest, or a mixture's
-        :class:`~zephon_store.load.denylist.MixtureIds` (each source's own ids)."""
-
-    # -- checkpoint ----------------------------------------------------------------------
-    def state_entry(self) -> dict | None:
-        """The state's ``mixture`` entry (None: a version-1 state of one dataset)."""
-    def resumed(self, saved: dict | None, cursor: int, *, step: int | None = None,
-                global_batch: int | None = None) -> Source: ...
-    def check_ready(self) -> None: ...
-    def expect_id(self, dataset_id: str) -> None: ...
-    def close(self) -> None: ...
 
 
 def is_mixture(obj) -> bool:
@@ -194,8 +125,7 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
     ``no_mixture`` (the refusal's words) refuses a mixture altogether. An open ``Dataset``
     is checked against ``expect_dataset_id``; it is open already, so ``decoded_cache`` is
     refused. A URL is opened with :func:`~zephon_store.read.dataset.open_dataset`.
-    ``as_mixture``: read any spelling as a mixture's
-    (:func:`~zephon_store.load.mixed.open_mixture`).
+    ``as_mixture``: read any spelling as a mixture's (:func:`open_mixture`).
     """
     from .mixed import MixedDataset
 
@@ -208,6 +138,48 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
     if isinstance(opened, MixedDataset):
         return opened.select(columns)
     return opened
+
+
+def plan_of(source):
+    """The plan a run reads ``source`` by (:mod:`zephon_store.load.plan`): the normaliser's
+    second half. ``source`` itself when it is a plan already, a
+    :class:`~zephon_store.load.plan.MixedPlan` for a mixture, else a
+    :class:`~zephon_store.load.plan.DatasetPlan`.
+
+    >>> plan = plan_of(open_source(tiny_dataset))
+    >>> type(plan).__name__, plan_of(plan) is plan, plan.state_entry()
+    ('DatasetPlan', True, None)
+    """
+    from .mixed import MixedDataset
+    from .plan import DatasetPlan, MixedPlan
+
+    if isinstance(source, (DatasetPlan, MixedPlan)):
+        return source
+    return MixedPlan(source) if isinstance(source, MixedDataset) else DatasetPlan(source)
+
+
+def seed_of(opened, given: int | None) -> int:
+    """The seed rule of what :func:`open_parts` opened (a source, or a mixture's
+    :class:`MixtureParts` before its schedule is placed): the seed the order uses when
+    ``given`` (None: not given)."""
+    if isinstance(opened, MixtureParts):
+        return opened.order_seed(given)
+    return plan_of(opened).order_seed(given)
+
+
+def open_mixture(mixture, *, columns: Sequence[str] | None = None,
+                 global_batch: int | None = None, cache=None,
+                 decoded_cache=None, defer_stage_order: bool = False):
+    """Open a mixture: a :class:`~zephon_store.load.mixed.MixedDataset` (``columns``
+    selected), or a mixture file path, its dict or a
+    :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source opened with its own
+    storage options; remote ones through ``cache``; every one through ``decoded_cache``, as
+    for :func:`~zephon_store.open_dataset`). ``defer_stage_order``: see
+    :func:`~zephon_store.load.mixed.build_mixture`. :func:`open_source` tells an open mixture
+    from one to open; any other spelling is read as a mixture's."""
+    return open_source(mixture, columns=columns, global_batch=global_batch, cache=cache,
+                       decoded_cache=decoded_cache, defer_stage_order=defer_stage_order,
+                       as_mixture=True)
 
 
 class MixtureParts:

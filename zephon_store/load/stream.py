@@ -15,16 +15,18 @@ import pyarrow as pa
 from ..order.assign import positions_for_rank, step_cursor, tail_positions_for_rank
 from ..order.order import Order, OrderOptions
 from ..order.topology import Topology
-from .mixed import SOURCE_KEY
+from .plan import SEQ_KEY
+from .source import plan_of
 
-SEQ_KEY = "_seq"
+__all__ = ["RankStream", "SEQ_KEY", "make_order"]
+
 _IDS_BLOCK_POSITIONS = 1 << 14  # positions per sample_at call when computing ids ahead
 
 
-def make_order(dataset, order_options: OrderOptions) -> Order:
-    """The order of a source (:class:`~zephon_store.load.source.Source`): a dataset's over
-    its row groups (its blocks), a mixture's mixed order."""
-    return dataset.order(order_options)
+def make_order(source, order_options: OrderOptions) -> Order:
+    """The order a run reads a source (or a plan) in: a dataset's over its row groups (its
+    blocks), a mixture's mixed order (:func:`~zephon_store.load.plan.plan_of`)."""
+    return plan_of(source).order(order_options)
 
 
 class RankStream:
@@ -39,12 +41,15 @@ class RankStream:
     array([68, 97, 30, 33])
 
     Batches are made by :class:`~zephon_store.load.pipeline.BatchPipeline` over a stream.
+    ``dataset``: a source, or the plan a run reads it by
+    (:func:`~zephon_store.load.plan.plan_of`); ``dataset`` is then the source.
     """
 
     def __init__(self, dataset, order_options: OrderOptions, topology: Topology, *,
                  columns: list[str] | None = None, with_seq: bool = False,
                  end: int | None = None, split=None) -> None:
-        self.dataset = dataset
+        self.plan = plan_of(dataset)
+        self.dataset = dataset = self.plan.source
         # Another rule for this process's share of a step than the topology's rank rule:
         # an object whose positions(cursor, global_batch, lanes=, epoch_size=, end=) gives
         # it (a live run's participant, load/live.py). None: the rank rule.
@@ -52,7 +57,7 @@ class RankStream:
         # Positions at or past ``end`` are never read: a step that would cross it is the
         # short last step (assign.tail_positions_for_rank). None: no end, full steps only.
         self.end = end
-        self.order = make_order(dataset, order_options)
+        self.order = self.plan.order(order_options)
         self.topology = topology
         self.columns = columns
         self.with_seq = with_seq
@@ -107,9 +112,9 @@ class RankStream:
         cursors = [step_cursor(cursor, j, t.global_batch) for j in range(steps)]
         if self.end is not None:
             cursors = [c for c in cursors if c < self.end] or [cursor]
-        if self.dataset.end is not None:
+        if self.plan.end is not None:
             # Not past a capped source's end: looking ahead must not fail a step before it.
-            cursors = [c for c in cursors if c + t.global_batch <= self.dataset.end] or [cursor]
+            cursors = [c for c in cursors if c + t.global_batch <= self.plan.end] or [cursor]
         parts = [self.positions(c) for c in cursors]
         ids = self.order.sample_at(np.concatenate(parts))
         # Steps hold local_batch ids each, except a short last step.
@@ -125,7 +130,7 @@ class RankStream:
         ids = self._ids_memo.get(cursor)
         if ids is None:
             ids = self._ids_ahead(cursor)[cursor]
-        rg = self.dataset.manifest.rg_row_start.searchsorted(ids, "right") - 1
+        rg = self.dataset.row_group_of(ids)
         if rg.size <= 512:     # on a small step a dict beats np.unique (docs/benchmarks.md)
             return np.fromiter(dict.fromkeys(rg.tolist()), dtype=np.int64)
         _, first = np.unique(rg, return_index=True)
@@ -133,15 +138,14 @@ class RankStream:
 
     def working_set_row_groups(self) -> int:
         """Row groups this rank reads from at the same time, in steady state (each must stay
-        decoded until its last sample is read, or it is decoded again): the source's answer
+        decoded until its last sample is read, or it is decoded again): the plan's answer
         for this order and topology."""
-        return self.dataset.working_set_row_groups(self.order, self.topology)
+        return self.plan.working_set_row_groups(self.order, self.topology)
 
     def seq_fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """What ``with_seq`` adds to a batch of sample ``ids``: ``_seq``, the ids; for a
         mixture ``_seq`` is each source's own id and ``_source`` the source index."""
-        source, local = self.dataset.split_ids(ids)
-        return {SEQ_KEY: local} if source is None else {SEQ_KEY: local, SOURCE_KEY: source}
+        return self.plan.seq_fields(ids)
 
     def select(self, table: pa.Table) -> pa.Table:
         """``table`` with only the stream's ``columns`` (all when none were chosen)."""

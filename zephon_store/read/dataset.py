@@ -27,13 +27,15 @@ from ..io.storage import Storage, is_local_url
 from ..io.throttle import NodeThrottle
 from .decoded_disk import DecodedDiskCache, as_decoded_cache
 from .rowgroups import DEFAULT_MEMORY_CACHE_BYTES, RowGroups
+from .source import SourceBase
 
 __all__ = ["DEFAULT_MEMORY_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
            "gather_rows", "open_dataset"]
 
 
-class Dataset:
-    """A converted dataset opened for reading. Use :func:`open_dataset` to make one.
+class Dataset(SourceBase):
+    """A converted dataset opened for reading (a :class:`~zephon_store.read.source.Source`).
+    Use :func:`open_dataset` to make one.
 
     >>> ds = open_dataset(tiny_dataset)
     >>> ds.num_samples, ds.dataset_id
@@ -154,58 +156,16 @@ class Dataset:
         """The node-local cache of decoded row groups (None: none, the default)."""
         return self.row_groups.decoded_disk
 
-    # -- as a Source (zephon_store/load/source.py: what the loader reads) ---------------
-    # No position past the data's own end: only a mixture whose capped source runs out has one.
-    end = None
-
-    def end_reason(self) -> str:
-        return ""
-
-    def order(self, options):
-        """The :class:`~zephon_store.order.Order` over this dataset's row groups (its blocks)."""
-        from ..order.order import Order
-
-        return Order(self.manifest.rg_rows, options)
-
-    def order_seed(self, given: int | None) -> int:
-        """The seed of the order: the one given (None: 0)."""
-        return 0 if given is None else int(given)
-
-    def resolve_lanes(self, options, topology):
-        """``options`` with ``lanes="auto"`` resolved for this dataset and ``topology``."""
-        if not options.is_auto:
-            return options
-        t = topology
-        return options.resolved(self.manifest.num_row_groups, self.num_samples,
-                                nodes=t.num_nodes, node_batch=t.global_batch // t.num_nodes)
-
-    def split_ids(self, ids) -> tuple[None, np.ndarray]:
-        """(None: one source, the sample ids themselves)."""
-        return None, np.asarray(ids, dtype=np.int64)
-
-    def working_set_row_groups(self, order, topology) -> int:
-        """Row groups a rank reads from at the same time, in steady state.
-
-        Each one must stay decoded until its last sample is read, or it is decoded again.
-        Sequential: this step's row groups and the next's. Shuffled: every lane the rank
-        reads is shuffled inside a window of ``window_blocks`` blocks' worth of samples,
-        which straddles one more block, and meets the next window in one more. The rank
-        rule gives a rank about ``lanes / world_size`` lanes (all of them at W = 1), plus
-        one it shares with a neighbour when that does not divide.
-        """
-        m, t = self.manifest, topology
-        mean_rows = max(1.0, m.num_samples / max(1, m.num_row_groups))
-        step = int(np.ceil(t.local_batch / mean_rows)) + 1
-        if not order.options.shuffle:
-            return int(min(m.num_row_groups, 2 * step))
-        lanes = order.effective_lanes
-        lanes = min(lanes, -(-lanes // t.world_size) + (lanes % t.world_size != 0))
-        return int(min(m.num_row_groups, lanes * (order.options.window_blocks + 2) + step))
-
+    # -- as a Source (read/source.py: what is read; how a run reads it is load/plan.py) ---
     @property
-    def local(self) -> bool:
-        """Whether every byte is read from a local path (no network)."""
-        return self.storage.local
+    def row_group_table(self) -> Manifest:
+        """The row-group table the loader plans reads from: the manifest's."""
+        return self.manifest
+
+    def split_ids(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(source 0 for every id: one dataset, the sample ids themselves)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return np.zeros(ids.shape, dtype=np.int64), ids
 
     def decoded_row_group_bytes(self) -> float:
         """Estimated decoded size of one row group (:func:`decoded_row_group_bytes`)."""
@@ -223,22 +183,6 @@ class Dataset:
     def parts(self) -> list[tuple[str, Dataset]]:
         """``[(name, dataset)]`` of every dataset read: this one, named by its URL."""
         return [(self.url, self)]
-
-    def deny_list_manifest(self) -> Manifest:
-        """The manifest a deny list's sample ids are checked against."""
-        return self.manifest
-
-    def state_entry(self) -> None:
-        """Nothing beyond the loader state's own keys (version 1)."""
-        return None
-
-    def resumed(self, saved, cursor: int, *, step: int | None = None,
-                global_batch: int | None = None) -> Dataset:
-        """This dataset, unchanged by a resume (its state entry is None)."""
-        return self
-
-    def check_ready(self) -> None:
-        """Always ready: nothing waits for a checkpoint."""
 
     def locate(self, seqs) -> Located:
         """Vectorised lookup of (shard, row group, row) for global sequence numbers."""

@@ -290,7 +290,8 @@ def _mixture(inp: dict) -> dict:
     positions = _positions(inp["positions"])
     if "spec" in inp and "order" in inp:
         from ..format.mixture_file import MixtureSpec
-        from ..load.mixed import MixedOrder, open_mixture
+        from ..load.mixed import MixedOrder
+        from ..load.source import open_mixture
 
         spec = MixtureSpec.from_dict(inp["spec"], base_dir=ROOT)
         with open_mixture(spec, global_batch=inp["global_batch"], columns=["id"]) as mix:

@@ -46,7 +46,7 @@ import torch
 from ..load.live import LiveLoader, LiveTopologyError, StepClaim
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
 from ..order.order import OrderOptions
-from .loader import ZephonLoader, to_torch
+from .loader import TorchProcesses, to_torch
 
 __all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
            "manager_participants"]
@@ -199,14 +199,12 @@ class LiveZephonLoader(LiveLoader):
                                     decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce,
                                     **ahead),
             stop=stop,
-            workers=option_group("workers", workers, WorkerOptions, num_workers=num_workers,
-                                 prefetch=prefetch,
-                                 multiprocessing_context=multiprocessing_context),
+            workers=TorchProcesses(option_group(
+                "workers", workers, WorkerOptions, num_workers=num_workers, prefetch=prefetch,
+                multiprocessing_context=multiprocessing_context)),
             storage_options=storage_options, cache=cache, decoded_cache=decoded_cache,
             expect_dataset_id=expect_dataset_id, run_log=run_log, deny_list=deny_list,
             collate=collate)
         if manager is not None:
             manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
 
-    # Workers hold no state (the commit rule is this process's): ZephonLoader's DataLoader.
-    _processes = ZephonLoader._processes

@@ -30,6 +30,7 @@ from ..load.loader import Loader
 from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
 from ..load.share_reader import ShareReader
 from ..load.source import Source
+from ..load.workers import ProcessWorkers
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from ..read.dataset import Dataset
@@ -162,15 +163,21 @@ class ZephonLoader(Loader):
                             ranks_per_node=(detect_ranks_per_node(ws)
                                             if ranks_per_node is None else ranks_per_node))
         super().__init__(dataset, topology=topology, seed=seed, order=order, batch=batch,
-                         read_ahead=read_ahead, stop=stop, workers=workers,
+                         read_ahead=read_ahead, stop=stop, workers=TorchProcesses(workers),
                          storage_options=storage_options, cache=cache,
                          decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
                          run_log=run_log, deny_list=deny_list, collate=collate)
 
-    def _processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
+
+class TorchProcesses(ProcessWorkers):
+    """The workers part of :class:`ZephonLoader` (:mod:`zephon_store.load.workers`): with
+    ``num_workers > 0``, a torch ``DataLoader`` whose process workers each make their share
+    of the batches (:class:`ZephonIterableDataset`); with none, threads."""
+
+    def processes(self, reader: ShareReader) -> Iterator[tuple[int, dict]]:
         from torch.utils.data import DataLoader
 
-        w = self.workers
+        w = self.options
         dl = DataLoader(ZephonIterableDataset.over(reader), batch_size=None,
                         num_workers=w.num_workers, prefetch_factor=w.prefetch,
                         pin_memory=w.pin_memory,
@@ -193,7 +200,7 @@ class ZephonLoader(Loader):
                 stop()
 
 
-# The torch DataLoader iterators of running loaders (see ZephonLoader._processes).
+# The torch DataLoader iterators of running loaders (see TorchProcesses.processes).
 _RUNNING: set = set()
 
 

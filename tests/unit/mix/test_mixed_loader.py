@@ -24,9 +24,9 @@ from zephon_store.load.mixed import (
     MixedDataset,
     MixedOrder,
     mean_sample_size,
-    open_mixture,
     source_order_options,
 )
+from zephon_store.load.source import open_mixture, plan_of
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.mixture import MixtureSchedule
 from zephon_store.read.dataset import open_dataset
@@ -319,7 +319,7 @@ def test_a_capped_source_ends_the_mixture_after_the_last_full_step(sources) -> N
     doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})])
     doc["sources"][1]["max_epochs"] = 1          # code: 37 samples, then the mixture ends
     loader = _loader(doc)      # endless: the mixture's end ends its loop too
-    end = loader.dataset.end
+    end = loader.plan.end
     assert end is not None and loader.dataset.schedule.consumed(end).tolist()[1] == 37
     got = [p for batch in loader for p in _pairs(batch)]
     assert len(got) == (end // B) * B and loader.state_dict()["cursor"] == (end // B) * B
@@ -351,7 +351,7 @@ def test_resume_appending_at_a_random_cursor_neither_repeats_nor_skips(
     stages = [*base.stages, (max(base.stages[-1][0] + 1, cursor + gap), weights)]
     wanted = MixedDataset(ds, MixtureSchedule(stages, names=names), names=names,
                           columns=["id", "text"])
-    resumed = wanted.resumed(saved.state_entry(), cursor)
+    resumed = plan_of(wanted).resumed(plan_of(saved).state_entry(), cursor).source
     before = np.arange(max(0, cursor - 300), cursor)
     after = np.arange(cursor, cursor + n)
     k0, i0 = saved.schedule.locate(before)
@@ -461,7 +461,7 @@ def test_a_bounded_loader_over_a_capped_mixture_ends_cleanly(sources, caplog) ->
     drop_last=False the last step is the short one up to the end."""
     doc = _mixture(sources, [("all", 0, {"web": 0.5, "code": 0.5})])
     doc["sources"][1]["max_epochs"] = 1
-    end = _loader(doc).dataset.end
+    end = _loader(doc).plan.end
     assert end is not None and end % B and end < sum(SIZES.values())
     for kw in ({"epochs": 1}, {"steps": 100}):
         loader = _loader(doc, **kw)
@@ -487,7 +487,7 @@ def test_plan_describes_a_capped_mixture_that_ends(sources, tmp_path, capsys) ->
     doc["sources"][1]["max_epochs"] = 1
     path = tmp_path / "capped.json"
     path.write_text(json.dumps(doc))
-    end = _loader(doc).dataset.end
+    end = _loader(doc).plan.end
     argv = ["plan", "--mixture", str(path), "--world-size", "2", "--global-batch", str(B),
             "--steps", f"0:{end // B + 3}"]
     assert main([*argv, "--json"]) == 0

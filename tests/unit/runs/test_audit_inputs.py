@@ -13,8 +13,8 @@ import json
 
 import numpy as np
 import pytest
-from stateful_helper import small_dataset
 
+from tests.helpers import small_dataset
 from zephon_store.cli.main import main
 
 STEPS = 160          # 1,280 positions: web (100 samples) and math (60) wrap several epochs
@@ -71,7 +71,8 @@ def loader_stream(mix: str, world_size: int, *, run_log: str | None = None) -> d
 
 def positions(mix: str, world_size: int) -> dict:
     """``{(step, rank): positions}`` by the loader's rank rule over the mixture's order."""
-    from zephon_store.load.mixed import MixedOrder, open_mixture
+    from zephon_store.load.mixed import MixedOrder
+    from zephon_store.load.source import open_mixture
     from zephon_store.order import OrderOptions
     from zephon_store.order.assign import positions_for_rank
 

@@ -1,5 +1,6 @@
-"""The Source contract (issue 30 item 1): a Dataset and a mixture are both read as a Source,
-one normaliser turns every accepted spelling into one, and nothing else asks which it holds.
+"""The Source contract (issue 30 item 1, narrowed by issue 40): a Dataset and a mixture are
+both read as a Source, one normaliser turns every accepted spelling into one and gives the
+plan a run reads it by, and nothing else asks which it holds.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import re
 import pytest
 
 import zephon_store as z
+from tests.helpers import ROOT
 from zephon_store.errors import MixtureError
 from zephon_store.format.mixture_file import MixtureSpec
 from zephon_store.load.mixed import MixedDataset
-from zephon_store.load.source import Source, open_source
+from zephon_store.load.plan import DatasetPlan, MixedPlan, Plan
+from zephon_store.load.source import Source, open_source, plan_of
 from zephon_store.order import OrderOptions
 from zephon_store.order.topology import Topology
 from zephon_store.read.dataset import Dataset, open_dataset
 
-PKG = pathlib.Path(__file__).resolve().parents[2] / "zephon_store"
+PKG = pathlib.Path(ROOT) / "zephon_store"
 ASKS = re.compile(r"is_mixture|isinstance\([^)]*MixedDataset")
 # What makes a mixture from a spelling (load/mixed.py's parts): named, even imported under
 # another name, anywhere but the normaliser and the module that defines them.
@@ -64,7 +67,18 @@ def test_every_spelling_opens_as_a_source(urls, tmp_path) -> None:
         src = open_source(spelling)
         assert isinstance(src, Source) and isinstance(src, kind)
     assert open_source(ds) is ds and open_source(mix) is mix
-    assert ds.state_entry() is None and mix.state_entry() is not None
+    assert isinstance(plan_of(ds), DatasetPlan) and isinstance(plan_of(mix), MixedPlan)
+    assert all(isinstance(plan_of(s), Plan) and plan_of(plan_of(s)).source is s for s in (ds, mix))
+    assert plan_of(ds).state_entry() is None and plan_of(mix).state_entry() is not None
+
+
+def test_the_source_contract_is_narrow() -> None:
+    """What is read has at most 10 members (issue 40); how a run reads it is the plan's."""
+    members = {n for n in vars(Source) if not n.startswith("_")} | set(
+        Source.__annotations__)
+    assert len(members) <= 10, sorted(members)
+    assert not members & {"order", "order_seed", "resolve_lanes", "working_set_row_groups",
+                          "state_entry", "resumed", "check_ready", "end"}
 
 
 def test_the_normaliser_refuses_what_does_not_apply(urls) -> None:
@@ -79,8 +93,8 @@ def test_the_normaliser_refuses_what_does_not_apply(urls) -> None:
         open_source(urls["a"], expect_dataset_id=open_dataset(urls["b"]).dataset_id)
 
 
-def test_the_seed_rule_is_the_sources(urls) -> None:
-    ds, mix = open_source(urls["a"]), open_source(_mix_dict(urls, seed=9))
+def test_the_seed_rule_is_the_plans(urls) -> None:
+    ds, mix = plan_of(open_source(urls["a"])), plan_of(open_source(_mix_dict(urls, seed=9)))
     assert (ds.order_seed(None), ds.order_seed(4)) == (0, 4)
     assert (mix.order_seed(None), mix.order_seed(9)) == (9, 9)
     with pytest.raises(MixtureError, match="sets seed 9 but seed 4 was given"):
@@ -89,18 +103,23 @@ def test_the_seed_rule_is_the_sources(urls) -> None:
 
 def test_a_dataset_answers_the_contract_as_the_loader_did(urls) -> None:
     ds = open_source(urls["a"])
+    plan = plan_of(ds)
     t = Topology(global_batch=8)
     auto = OrderOptions(seed=3, lanes="auto")
-    assert ds.resolve_lanes(auto, t) == auto.resolved(
+    assert plan.resolve_lanes(auto, t) == auto.resolved(
         ds.manifest.num_row_groups, ds.num_samples, nodes=1, node_batch=8)
-    assert open_source(_mix_dict(urls)).resolve_lanes(auto, t) == auto
-    src, local = ds.split_ids([3, 1])
-    assert src is None and local.tolist() == [3, 1]
-    assert ds.resumed(None, 16, step=2, global_batch=8) is ds
-    assert ds.end is None and [d for _, d in ds.parts()] == [ds]
+    assert plan_of(open_source(_mix_dict(urls))).resolve_lanes(auto, t) == auto
+    src, local = ds.split_ids([3, 1])     # always a source index: one dataset is source 0
+    assert src.tolist() == [0, 0] and local.tolist() == [3, 1]
+    assert plan.seq_fields([3, 1])["_seq"].tolist() == [3, 1] and len(plan.seq_fields([3])) == 1
+    assert plan.resumed(None, 16, step=2, global_batch=8) is plan
+    assert plan.end is None and [d for _, d in ds.parts()] == [ds]
+    assert ds.row_group_of([0, 10, 39]).tolist() == [0, 1, 3]
     mix = open_source(_mix_dict(urls))
     assert [n for n, _ in mix.parts()] == ["a", "b"]
-    space = mix.deny_list_manifest()   # a deny list names each source's own ids
+    assert mix.row_group_of([0, 40, 64]).tolist() == [0, 4, 6]    # a's 4 row groups first
+    assert sorted(plan_of(mix).seq_fields([41])) == ["_seq", "_source"]
+    space = plan_of(mix).deny_ids()   # a deny list names each source's own ids
     assert space.names == ("a", "b") and space.num_samples == mix.num_samples
     assert space.offsets == (0, mix.sources[0].num_samples)
     assert space.dataset_id.startswith("mixids:")
