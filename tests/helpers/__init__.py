@@ -1,8 +1,9 @@
 """What the tests share, imported one way: ``from tests.helpers import ...``.
 
-Here: the repository's ``ROOT``, synthetic corpora and the small datasets converted from
-them, mixture files, directory digests, the CLI as a test calls it, and a forked call. The
-heavier parts are modules beside this one, imported as ``from tests.helpers.<module> import``:
+Here: the repository's ``ROOT``; synthetic corpora and the small datasets converted from
+them; mixture files and a takedown's two sources; directory digests and resealed manifests;
+the CLI as a test calls it; a JSON Lines parse that fails once; a forked call. The heavier
+parts are modules beside this one, imported as ``from tests.helpers.<module> import``:
 ``stateful`` (the one save/load check of every stateful loader), ``faultproxy`` (an S3 proxy
 that injects faults), ``gate`` (a parse that waits at a FIFO) and ``node_start`` (a simulated
 node start against S3).
@@ -124,6 +125,15 @@ def opened(url: str, *, samples: int | None = None, row_groups: int | None = Non
     return dataset
 
 
+def sequential_steps(manifest, per_step: int = 2):
+    """``step -> row groups`` reading ``manifest``'s row groups in order, ``per_step`` a
+    step: the plan a prefetcher is given in the tests that count what it fetches."""
+    import numpy as np
+
+    rgs = np.arange(manifest.num_row_groups)
+    return lambda i: rgs[i * per_step:(i + 1) * per_step]
+
+
 def converted(directory, *, files: int, records: int, seed: int = 0, **options) -> str:
     """Write a corpus (:func:`write_jsonl_corpus`) to ``directory/src`` and convert it to
     ``directory/ds`` with ``WriteOptions(**options)``; returns the dataset's path."""
@@ -134,6 +144,31 @@ def converted(directory, *, files: int, records: int, seed: int = 0, **options) 
     write_jsonl_corpus(src, files=files, records=records, seed=seed)
     convert([src], out, options=WriteOptions(**options))
     return out
+
+
+# A takedown over two sources: the ids denied in each, and the text a denied record carries,
+# so that a leak shows in any column.
+DENY = {"web": [3, 17, 40], "code": [0, 5]}
+MARK = "SECRET"
+
+
+def takedown_sources(root) -> tuple[str, str]:
+    """The URLs of ``web`` (60 records) and ``code`` (30) converted under ``root`` (shards of
+    4 KiB, row groups of 8 rows): record ``i`` is ``{"text": "<name> <i>", "n": i}``, except
+    that a denied one (``DENY``) has ``MARK`` in its text and ``n`` -1."""
+    import zephon_store as z
+
+    small = z.WriteOptions(target_shard_bytes=1 << 12, row_group_rows=8, row_group_bytes=None)
+    urls = []
+    for name, n in (("web", 60), ("code", 30)):
+        src = root / f"{name}.jsonl"
+        with open(src, "w") as f:
+            for i in range(n):
+                bad = i in DENY[name]
+                f.write(json.dumps({"text": f"{MARK} {name} {i}" if bad else f"{name} {i}",
+                                    "n": -1 if bad else i}) + "\n")
+        urls.append(z.convert([str(src)], str(root / name), options=small).url)
+    return urls[0], urls[1]
 
 
 def two_stage_mixture(path, sources: dict[str, tuple[str, list[float]]]) -> str:

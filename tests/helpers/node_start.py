@@ -13,17 +13,38 @@ holds afterwards is the node's start and nothing of the imports.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tests.helpers import write_jsonl_corpus
+from zephon_store import convert
 from zephon_store.testing.s3_proxy import CountingProxy
 from zephon_store.write.shardwriter import WriteOptions
 
 OPTS = WriteOptions(target_shard_bytes=40 << 10, row_group_bytes=6 << 10)
 BATCH = 4            # samples per rank per step
 METADATA = re.compile(r"/(manifest\.json|index/[0-9a-f]{32}\.arrow)$")
+
+
+def start_corpus(directory):
+    """The start tests' corpus (2 files of 400 records) in ``directory / "src"``, its path."""
+    write_jsonl_corpus(directory / "src", files=2, records=400, seed=4)
+    return directory / "src"
+
+
+@contextlib.contextmanager
+def behind_proxy(corpus, bucket, *, labels: int) -> Iterator[tuple[str, CountingProxy]]:
+    """``corpus`` converted with ``OPTS`` to ``<bucket>/ds`` (``bucket``: the ``s3_bucket``
+    fixture), and a counting proxy with ``labels`` labels in front of its server; yields
+    ``(url, proxy)``."""
+    url = f"{bucket.url}/ds"
+    convert([str(corpus)], url, options=OPTS, storage_options=bucket.storage_options)
+    with CountingProxy(bucket.server.ports["s3"], labels=labels) as proxy:
+        yield url, proxy
 
 
 @dataclass

@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, small_dataset
+from tests.helpers import ROOT, opened, small_dataset
 from tests.helpers.stateful import Step, assert_matches_reference, reference_ids
 from zephon_store.load.accounting import RunContext
 from zephon_store.order import Order, OrderOptions
@@ -112,8 +112,7 @@ def read_log(log_dir: str, tag: str) -> tuple[list[Step], list[dict], list[dict]
 def dataset_url(tmp_path_factory) -> str:
     url = small_dataset(str(tmp_path_factory.mktemp("elastic")), files=4, records=500,
                         row_group_rows=50)
-    ds = open_dataset(url)
-    assert ds.num_samples == N and ds.manifest.num_row_groups == 40
+    opened(url, samples=N, row_groups=40)
     return url
 
 

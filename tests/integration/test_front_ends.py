@@ -18,6 +18,7 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import two_stage_mixture
 from tests.integration.torchtitan_worker import make_packed_dataset
 from zephon_store.load.accounting import RunContext
 
@@ -43,15 +44,11 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("front-ends")
     url = make_packed_dataset(str(root / "a"), seq_len=SEQ_LEN, windows=60)
     other = make_packed_dataset(str(root / "b"), seq_len=SEQ_LEN, windows=30)
-    mix = root / "mix.json"
-    mix.write_text(json.dumps({
-        "stages": [{"name": "warm", "start": {"samples": 0}},
-                   {"name": "main", "start": {"steps": 3}}],
-        "sources": [{"name": "big", "url": url, "weights": [0.9, 0.3]},
-                    {"name": "small", "url": other, "weights": [0.1, 0.7]}]}))
+    mix = two_stage_mixture(root / "mix.json", {"big": (url, [0.9, 0.3]),
+                                                "small": (other, [0.1, 0.7])})
     windows = {"big": _windows(url), "small": _windows(other)}
     assert len({tuple(w) for w in windows["big"]}) == len(windows["big"]) > 40
-    return url, windows, str(mix)
+    return url, windows, mix
 
 
 # -- the two front ends, as a test sees them ----------------------------------------------

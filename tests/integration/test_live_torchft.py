@@ -43,7 +43,7 @@ from collections import defaultdict
 import pytest
 from torchft.coordination import LighthouseServer
 
-from tests.helpers import ROOT, small_dataset
+from tests.helpers import ROOT, opened, small_dataset
 from tests.helpers.stateful import assert_exactly_once_per_epoch, reference_ids
 from zephon_store.load.accounting import RunContext
 from zephon_store.load.runlog import read_run_log
@@ -82,8 +82,7 @@ def env() -> dict:
 def dataset_url(tmp_path_factory) -> str:
     url = small_dataset(str(tmp_path_factory.mktemp("live")), files=4, records=100,
                         row_group_rows=20)
-    ds = open_dataset(url)
-    assert ds.num_samples == N and ds.manifest.num_row_groups == 20
+    opened(url, samples=N, row_groups=20)
     return url
 
 

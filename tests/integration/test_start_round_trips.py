@@ -17,10 +17,9 @@ import os
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from tests.helpers.node_start import BATCH, METADATA, OPTS, node_start
-from zephon_store import OrderOptions, Topology, convert, open_dataset
-from zephon_store.testing.s3_proxy import CountingProxy, round_trips
+from tests.helpers.node_start import BATCH, METADATA, behind_proxy, node_start, start_corpus
+from zephon_store import OrderOptions, Topology, open_dataset
+from zephon_store.testing.s3_proxy import round_trips
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch")
@@ -39,16 +38,12 @@ MAX_ROUND_TRIPS = {"process": 4, "node": 4}
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rtcorpus")
-    write_jsonl_corpus(d / "src", files=2, records=400, seed=4)
-    return d / "src"
+    return start_corpus(tmp_path_factory.mktemp("rtcorpus"))
 
 
 @pytest.fixture()
 def slow_s3(corpus, s3_bucket, tmp_path):
-    url = f"{s3_bucket.url}/ds"
-    convert([str(corpus)], url, options=OPTS, storage_options=s3_bucket.storage_options)
-    with CountingProxy(s3_bucket.server.ports["s3"], labels=4) as proxy:
+    with behind_proxy(corpus, s3_bucket, labels=4) as (url, proxy):
         proxy.latency(LATENCY)
         yield url, s3_bucket, proxy, tmp_path
 

@@ -15,10 +15,8 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from tests.helpers.node_start import BATCH, METADATA, OPTS, node_start
-from zephon_store import convert
-from zephon_store.testing.s3_proxy import CountingProxy, summarize
+from tests.helpers.node_start import BATCH, METADATA, behind_proxy, node_start, start_corpus
+from zephon_store.testing.s3_proxy import summarize
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch")
@@ -31,16 +29,12 @@ LOADER = {"with_seq": True, "multiprocessing_context": "fork"}
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("startcorpus")
-    write_jsonl_corpus(d / "src", files=2, records=400, seed=4)
-    return d / "src"
+    return start_corpus(tmp_path_factory.mktemp("startcorpus"))
 
 
 @pytest.fixture()
 def node(corpus, s3_bucket, tmp_path):
-    url = f"{s3_bucket.url}/ds"
-    convert([str(corpus)], url, options=OPTS, storage_options=s3_bucket.storage_options)
-    with CountingProxy(s3_bucket.server.ports["s3"], labels=8) as proxy:
+    with behind_proxy(corpus, s3_bucket, labels=8) as (url, proxy):
         yield url, s3_bucket, proxy, tmp_path
 
 

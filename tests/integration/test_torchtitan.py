@@ -23,7 +23,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, two_stage_mixture
 from tests.integration.torchtitan_worker import make_packed_dataset
 
 pytestmark = pytest.mark.integration
@@ -200,12 +200,8 @@ def test_mixture_checkpoint_resumes_at_another_dp_degree(packed, tmp_path):
 
     _, url, _, _ = packed
     other = make_packed_dataset(str(tmp_path / "other"), seq_len=SEQ_LEN, windows=20)
-    mix = tmp_path / "mix.json"
-    mix.write_text(json.dumps({
-        "stages": [{"name": "warm", "start": {"samples": 0}},
-                   {"name": "main", "start": {"steps": 3}}],
-        "sources": [{"name": "big", "url": url, "weights": [0.75, 0.25]},
-                    {"name": "small", "url": other, "weights": [0.25, 0.75]}]}))
+    mix = two_stage_mixture(tmp_path / "mix.json", {"big": (url, [0.75, 0.25]),
+                                                    "small": (other, [0.25, 0.75])})
     ckpt = str(tmp_path / "dump")
     common = ["--mixture", str(mix), "--ckpt", ckpt, "--seq-len", str(SEQ_LEN),
               "--local-batch", str(LOCAL_BATCH), "--seed", str(SEED)]

@@ -9,19 +9,16 @@ import os
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert, open_dataset
+from tests.helpers import converted
+from zephon_store import open_dataset
 from zephon_store.cli.main import main
 from zephon_store.read.decoded_disk import ENV_BUDGET, ENV_DIR
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cache_cmd")
-    write_jsonl_corpus(d / "src", files=1, records=60, seed=5)
-    convert([str(d / "src")], str(d / "ds"), options=WriteOptions(row_group_rows=20))
-    return str(d / "ds")
+    return converted(tmp_path_factory.mktemp("cache_cmd"), files=1, records=60, seed=5,
+                     row_group_rows=20)
 
 
 def test_fill_says_how_a_job_reads_it_and_warns_when_this_environment_would_not(

@@ -7,21 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert, open_dataset
+from tests.helpers import converted, write_jsonl_corpus
+from zephon_store import open_dataset
 from zephon_store.cli.main import main
 from zephon_store.format.manifest import FORMAT_VERSION
 from zephon_store.order import Order, OrderOptions
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cli")
-    write_jsonl_corpus(d / "src", files=2, records=300, seed=2)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=20 << 10, row_group_rows=25))
-    return str(d / "ds")
+    return converted(tmp_path_factory.mktemp("cli"), files=2, records=300, seed=2,
+                     target_shard_bytes=20 << 10, row_group_rows=25)
 
 
 def _json(capsys):

@@ -6,18 +6,15 @@ import json
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert, open_dataset
+from tests.helpers import converted
+from zephon_store import open_dataset
 from zephon_store.cli.main import main
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cli_usage")
-    write_jsonl_corpus(d / "src", files=1, records=40, seed=3)
-    convert([str(d / "src")], str(d / "ds"), options=WriteOptions(row_group_rows=10))
-    return str(d / "ds")
+    return converted(tmp_path_factory.mktemp("cli_usage"), files=1, records=40, seed=3,
+                     row_group_rows=10)
 
 
 @pytest.mark.parametrize("argv,flag", [

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import reseal
 from zephon_store import ManifestError, convert, open_dataset
 from zephon_store.errors import InputError, ZephonError
 from zephon_store.format import encoding as enc_mod
@@ -25,7 +26,6 @@ from zephon_store.format.encoding import (
     to_logical,
     to_storage,
 )
-from zephon_store.format.manifest import compute_dataset_id
 from zephon_store.read.verify import verify
 from zephon_store.write.shardwriter import WriteOptions, write_shard
 
@@ -283,16 +283,9 @@ def test_element_null_names_the_input_and_record(tmp_path):
     assert open_dataset(str(out)).take([20]).column("tokens").to_pylist() == [[3, None]]
 
 
-def _reseal(ds, edit):
-    doc = json.loads((ds / "manifest.json").read_text())
-    edit(doc)
-    doc["dataset_id"] = compute_dataset_id(doc)
-    (ds / "manifest.json").write_text(json.dumps(doc))
-
-
 def test_verify_reports_a_storage_schema_mismatch(tmp_path):
     ds = _convert(tmp_path, _token_table())
-    _reseal(ds, lambda doc: doc["storage"].pop("emb"))  # consistent manifest, wrong storage
+    reseal(ds, lambda doc: doc["storage"].pop("emb"))  # consistent manifest, wrong storage
     rep = verify(str(ds), deep=True)
     kinds = {f.kind for f in rep.findings}
     assert kinds == {"schema_mismatch"}
@@ -302,23 +295,23 @@ def test_verify_reports_a_storage_schema_mismatch(tmp_path):
 
 def test_manifest_rejects_inconsistent_storage(tmp_path):
     ds = _convert(tmp_path, _token_table())
-    _reseal(ds, lambda doc: doc["storage"].update(id=FIXED_SIZE_BINARY_LE))
+    reseal(ds, lambda doc: doc["storage"].update(id=FIXED_SIZE_BINARY_LE))
     with pytest.raises(ManifestError, match="column 'id'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: doc.update(format_version=1))
+    reseal(ds, lambda doc: doc.update(format_version=1))
     with pytest.raises(ManifestError, match="format_version 1 manifest cannot have 'storage'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
+    reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
     with pytest.raises(ManifestError, match="lacks its 'storage'"):
         open_dataset(str(ds))
-    _reseal(ds, lambda doc: doc.update(format_version=6, storage={}))
+    reseal(ds, lambda doc: doc.update(format_version=6, storage={}))
     with pytest.raises(ManifestError, match="format_version 6 is not supported.*reads 1, 2, 3, 4, 5"):
         open_dataset(str(ds))
 
 
 def test_split_storage_is_refused_before_version_5(tmp_path):
     ds = _convert(tmp_path, _token_table())
-    _reseal(ds, lambda doc: doc.update(format_version=4))
+    reseal(ds, lambda doc: doc.update(format_version=4))
     with pytest.raises(ManifestError, match="format_version 4 manifest cannot name the storage "
                                             "encoding 'fixed_size_binary_split'"):
         open_dataset(str(ds))

@@ -12,13 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.helpers import write_jsonl_corpus
+from tests.helpers import converted
 from zephon_store import (
     IntegrityError,
     ManifestError,
     UnsafePathError,
     ZephonError,
-    convert,
     open_dataset,
 )
 from zephon_store._util.hashing import xxh3_hex
@@ -32,15 +31,12 @@ from zephon_store.format.manifest import (
 )
 from zephon_store.read.verify import verify
 from zephon_store.write.publish import row_group_index
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
-    write_jsonl_corpus(d / "src", files=2, records=200, seed=3)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=16 << 10, row_group_rows=20))
+    converted(d, files=2, records=200, seed=3, target_shard_bytes=16 << 10, row_group_rows=20)
     return d / "ds"
 
 

@@ -10,40 +10,23 @@ import grain
 import numpy as np
 import pytest
 
-import zephon_store as z
+from tests.helpers import DENY, MARK, takedown_sources, two_stage_mixture
 from zephon_store.grain import ZephonSource
 from zephon_store.load.denylist import MASK_KEY, DenyListError
 from zephon_store.order import OrderOptions
 
-SMALL = z.WriteOptions(target_shard_bytes=1 << 12, row_group_rows=8, row_group_bytes=None)
-MARK = "SECRET"
-DENY = {"web": [3, 17, 40], "code": [0, 5]}
 NAMES = ["web", "code"]
-
-
-def _source(root, name: str, n: int) -> str:
-    src = root / f"{name}.jsonl"
-    with open(src, "w") as f:
-        for i in range(n):
-            bad = i in DENY[name]
-            f.write(json.dumps({"text": f"{MARK} {name} {i}" if bad else f"{name} {i}",
-                                "n": -1 if bad else i}) + "\n")
-    return z.convert([str(src)], str(root / name), options=SMALL).url
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("grain_deny")
-    web, code = _source(root, "web", 60), _source(root, "code", 30)
+    web, code = takedown_sources(root)
     deny = root / "web.deny.json"
     deny.write_text(json.dumps({"ids": DENY["web"]}))
-    mix = root / "mix.json"
-    mix.write_text(json.dumps({
-        "stages": [{"name": "warm", "start": {"samples": 0}},
-                   {"name": "main", "start": {"steps": 3}}],
-        "sources": [{"name": "web", "url": web, "weights": [0.8, 0.4]},
-                    {"name": "code", "url": code, "weights": [0.2, 0.6]}]}))
-    return {"web": web, "deny": str(deny), "mix": str(mix)}
+    mix = two_stage_mixture(root / "mix.json", {"web": (web, [0.8, 0.4]),
+                                                "code": (code, [0.2, 0.6])})
+    return {"web": web, "deny": str(deny), "mix": mix}
 
 
 def _check(records: list[dict], denied: set) -> None:

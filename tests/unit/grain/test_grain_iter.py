@@ -12,7 +12,7 @@ import json
 import grain
 import pytest
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from tests.helpers.stateful import (
     Segment,
     assert_exactly_once_per_epoch,
@@ -35,7 +35,6 @@ from zephon_store.grain import ZephonIterDataset
 from zephon_store.load.runlog import read_run_log
 from zephon_store.load.state import STATE_KEYS
 from zephon_store.order.assign import positions_for_rank
-from zephon_store.read.dataset import open_dataset
 
 B = 12
 N = 303
@@ -44,11 +43,8 @@ OPTIONS = OrderOptions(seed=7, window_blocks=2, lanes=10)
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("grain_iter")), files=3, records=101,
-                        row_group_rows=10)
-    dataset = open_dataset(url)
-    assert dataset.num_samples == N
-    return dataset
+    return opened(small_dataset(str(tmp_path_factory.mktemp("grain_iter")), files=3,
+                                records=101, row_group_rows=10), samples=N)
 
 
 class _Pipeline:

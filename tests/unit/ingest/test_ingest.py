@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 import zstandard
 
+from tests.helpers import first_parse_fails
 from zephon_store.errors import InputError, InputNotFoundError
 from zephon_store.ingest import (
     InputFile,
@@ -24,7 +25,6 @@ from zephon_store.ingest import (
     read_input,
     unify_schemas,
 )
-from zephon_store.ingest import jsonl as jsonl_mod
 from zephon_store.ingest import lines as lines_mod
 
 RECORDS = [
@@ -384,22 +384,14 @@ def test_first_line_array_hint(tmp_path):
 
 # -- JSON Lines: the two paths agree, and chunks agree ---------------------------------------
 
-def test_fallback_path_gives_identical_types(tmp_path, monkeypatch):
+def test_fallback_path_gives_identical_types(tmp_path):
     records = RECORDS + [{"id": 4, "x": None, "when": "2024-05-06", "deep": {"l": [[1], []]}},
                          {"id": 5, "x": [], "score": 3}]
     path = tmp_path / "same.jsonl"
     path.write_bytes(jsonl_bytes(records))
     fast = read_all(one(path))
-    real, calls = jsonl_mod.parse_lines, []
-
-    def fail_first(data: bytes) -> pa.Table:
-        calls.append(1)
-        if len(calls) == 1:
-            raise pa.ArrowInvalid("JSON parse error: forced")
-        return real(data)
-
-    monkeypatch.setattr(jsonl_mod, "parse_lines", fail_first)
-    slow = read_all(one(path))
+    with first_parse_fails("JSON parse error: forced") as calls:
+        slow = read_all(one(path))
     assert len(calls) == 2  # the fast call failed, the fallback built the table
     assert slow.schema == fast.schema and slow.equals(fast)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from unittest import mock
 
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import first_parse_fails
 from zephon_store.errors import InputError
 from zephon_store.ingest import (
     InputFile,
@@ -178,14 +178,6 @@ def test_skip_mode_equals_the_clean_file_and_both_paths_agree(tmp_path, rows):
     clean.write_text("".join(f"{x}\n" for i, x in enumerate(lines, 1) if i not in bad))
     fast = _read(clean)  # raise mode: must not raise
     assert fast.schema == got.schema and fast.equals(got)
-    real, calls = jsonl_mod.parse_lines, []
-
-    def fail_first(data: bytes) -> pa.Table:
-        calls.append(1)
-        if len(calls) == 1:
-            raise pa.ArrowInvalid("forced")
-        return real(data)
-
-    with mock.patch.object(jsonl_mod, "parse_lines", fail_first):
+    with first_parse_fails("forced"):
         slow = _read(clean)
     assert slow.schema == fast.schema and slow.equals(fast)

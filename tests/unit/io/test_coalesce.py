@@ -10,13 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import IntegrityError, convert, open_dataset
+from tests.helpers import converted, sequential_steps
+from zephon_store import IntegrityError, open_dataset
 from zephon_store.errors import RetriesExhaustedError
 from zephon_store.io.cache import ChunkCache
 from zephon_store.io.coalesce import CoalesceOptions, RowGroupSpan, coalesce_ranges
 from zephon_store.io.retry import RetryPolicy
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @st.composite
@@ -84,16 +83,8 @@ def test_options_are_validated():
 
 @pytest.fixture(scope="module")
 def local_ds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("coalesce")
-    write_jsonl_corpus(d / "src", files=2, records=400, seed=3)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=60 << 10, row_group_bytes=4 << 10))
-    return str(d / "ds")
-
-
-def _sequential_steps(m, per_step=2):
-    rgs = np.arange(m.num_row_groups)
-    return lambda i: rgs[i * per_step:(i + 1) * per_step]
+    return converted(tmp_path_factory.mktemp("coalesce"), files=2, records=400, seed=3,
+                     target_shard_bytes=60 << 10, row_group_bytes=4 << 10)
 
 
 def _drain(ds, pre, steps):
@@ -121,7 +112,7 @@ def test_sequential_prefetch_reads_whole_shards_in_few_requests(local_ds, tmp_pa
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     opened = _indexed(ds).storage.stats.requests  # the manifest and its index
     steps = -(-m.num_row_groups // 2)
-    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
     got = _drain(ds, pre, steps)
     pre.close()
     assert got == want
@@ -139,7 +130,7 @@ def test_small_ranges_respect_the_size_cap(local_ds, tmp_path):
     cap = 3 * int(m.rg_length.max())
     opened = _indexed(ds).storage.stats.bytes_fetched
     steps = -(-m.num_row_groups // 2)
-    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps,
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps,
                      coalesce=CoalesceOptions(max_bytes=cap))
     _drain(ds, pre, steps)
     pre.close()
@@ -163,7 +154,7 @@ def test_a_corrupt_row_group_in_a_range_is_refetched_alone_and_named(local_ds, t
     data[int(m.rg_offset[rg]) + 7] ^= 0x01
     open(path, "wb").write(bytes(data))
     steps = -(-m.num_row_groups // 2)
-    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
     with pytest.raises(IntegrityError) as e:
         _drain(ds, pre, steps)
     pre.close()
@@ -183,13 +174,13 @@ def test_a_second_pass_fetches_nothing_and_a_second_process_cache_is_shared(loca
     m = ds.manifest
     steps = -(-m.num_row_groups // 2)
     for _ in range(2):
-        pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
+        pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
         _drain(ds, pre, steps)
         pre.close()
     assert ds.storage.stats.requests - opened == m.num_shards + 1
     other = open_dataset(local_ds, cache=ChunkCache(cache_dir))
     opened = _indexed(other).storage.stats.requests
-    pre = other.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
+    pre = other.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
     _drain(other, pre, steps)
     pre.close()
     assert other.storage.stats.requests == opened
@@ -249,7 +240,7 @@ def test_prefetched_row_groups_reach_their_reader_from_memory(local_ds, tmp_path
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     steps = -(-m.num_row_groups // 2)
     reads.clear()
-    pre = ds.row_groups.prefetcher(_sequential_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
     got = _drain(ds, pre, steps)
     pre.close()
     assert got == want
@@ -293,7 +284,7 @@ def test_each_step_s_row_groups_are_computed_once(local_ds, tmp_path):
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     m = ds.manifest
     calls: collections.Counter = collections.Counter()
-    seq = _sequential_steps(m, per_step=1)
+    seq = sequential_steps(m, per_step=1)
 
     def step_rgs(i):
         calls[i] += 1

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
-from tests.helpers import in_fork, write_jsonl_corpus
+from tests.helpers import converted, in_fork, sequential_steps, write_jsonl_corpus
 from zephon_store import convert, open_dataset
 from zephon_store.io import storage as storage_mod
 from zephon_store.io import throttle as throttle_mod
 from zephon_store.io.cache import ChunkCache
 from zephon_store.io.throttle import NodeThrottle, background
-from zephon_store.write.shardwriter import WriteOptions
 
 # -- the S3 client stack, readied once before the workers fork ------------------------------
 
@@ -134,16 +132,8 @@ def test_only_forked_workers_get_the_rank_s_client_stack(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def local_ds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("prefetchstart")
-    write_jsonl_corpus(d / "src", files=2, records=400, seed=5)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=60 << 10, row_group_bytes=4 << 10))
-    return str(d / "ds")
-
-
-def _steps(m, per_step=2):
-    rgs = np.arange(m.num_row_groups)
-    return lambda i: rgs[i * per_step:(i + 1) * per_step]
+    return converted(tmp_path_factory.mktemp("prefetchstart"), files=2, records=400, seed=5,
+                     target_shard_bytes=60 << 10, row_group_bytes=4 << 10)
 
 
 def _settle(pre) -> None:
@@ -159,7 +149,7 @@ def test_only_the_first_step_is_fetched_before_the_first_batch(local_ds, tmp_pat
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     m = ds.manifest
     steps = -(-m.num_row_groups // 2)
-    pre = ds.row_groups.prefetcher(_steps(m), num_batches=steps)
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=steps)
     fetcher = ds.row_groups.range_fetcher()
     try:
         started = [f for f in pre._futures if f.running() or f.done()]
@@ -181,7 +171,7 @@ def test_a_reader_needing_a_held_row_group_runs_its_range_itself(local_ds, tmp_p
     ds = open_dataset(local_ds, cache=ChunkCache(str(tmp_path / "c")))
     m = ds.manifest
     want = open_dataset(local_ds).row_groups.fetch_bytes(3)
-    pre = ds.row_groups.prefetcher(_steps(m), num_batches=-(-m.num_row_groups // 2))
+    pre = ds.row_groups.prefetcher(sequential_steps(m), num_batches=-(-m.num_row_groups // 2))
     try:
         opened = ds.storage.stats.requests
         got = ds.row_groups.fetch_bytes(3)   # step 1's, before the first batch

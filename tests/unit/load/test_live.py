@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from zephon_store.load.live import (
     LiveCursor,
     LiveShare,
@@ -29,7 +29,6 @@ from zephon_store.load.live import (
 )
 from zephon_store.load.options import BatchOptions, ReadAheadOptions
 from zephon_store.order import Order, OrderOptions
-from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 from zephon_store.torch.live import LiveZephonLoader
 
@@ -39,9 +38,8 @@ B = 10
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("live")), files=3, records=70,
-                        row_group_rows=10)
-    return open_dataset(url)
+    return opened(small_dataset(str(tmp_path_factory.mktemp("live")), files=3, records=70,
+                                row_group_rows=10))
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from tests.helpers.stateful import Segment, assert_matches_reference, run_segments
 from zephon_store.load.stream import RankStream
 from zephon_store.order import Order, OrderOptions
-from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 B = 12
@@ -19,11 +18,8 @@ OPTIONS = OrderOptions(seed=3, window_blocks=2, lanes=12)
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("loader")), files=3, records=101,
-                        row_group_rows=10)
-    dataset = open_dataset(url)
-    assert dataset.num_samples == N
-    return dataset
+    return opened(small_dataset(str(tmp_path_factory.mktemp("loader")), files=3, records=101,
+                                row_group_rows=10), samples=N)
 
 
 @pytest.fixture(scope="module")

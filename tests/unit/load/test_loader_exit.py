@@ -13,9 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert
-from zephon_store.write.shardwriter import WriteOptions
+from tests.helpers import converted
 
 pytest.importorskip("torch")
 
@@ -31,10 +29,8 @@ next(batches)
 
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("loader_exit")
-    write_jsonl_corpus(d / "src", files=1, records=400, seed=5)
-    convert([str(d / "src")], str(d / "ds"), options=WriteOptions(row_group_rows=20))
-    return str(d / "ds")
+    return converted(tmp_path_factory.mktemp("loader_exit"), files=1, records=400, seed=5,
+                     row_group_rows=20)
 
 
 @pytest.mark.parametrize("num_workers,mode,runs", [(0, "plain", 3), (0, "transform", 2),

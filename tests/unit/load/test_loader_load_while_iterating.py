@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_rank
-from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 B = 12
@@ -20,9 +19,8 @@ OPTIONS = OrderOptions(seed=5, window_blocks=2, lanes=12)
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("live_load")), files=3, records=101,
-                        row_group_rows=10)
-    return open_dataset(url)
+    return opened(small_dataset(str(tmp_path_factory.mktemp("live_load")), files=3, records=101,
+                                row_group_rows=10))
 
 
 def _loader(ds, **kw) -> ZephonLoader:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from tests.helpers.stateful import (
     Segment,
     assert_exactly_once_per_epoch,
@@ -25,7 +25,6 @@ from tests.helpers.stateful import (
 from zephon_store.errors import StateMismatchError
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_rank
-from zephon_store.read.dataset import open_dataset
 from zephon_store.torch import ZephonLoader
 
 B = 12  # divisible by every world size 1..4
@@ -39,18 +38,14 @@ TOTAL_STEPS = 64  # 768 positions: two epoch boundaries
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("loader_state")), files=3, records=101,
-                        row_group_rows=10)
-    dataset = open_dataset(url)
-    assert dataset.num_samples == N
-    return dataset
+    return opened(small_dataset(str(tmp_path_factory.mktemp("loader_state")), files=3,
+                                records=101, row_group_rows=10), samples=N)
 
 
 @pytest.fixture(scope="module")
 def other_ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("loader_state_other")), files=3,
-                        records=101, row_group_rows=10, seed=1)
-    return open_dataset(url)
+    return opened(small_dataset(str(tmp_path_factory.mktemp("loader_state_other")), files=3,
+                                records=101, row_group_rows=10, seed=1))
 
 
 def maker(dataset, options=OPTIONS, **fixed):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import write_jsonl_corpus
+from tests.helpers import converted
 from zephon_store import convert, open_dataset
 from zephon_store._util.to_numpy import table_to_numpy
 from zephon_store.load.pipeline import BatchPipeline, plan_steps, step_rows
@@ -21,11 +21,8 @@ from zephon_store.write.shardwriter import WriteOptions
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pipeline")
-    write_jsonl_corpus(d / "src", files=3, records=300, seed=11)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=20 << 10, row_group_rows=23))
-    return open_dataset(str(d / "ds"))
+    return open_dataset(converted(tmp_path_factory.mktemp("pipeline"), files=3, records=300,
+                                  seed=11, target_shard_bytes=20 << 10, row_group_rows=23))
 
 
 def decoded_batch(stream: RankStream, cursor: int) -> dict:

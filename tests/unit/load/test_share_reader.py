@@ -7,21 +7,19 @@ import sys
 
 import pytest
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from zephon_store.load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
 from zephon_store.load.share_reader import ShareReader
 from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import positions_for_rank
-from zephon_store.read.dataset import open_dataset
 
 OPTIONS = OrderOptions(seed=4, window_blocks=2, lanes=12)
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("reader")), files=3, records=101,
-                        row_group_rows=10)
-    return open_dataset(url)
+    return opened(small_dataset(str(tmp_path_factory.mktemp("reader")), files=3, records=101,
+                                row_group_rows=10))
 
 
 def test_the_share_reader_imports_without_torch() -> None:

@@ -8,30 +8,17 @@ import json
 
 import pytest
 
-from tests.helpers import write_jsonl_corpus
+from tests.helpers import mixture_toml, write_jsonl_corpus
 from zephon_store import MixturePlan, convert, mixture_info, plan_mixture
 from zephon_store.cli.main import main
 from zephon_store.load.plan_mixture import PlanRequestError
 from zephon_store.write.shardwriter import WriteOptions
 
-MIX = """weight_unit = "samples"
-seed = 7
-[[stages]]
-name = "warm"
-start = { steps = 0 }
-[[stages]]
-name = "anneal"
-start = { steps = 3 }
-[[sources]]
-name = "a"
-url = "a"
-weights = { warm = 0.7, anneal = 0.5 }
-[[sources]]
-name = "b"
-url = "b"
-max_epochs = 1
-weights = { warm = 0.3, anneal = 0.5 }
-"""
+MIX = mixture_toml(weight_unit="samples", seed=7,
+                   stages={"warm": {"steps": 0}, "anneal": {"steps": 3}},
+                   sources=[{"name": "a", "url": "a", "weights": {"warm": 0.7, "anneal": 0.5}},
+                            {"name": "b", "url": "b", "max_epochs": 1,
+                             "weights": {"warm": 0.3, "anneal": 0.5}}])
 
 
 @pytest.fixture(scope="module")

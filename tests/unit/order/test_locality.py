@@ -14,21 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import small_dataset
+from tests.helpers import opened, small_dataset
 from zephon_store.load.simulate import rank_of_positions, simulate
 from zephon_store.load.stream import RankStream
 from zephon_store.order import AUTO_LANES, Order, OrderOptions, Topology, auto_lanes
 from zephon_store.order.assign import positions_for_participant, step_cursor
-from zephon_store.read.dataset import open_dataset
 
 ROWS = 20   # rows per row group, as in the datasets
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    url = small_dataset(str(tmp_path_factory.mktemp("locality")), files=3, records=211,
-                        row_group_rows=5)
-    return open_dataset(url)
+    return opened(small_dataset(str(tmp_path_factory.mktemp("locality")), files=3, records=211,
+                                row_group_rows=5))
 
 
 def _manifest(num_row_groups: int, rg_bytes: int = 10_000) -> SimpleNamespace:

@@ -12,22 +12,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert, open_dataset
+from tests.helpers import converted
+from zephon_store import open_dataset
 from zephon_store.format.manifest import load_manifest
 from zephon_store.io.cache import ChunkCache
 from zephon_store.io.coalesce import RangeFetcher
 from zephon_store.io.storage import Storage
-from zephon_store.write.shardwriter import WriteOptions
 
 
 @pytest.fixture(scope="module")
 def local_ds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rowgroups")
-    write_jsonl_corpus(d / "src", files=2, records=300, seed=3)
-    convert([str(d / "src")], str(d / "ds"),
-            options=WriteOptions(target_shard_bytes=60 << 10, row_group_bytes=4 << 10))
-    return str(d / "ds")
+    return converted(tmp_path_factory.mktemp("rowgroups"), files=2, records=300, seed=3,
+                     target_shard_bytes=60 << 10, row_group_bytes=4 << 10)
 
 
 @pytest.mark.parametrize("cache, hint", [

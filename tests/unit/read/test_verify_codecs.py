@@ -3,33 +3,19 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pyarrow as pa
 import pytest
 
-from tests.helpers import write_jsonl_corpus
-from zephon_store import convert
-from zephon_store.format.manifest import compute_dataset_id
+from tests.helpers import converted, reseal
 from zephon_store.read.verify import verify
 from zephon_store.read.verify_codecs import auto_codec_problems, leaf_owners
-from zephon_store.write.shardwriter import WriteOptions
 
 
 def _convert(tmp_path, **options):
-    src = tmp_path / "src"
-    write_jsonl_corpus(src, files=2, records=200)
-    out = tmp_path / "ds"
-    convert([str(src)], str(out), options=WriteOptions(target_shard_bytes=24 << 10,
-                                                       row_group_bytes=4 << 10, **options))
-    return out
-
-
-def _reseal(ds, edit):
-    """Edit manifest.json and recompute dataset_id: a consistent manifest that lies."""
-    doc = json.loads((ds / "manifest.json").read_text())
-    edit(doc)
-    doc["dataset_id"] = compute_dataset_id(doc)
-    (ds / "manifest.json").write_text(json.dumps(doc))
+    return pathlib.Path(converted(tmp_path, files=2, records=200, target_shard_bytes=24 << 10,
+                                  row_group_bytes=4 << 10, **options))
 
 
 def _codec_findings(ds):
@@ -47,7 +33,7 @@ def test_auto_codecs_record_is_checked_against_the_footers(tmp_path):
 
     def lie(d):
         d["codecs"][column] = {"none": n}     # every shard of the column "uncompressed"
-    _reseal(ds, lie)
+    reseal(ds, lie)
     rep, found = _codec_findings(ds)
     assert not rep.ok and len(found) == 1 and found[0].shard is None
     assert repr(column) in found[0].message and "ZSTD" in found[0].message
@@ -56,7 +42,7 @@ def test_auto_codecs_record_is_checked_against_the_footers(tmp_path):
 
 def test_a_missing_codecs_record_is_a_finding(tmp_path):
     ds = _convert(tmp_path)
-    _reseal(ds, lambda d: d.pop("codecs"))
+    reseal(ds, lambda d: d.pop("codecs"))
     rep, found = _codec_findings(ds)
     assert [f.kind for f in rep.findings] == ["codec_mismatch"]
     assert "no 'codecs' record" in found[0].message
@@ -69,7 +55,7 @@ def test_a_named_codec_is_checked_on_every_shard(tmp_path):
 
     def lie(d):
         d["writer"]["compression"] = "snappy"
-    _reseal(ds, lie)
+    reseal(ds, lie)
     rep, found = _codec_findings(ds)
     assert not rep.ok and found and len(found) == rep.shards_checked
     assert all("ZSTD" in f.message and "'snappy'" in f.message for f in found)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import run_cli
 from zephon_store.order.order import Order, OrderOptions, permute, unpermute
 
 
@@ -182,14 +183,6 @@ def url(tmp_path_factory) -> str:
                          row_group_rows=10)
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    from zephon_store.cli.main import main
-
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_trace_where_audit_on_a_real_run(url, tmp_path, capsys) -> None:
     from zephon_store.torch import ZephonLoader
 
@@ -283,25 +276,15 @@ def test_cli_audit_fails_naming_the_step_of_an_edited_cursor(url, tmp_path, caps
 
 
 def test_mixture_trace_where_audit(tmp_path, capsys) -> None:
-    from tests.helpers import small_dataset
+    from tests.helpers import mixture_toml, small_dataset
     from zephon_store.torch import ZephonLoader
 
     a = small_dataset(str(tmp_path / "a"), files=1, records=100, row_group_rows=10)
     b = small_dataset(str(tmp_path / "b"), files=1, records=60, row_group_rows=10)
     mix = tmp_path / "mix.toml"
-    mix.write_text(f'''seed = 3
-[[stages]]
-name = "only"
-start = {{ samples = 0 }}
-[[sources]]
-name = "web"
-url = "{a}"
-weights = {{ only = 0.6 }}
-[[sources]]
-name = "code"
-url = "{b}"
-weights = {{ only = 0.4 }}
-''')
+    mix.write_text(mixture_toml(seed=3, stages={"only": {"samples": 0}}, sources=[
+        {"name": "web", "url": a, "weights": {"only": 0.6}},
+        {"name": "code", "url": b, "weights": {"only": 0.4}}]))
     log = str(tmp_path / "run.jsonl")
     seen: dict[int, list] = {}
     first = ZephonLoader(str(mix), global_batch=8, world_size=1, rank=0, with_seq=True,
