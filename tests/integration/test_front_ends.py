@@ -1,6 +1,7 @@
 """Every feature in every front end (issue 30 item 3): the cells of the table in
-docs/loader.md, "Every feature in every front end", for ``ZephonLoader`` (``torch``) and the
-TorchTitan integration (``titan``); the live column's tests are named in the table.
+docs/loader.md, "Every feature in every front end", for ``ZephonLoader`` (``torch``), the
+TorchTitan integration (``titan``) and Grain's ``ZephonIterDataset`` (``grain``); the live
+column's and Grain's random-access source's tests are named in the table.
 
 Each test runs one feature through a front end's public API over one small dataset of
 packed token windows (every window distinct) and compares the windows each rank was handed,
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.integration
 SEQ_LEN = 16
 SEED = 11
 WINDOW_BLOCKS, LANES = 2, 6
-FRONT_ENDS = ["torch", "titan"]
+FRONT_ENDS = ["torch", "titan", "grain"]
 
 
 def _windows(url: str) -> np.ndarray:
@@ -51,10 +52,50 @@ def data(tmp_path_factory):
     return url, windows, mix
 
 
-# -- the two front ends, as a test sees them ----------------------------------------------
+class _GrainRank:
+    """One host of a Grain pipeline over :class:`~zephon_store.grain.ZephonIterDataset`, seen
+    as a loader: ``iter`` is its iterator, the state is the iterator's ``get_state``."""
+
+    def __init__(self, ds) -> None:
+        self.ds, self.it = ds, None
+
+    def __iter__(self):
+        if self.it is None:
+            self.it = iter(self.ds)
+        return self.it
+
+    def state_dict(self) -> dict:
+        return iter(self).get_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        iter(self).set_state(state)
+
+    @property
+    def dataset(self):
+        return iter(self).loader.dataset
+
+
+# -- the front ends, as a test sees them --------------------------------------------------
 def make(front: str, dataset: str, *, world_size: int, rank: int, global_batch: int, **kw):
     """A loader of ``front`` over ``dataset`` (a URL or a mixture file); ``kw``: the
-    feature's keywords, spelled as ZephonLoader's (translated to TorchTitan's config)."""
+    feature's keywords, spelled as ZephonLoader's (translated to TorchTitan's config, and to
+    Grain's option groups)."""
+    if front == "grain":
+        from zephon_store import (
+            BatchOptions,
+            OrderOptions,
+            ReadAheadOptions,
+            Topology,
+            WorkerOptions,
+        )
+        from zephon_store.grain import ZephonIterDataset
+
+        ahead = {"prefetch_bytes": kw.pop("prefetch_bytes")} if "prefetch_bytes" in kw else {}
+        return _GrainRank(ZephonIterDataset(
+            dataset, topology=Topology(global_batch, world_size, rank),
+            order=OrderOptions(seed=SEED, window_blocks=WINDOW_BLOCKS, lanes=LANES),
+            batch=BatchOptions(columns=("tokens",)), read_ahead=ReadAheadOptions(**ahead),
+            workers=WorkerOptions(num_workers=kw.pop("num_workers", 0)), **kw))
     if front == "torch":
         from zephon_store import OrderOptions
         from zephon_store.torch import ZephonLoader
@@ -81,7 +122,7 @@ def make(front: str, dataset: str, *, world_size: int, rank: int, global_batch: 
 
 def rows(front: str, batch) -> list[list[int] | None]:
     """The windows a batch handed over, ``None`` for a masked (deny-listed) one."""
-    if front == "torch":
+    if front in ("torch", "grain"):
         masked = batch.get("_masked", np.zeros(len(batch["tokens"]), dtype=bool))
         return [None if m else w.tolist() for w, m in zip(batch["tokens"], masked)]
     inputs, labels = batch
@@ -226,7 +267,7 @@ def test_byte_prefetch_into_the_disk_cache(front, data, s3_bucket, tmp_path) -> 
     ctx, seg = planned(url, global_batch=4, world_size=1)
     assert got == expected(ctx, windows, range(6), segments=[seg])
     assert loader.dataset.row_groups.range_fetcher().row_groups > 0
-    if front == "torch":   # the control: the same loader without a prefetch budget
+    if front != "titan":   # the control: the same loader without a prefetch budget
         (none,) = job(front, remote, world_size=1, global_batch=4, prefetch_bytes=0,
                       storage_options=s3_bucket.storage_options, cache=tmp_path / "other")
         assert run([none], 6, front) == got

@@ -74,7 +74,8 @@ class ZephonSource:
     neighbouring row groups of a remote source merge into one GET; ``deny_list``: a takedown
     list, as the loaders take it (a file or ``DenyList``; a mixture's: a file or dict per
     source, :func:`~zephon_store.load.denylist.open_deny_list`): denied records are blanked
-    and flagged in ``_masked``, and keep their index.
+    and flagged in ``_masked``, and keep their index. ``run_log`` is refused: which index a
+    step reads is Grain's sampler's (``ZephonIterDataset`` logs a run).
 
     A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
     numpy arrays, other values (strings, structs) as Python objects. The source pickles
@@ -89,7 +90,12 @@ class ZephonSource:
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
                  storage_options: dict | None = None, cache=None, decoded_cache=None,
-                 coalesce: CoalesceOptions | None = None, deny_list=None) -> None:
+                 coalesce: CoalesceOptions | None = None, deny_list=None,
+                 run_log: str | None = None) -> None:
+        if run_log is not None:
+            raise TypeError("ZephonSource keeps no run log: Grain's sampler decides which index "
+                            "each step reads; log a run with "
+                            "zephon_store.grain.ZephonIterDataset(run_log=...)")
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
             global_batch=global_batch, storage_options=storage_options, cache=cache,

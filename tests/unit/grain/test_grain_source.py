@@ -226,3 +226,42 @@ def test_every_byte_is_verified(url, tmp_path):
     assert int(src[0]["id"]) == 0                    # row group 0 is intact
     with pytest.raises(IntegrityError, match="row group"):
         src._getitems([0, 12])
+
+
+def test_the_decoded_cache_serves_a_later_source(url, tmp_path):
+    """Through the node's decoded cache a second source over the same data decodes nothing
+    and reads the same records."""
+    got, stats = [], []
+    for _ in range(2):
+        src = ZephonSource(url, order=OrderOptions(seed=3, lanes=1),
+                           decoded_cache=tmp_path / "decoded")
+        got.append(plain(src._getitems(range(N))))
+        stats.append(src.source.decoded_cache.stats)
+        src.close()
+    assert got[0] == got[1]
+    assert stats[0].misses > 0 and stats[1].misses == 0 and stats[1].hits > 0
+
+
+def test_a_run_log_is_refused_in_one_line(url, tmp_path):
+    """Grain's sampler decides which index a step reads, so this source cannot log a run;
+    ZephonIterDataset (Zephon's order and steps) does."""
+    with pytest.raises(TypeError, match="ZephonIterDataset"):
+        ZephonSource(url, run_log=str(tmp_path / "run.jsonl"))
+
+
+def test_grains_checkpoint_refuses_another_worker_count(url):
+    """An elastic resume is ZephonIterDataset's: over this source, Grain's DataLoader keeps
+    Grain's checkpoint, which refuses another worker count (docs/grain.md)."""
+    src = ZephonSource(url, columns=["id"])
+
+    def loader(workers):
+        return grain.DataLoader(
+            data_source=src, operations=[grain.transforms.Batch(16, drop_remainder=True)],
+            sampler=grain.samplers.IndexSampler(N, shuffle=True, seed=2, num_epochs=1,
+                                                shard_options=grain.sharding.NoSharding()),
+            worker_count=workers)
+    it = iter(loader(0))
+    next(it)
+    other = iter(loader(2))
+    with pytest.raises(ValueError, match="[Ww]orker count"):
+        other.set_state(it.get_state())
