@@ -100,7 +100,7 @@ def _add_convert_parser(sub) -> None:
                         "values are mostly distinct, e.g. documents), on or off for every column")
     c.add_argument("--fixed-size-lists", choices=["split", "binary", "list"], default="split",
                    help="store fixed-size lists of numbers as fixed-size binary, each value's "
-                        "bytes in byte planes (default: smaller and faster with zstd), or back "
+                        "bytes in byte planes (default: smaller under a codec), or back "
                         "to back (binary: the format v2-v4 layout, decoded without a copy), or "
                         "as Parquet lists (can hold null elements)")
     c.add_argument("--workers", type=positive_int, default=None,

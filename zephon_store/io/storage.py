@@ -252,11 +252,11 @@ def prepare_s3_for_fork() -> None:
     """Import the S3 client stack and read botocore's S3 models in this process, so that
     processes forked from it (DataLoader workers) start their S3 client at once.
 
-    A fresh process spends ~0.5 s of CPU before its first S3 request: importing s3fs,
-    aiobotocore and botocore, then parsing botocore's JSON models for a client. A rank that
-    reads its metadata from the node cache never made a client, so each of its workers paid
-    that again, 16 times over for 8 ranks x 2 workers on one node's cores (the start
-    benchmark, docs/benchmarks_start.md). Called once before forking, it costs that once.
+    A fresh process spends CPU before its first S3 request: importing the client stack,
+    then parsing botocore's JSON models for a client. A rank that reads its metadata from
+    the node cache never made a client, so each of its workers would pay that again, once
+    per worker on one node's cores (the start benchmark, docs/benchmarks_start.md). Called
+    once before forking, it costs that once.
     No request is made; without the ``s3`` extra it does nothing. Once per process: a later
     call returns at once, or waits for the one running (:func:`prepare_s3_for_fork_soon`).
 

@@ -1,6 +1,6 @@
 """A node-local disk cache of *decoded* row groups: Arrow IPC files, memory-mapped.
 
-The shards stay compressed (zstd by default), and every pass over them pays the decode
+The shards stay compressed (a codec per column by default, ``compression="auto"``), and every pass over them pays the decode
 again: on a 2-core machine that is most of a pass's CPU (docs/benchmarks.md, "Loader").
 With a :class:`DecodedDiskCache`, the first decode of a row group on a node also writes the
 table, uncompressed, as an Arrow IPC file; every later read of it, by any rank, worker or

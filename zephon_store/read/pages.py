@@ -14,7 +14,7 @@ no repetition, no dictionary, PLAIN values, version 1 or 2 data pages, a codec
 :class:`pyarrow.Codec` decompresses, no nulls (the definition levels are decoded and
 checked), and value and page sizes that add up to the column chunk exactly. For anything
 else :func:`read_fixed_chunk` returns ``None`` and the caller decodes with pyarrow; the
-result is the same either way (``tests/unit/test_pages.py`` compares them).
+result is the same either way (``tests/unit/read/test_pages.py`` compares them).
 
 Strings are left to pyarrow. Reading PLAIN string pages here (a Python scan of each value's
 4-byte length, then one ``str`` per value straight from the page) was built and measured:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The golden datasets' inputs and writer options; as a script, write the current version's.
 
-``DATASETS`` is what ``tests/unit/test_golden.py`` converts again to check that the writer
+``DATASETS`` is what ``tests/unit/format/test_golden.py`` converts again to check that the writer
 still produces the golden bytes. Run from a checkout, the script writes the datasets of the
 current format version into ``formats/golden/v<N>/``.
 

@@ -42,8 +42,8 @@ class WriteOptions:
     compression (see :mod:`zephon_store.write.rowsize`), so cuts are a pure function of the data.
     ``fixed_size_lists``: ``"split"`` (the default from format v5) stores fixed-size lists of
     numbers as fixed-size binary (decoded without Parquet's list levels; docs/benchmarks.md,
-    "Storage encodings") with each value's bytes in byte planes, which zstd level 1 packs
-    like level 3 at ~4x the speed (:mod:`zephon_store.format.encoding`; with
+    "Storage encodings") with each value's bytes in byte planes, which a codec packs
+    tighter than values back to back (:mod:`zephon_store.format.encoding`; with
     ``compression="none"`` the values stay back to back: no codec, no gain); ``"binary"`` keeps
     the v2-v4 layout (elements back to back, decoded without a copy); ``"list"`` keeps
     Parquet's list layout, which can hold null elements.

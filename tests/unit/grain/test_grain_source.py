@@ -184,23 +184,25 @@ def _ids(batch):
     return batch["id"].tolist()
 
 
+def _grain_loader(src, workers: int):
+    """Grain's own DataLoader over ``src``: Grain's sampler (a shuffle), batches of 16."""
+    return grain.DataLoader(
+        data_source=src, operations=[grain.transforms.Batch(16, drop_remainder=True)],
+        sampler=grain.samplers.IndexSampler(N, shuffle=True, seed=2, num_epochs=1,
+                                            shard_options=grain.sharding.NoSharding()),
+        worker_count=workers)
+
+
 def test_in_grain_dataloader_with_process_workers(url):
     src = ZephonSource(url, columns=["id"])
-
-    def loader(workers):
-        return grain.DataLoader(
-            data_source=src, operations=[grain.transforms.Batch(16, drop_remainder=True)],
-            sampler=grain.samplers.IndexSampler(N, shuffle=True, seed=2, num_epochs=1,
-                                                shard_options=grain.sharding.NoSharding()),
-            worker_count=workers)
-    plain = [_ids(b) for b in loader(0)]
-    two = [_ids(b) for b in loader(2)]
+    plain = [_ids(b) for b in _grain_loader(src, 0)]
+    two = [_ids(b) for b in _grain_loader(src, 2)]
     # Grain's DataLoader batches within each worker's strided share, so its batches depend
     # on worker_count (ZephonIterDataset's do not); the records read are the same.
     assert len(two) == len(plain) == N // 16
     assert sorted(sum(two, [])) == sorted(sum(plain, []))
     # Grain's own checkpoint names the source by its repr: the data's identity.
-    it = iter(loader(0))
+    it = iter(_grain_loader(src, 0))
     next(it)
     assert src.source.dataset_id in json.loads(it.get_state())["data_source"]
 
@@ -253,15 +255,8 @@ def test_grains_checkpoint_refuses_another_worker_count(url):
     """An elastic resume is ZephonIterDataset's: over this source, Grain's DataLoader keeps
     Grain's checkpoint, which refuses another worker count (docs/grain.md)."""
     src = ZephonSource(url, columns=["id"])
-
-    def loader(workers):
-        return grain.DataLoader(
-            data_source=src, operations=[grain.transforms.Batch(16, drop_remainder=True)],
-            sampler=grain.samplers.IndexSampler(N, shuffle=True, seed=2, num_epochs=1,
-                                                shard_options=grain.sharding.NoSharding()),
-            worker_count=workers)
-    it = iter(loader(0))
+    it = iter(_grain_loader(src, 0))
     next(it)
-    other = iter(loader(2))
+    other = iter(_grain_loader(src, 2))
     with pytest.raises(ValueError, match="[Ww]orker count"):
         other.set_state(it.get_state())
