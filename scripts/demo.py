@@ -45,12 +45,14 @@ def stream_ids_and_bytes(url: str, storage_options=None, steps: int = 6):
 
     import numpy as np
 
+    from zephon_store import BatchOptions, SourceOptions, StopOptions, Topology
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
-    loader = ZephonLoader(url, global_batch=32, order=OrderOptions(seed=11), world_size=1,
-                          rank=0, with_seq=True, max_steps=steps, storage_options=storage_options,
-                          columns=["path", "text"])
+    loader = ZephonLoader(url, topology=Topology(32), order=OrderOptions(seed=11),
+                          source=SourceOptions(storage_options=storage_options),
+                          batch=BatchOptions(columns=("path", "text"), with_seq=True),
+                          stop=StopOptions(max_steps=steps))
     ids, h = [], hashlib.sha256()
     for batch in loader:
         ids.append(batch["_seq"].numpy())

@@ -33,14 +33,25 @@ from collections.abc import Iterator
 import grain
 
 from ..load.loader import Loader
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from ..load.options import (
+    FLAT,
+    BatchOptions,
+    ReadAheadOptions,
+    SourceOptions,
+    StopOptions,
+    WorkerOptions,
+    grouped,
+)
 from ..load.share_reader import ShareReader
 from ..load.workers import ProcessWorkers
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .workers import worker_batches
 
-__all__ = ["ZephonDatasetIterator", "ZephonIterDataset"]
+__all__ = ["GrainProcesses", "ZephonDatasetIterator", "ZephonIterDataset"]
+
+# The flat keywords of how the data is opened, taken before SourceOptions (each now warns).
+_SOURCE_FLAT = frozenset(k for k, group in FLAT.items() if group == "source")
 
 
 class GrainProcesses(ProcessWorkers):
@@ -62,6 +73,7 @@ class ZephonIterDataset(grain.IterDataset):
     under JAX); ``seed``/``order``: the order; ``batch``, ``read_ahead``, ``stop``: the
     loader's option groups (:mod:`zephon_store.load.options`: columns, ``with_seq``, a
     ``transform`` run in the workers; prefetch budgets; ``max_steps``/``epochs``);
+    ``source``: how the data is opened (:class:`~zephon_store.load.options.SourceOptions`);
     ``workers``: ``WorkerOptions(num_workers=n, prefetch=k)`` makes batches in ``n`` Grain
     worker processes (spawned: a ``transform`` must pickle), ``k`` ahead each; the others
     as :class:`~zephon_store.load.loader.Loader` takes them.
@@ -73,10 +85,11 @@ class ZephonIterDataset(grain.IterDataset):
     def __init__(self, dataset, *, topology: Topology, seed: int | None = None,
                  order: OrderOptions | None = None, batch: BatchOptions | None = None,
                  read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
-                 workers: WorkerOptions | None = None, storage_options: dict | None = None,
-                 cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
-                 run_log: str | None = None, deny_list=None) -> None:
+                 workers: WorkerOptions | None = None, source: SourceOptions | None = None,
+                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
         super().__init__()
+        source = grouped("ZephonIterDataset", {"source": source}, deprecated,
+                         allowed=_SOURCE_FLAT)["source"]
         workers = workers or WorkerOptions()
         if workers.multiprocessing_context is not None or workers.pin_memory:
             raise ValueError("WorkerOptions.multiprocessing_context and pin_memory are torch "
@@ -84,9 +97,8 @@ class ZephonIterDataset(grain.IterDataset):
                              "pass num_workers and prefetch only")
         self._options: dict = dict(
             topology=topology, seed=seed, order=order, batch=batch, read_ahead=read_ahead,
-            stop=stop, workers=GrainProcesses(workers), storage_options=storage_options,
-            cache=cache, decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
-            run_log=run_log, deny_list=deny_list)
+            stop=stop, workers=GrainProcesses(workers), source=source, run_log=run_log,
+            deny_list=deny_list)
         self._dataset = dataset
         # Opened now, so a wrong URL, option or mixture fails here and not at the first
         # batch; each iterator starts from this loader's options.

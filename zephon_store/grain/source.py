@@ -44,11 +44,15 @@ import pyarrow as pa
 from .._util.to_numpy import table_to_numpy
 from ..io.coalesce import CoalesceOptions
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
+from ..load.options import FLAT, SourceOptions, grouped
 from ..load.source import open_source, plan_of
 from ..order.order import OrderOptions
 from ..read.dataset import gather_rows
 
 __all__ = ["ZephonSource"]
+
+# The flat keywords of how the data is opened, taken before SourceOptions (each now warns).
+_SOURCE_FLAT = frozenset({"storage_options", "cache", "decoded_cache"}) & set(FLAT)
 
 # Decode threads for a batched read that touches several row groups (pyarrow decodes
 # without the GIL); a pool is made on first use, and never pickled.
@@ -63,8 +67,10 @@ class ZephonSource:
     """A dataset or mixture as a Grain random-access source (see the module docstring).
 
     ``dataset``: any spelling the loaders take (a URL, an open ``Dataset``, a mixture file
-    ``.toml``/``.json``, its dict, a ``MixtureSpec``, a ``MixedDataset``), opened with
-    ``storage_options``, ``cache`` and ``decoded_cache``; ``columns``: the columns each
+    ``.toml``/``.json``, its dict, a ``MixtureSpec``, a ``MixedDataset``), opened as
+    ``source`` (:class:`~zephon_store.load.options.SourceOptions`: storage options, the disk
+    cache, the decoded cache, a pinned dataset id; the flat ``storage_options=``,
+    ``cache=`` and ``decoded_cache=`` still work and warn); ``columns``: the columns each
     record holds (default all); ``order``: index by Zephon's order instead of by sample id
     (its seed must agree with a mixture file's, when the file sets one); ``length``:
     positions exposed in that case (default: the source's samples, capped where a capped
@@ -89,17 +95,17 @@ class ZephonSource:
     def __init__(self, dataset, *, columns: Sequence[str] | None = None,
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
-                 storage_options: dict | None = None, cache=None, decoded_cache=None,
-                 coalesce: CoalesceOptions | None = None, deny_list=None,
-                 run_log: str | None = None) -> None:
+                 source: SourceOptions | None = None, coalesce: CoalesceOptions | None = None,
+                 deny_list=None, run_log: str | None = None, **deprecated) -> None:
         if run_log is not None:
             raise TypeError("ZephonSource keeps no run log: Grain's sampler decides which index "
                             "each step reads; log a run with "
                             "zephon_store.grain.ZephonIterDataset(run_log=...)")
+        source = grouped("ZephonSource", {"source": source}, deprecated,
+                         allowed=_SOURCE_FLAT)["source"]
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=global_batch, storage_options=storage_options, cache=cache,
-            decoded_cache=decoded_cache))
+            global_batch=global_batch, **source.open_kwargs()))
         self.source = self.plan.source
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:

@@ -66,9 +66,11 @@ except ImportError as _main_error:
 
 from ..io.cache import ChunkCache  # noqa: E402
 from ..load.denylist import MASK_KEY  # noqa: E402
+from ..load.options import BatchOptions, StopOptions, WorkerOptions, as_numpy  # noqa: E402
 from ..load.runlog import RUNLOG_NAME  # noqa: E402
 from ..load.source import MixtureParts, Source, open_parts, seed_of  # noqa: E402
 from ..order.order import OrderOptions  # noqa: E402
+from ..order.topology import Topology  # noqa: E402
 from ..read.dataset import Dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
 from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
@@ -279,10 +281,10 @@ class ZephonDataLoader(BaseDataLoader):
         order = config.order_options().replace(seed=seed_of(opened, config.seed or None))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
-            opened, global_batch=rows * dp_world_size, order=order,
-            world_size=dp_world_size, rank=dp_rank, num_workers=config.num_workers,
-            prefetch=config.prefetch, columns=columns, collate=None,
-            epochs=None if config.infinite else 1, run_log=self._run_log(),
+            opened, topology=Topology(rows * dp_world_size, dp_world_size, dp_rank),
+            order=order, batch=BatchOptions(columns=tuple(columns), collate=as_numpy),
+            workers=WorkerOptions(num_workers=config.num_workers, prefetch=config.prefetch),
+            stop=StopOptions(epochs=None if config.infinite else 1), run_log=self._run_log(),
             deny_list=config.deny_list or None)
         self.dataset = self._loader.dataset
         self._iter: Iterator | None = None

@@ -22,9 +22,10 @@ so it counts consumed samples, never prefetched ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from .._util.exit_close import close_at_exit
 from ..errors import StateMismatchError
@@ -32,7 +33,14 @@ from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .denylist import open_deny_list, save_logged_copy
-from .options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions
+from .options import (
+    BatchOptions,
+    ReadAheadOptions,
+    SourceOptions,
+    StopOptions,
+    WorkerOptions,
+    grouped,
+)
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
 from .share_reader import ShareReader, prepare_workers_soon
@@ -45,6 +53,10 @@ __all__ = ["Loader"]
 
 log = logging.getLogger("zephon_store")
 
+# The flat keywords the Loader took before its option groups (each now warns).
+LOADER_FLAT = frozenset({"storage_options", "cache", "decoded_cache", "expect_dataset_id",
+                         "collate"})
+
 
 class Loader:
     """This rank's batches of a source in the global, elastic order (numpy dicts), and the
@@ -52,27 +64,30 @@ class Loader:
 
     ``dataset``: any spelling :func:`~zephon_store.load.source.open_source` takes (a URL, a
     ``Dataset``, a mixture file, its dict, a ``MixtureSpec``, a ``MixedDataset``), opened
-    with ``storage_options``, ``cache``, ``decoded_cache`` and ``expect_dataset_id``;
+    as ``source`` (:class:`~zephon_store.load.options.SourceOptions`) says;
     ``topology``: who reads (global batch, world size, rank, ranks per node); ``seed`` or
     ``order``: the order (a mixture file's seed applies unless one is given); the option
-    groups ``batch``, ``read_ahead`` and ``stop`` (:mod:`zephon_store.load.options`);
+    groups ``batch`` (its ``collate`` applies to each batch handed out), ``read_ahead`` and
+    ``stop`` (:mod:`zephon_store.load.options`);
     ``workers``: who makes the batches, a part (:mod:`zephon_store.load.workers`: threads, or
     torch's or Grain's process workers, which their front ends hand over) or the
     :class:`~zephon_store.load.options.WorkerOptions` of threads; ``run_log``: rank 0
     appends one line per segment; ``deny_list``: a file or a ``DenyList`` (a mixture's: a
-    dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`); ``collate``:
-    applied to each batch handed out. Each keyword is described in
-    :class:`~zephon_store.torch.ZephonLoader`'s docstring.
+    dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`). Each
+    keyword is described in :class:`~zephon_store.torch.ZephonLoader`'s docstring; the flat
+    keywords of before the groups (``storage_options=``, ``cache=``, ``decoded_cache=``,
+    ``expect_dataset_id=``, ``collate=``) still work and warn
+    (:func:`~zephon_store.load.options.grouped`).
     """
 
     def __init__(self, dataset, *, topology: Topology, seed: int | None = None,
-                 order: OrderOptions | None = None, batch: BatchOptions | None = None,
-                 read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
-                 workers: WorkerOptions | Workers | None = None,
-                 storage_options: dict | None = None,
-                 cache=None, decoded_cache=None, expect_dataset_id: str | None = None,
-                 run_log: str | None = None, deny_list=None,
-                 collate: Callable[[dict], object] | None = None) -> None:
+                 order: OrderOptions | None = None, source: SourceOptions | None = None,
+                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+                 stop: StopOptions | None = None, workers: WorkerOptions | Workers | None = None,
+                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
+        groups = grouped(type(self).__name__, {"source": source, "batch": batch}, deprecated,
+                         allowed=LOADER_FLAT)
+        source, batch = groups["source"], groups["batch"]
         seed_given = seed is not None or order is not None
         if order is None:
             order = OrderOptions(seed=seed or 0)
@@ -82,21 +97,24 @@ class Loader:
         self.worker_part = as_workers(workers)
         self.workers = self.worker_part.options
         self.stop = stop or StopOptions()
-        self.batch_options = batch or BatchOptions()
+        # The collation runs in this process, on each batch handed out; the reader's
+        # options (pickled into process workers) do not carry it.
+        self.collate = batch.collate
+        self.batch_options = dataclasses.replace(batch, collate=None)
         self.run_log = run_log
         self.read_ahead = read_ahead or ReadAheadOptions()
         self.topology = topology
         columns = self.batch_options.columns
         if self.workers.num_workers:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
-            prepare_workers_soon(dataset, self.workers.multiprocessing_context, storage_options)
+            prepare_workers_soon(dataset, self.workers.multiprocessing_context,
+                                 source.storage_options)
         # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py),
         # and the plan this run reads it by (load/plan.py).
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=topology.global_batch, storage_options=storage_options, cache=cache,
-            decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
-            defer_stage_order=True))
+            global_batch=topology.global_batch, defer_stage_order=True,
+            **source.open_kwargs()))
         # The plan's seed rule (a mixture file's seed applies unless one is given).
         order = order.replace(seed=self.plan.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,
@@ -104,7 +122,6 @@ class Loader:
         # checkpoint's lanes instead (load_state_dict).
         self._requested_order = order
         self.order = self._resolve_lanes(order)
-        self.collate = collate
         self.cursor = 0
         self._warned_drop = False
         # The iterator made by the last iter(); load_state_dict closes it, and every

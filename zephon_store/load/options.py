@@ -3,10 +3,15 @@
 ``ZephonLoader(...)``'s keywords build them; the engine and the torch shells pass the groups
 on instead of copying twenty keyword arguments through each signature.
 
-- :class:`BatchOptions`: what a batch holds (columns, ``_seq``, a transform);
+- :class:`SourceOptions`: how the data is opened (storage options, caches, a pinned id);
+- :class:`BatchOptions`: what a batch holds (columns, ``_seq``, a transform, the collation);
 - :class:`ReadAheadOptions`: how far ahead bytes are fetched and row groups decoded;
 - :class:`StopOptions`: where a run ends (``max_steps``, ``epochs``, ``drop_last``);
-- :class:`WorkerOptions`: process workers of a torch ``DataLoader``.
+- :class:`WorkerOptions`: the process workers (torch's ``DataLoader``, Grain's).
+
+Each setting has one spelling: its field in its group. The flat keywords the front ends
+took before the groups (``num_workers=``, ``columns=``, ``cache=``...) still work for one
+release, each with a ``DeprecationWarning`` naming its group (:func:`grouped`).
 
 Who reads (:class:`~zephon_store.order.Topology`) and in which order
 (:class:`~zephon_store.order.OrderOptions`) are the order layer's.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,19 +33,58 @@ from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
 from .state import MAX_CURSOR
 
-__all__ = ["BatchOptions", "ReadAheadOptions", "StopOptions", "WorkerOptions", "option_group"]
+__all__ = ["BatchOptions", "ReadAheadOptions", "SourceOptions", "StopOptions", "WorkerOptions",
+           "as_numpy", "grouped", "option_group"]
+
+
+def as_numpy(batch: dict) -> dict:
+    """The batch as it is (dicts of numpy arrays and lists): the collation that keeps a torch
+    loader's batches numpy (``BatchOptions(collate=as_numpy)``).
+
+    >>> as_numpy({"id": 1})
+    {'id': 1}
+    """
+    return batch
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How the data is opened (:func:`~zephon_store.load.source.open_source`):
+    ``storage_options`` of a remote dataset (a mixture's sources carry their own, in the
+    mixture file); ``cache``, the disk cache remote row groups go through
+    (:class:`~zephon_store.io.cache.ChunkCache` or its folder; None: the default for remote
+    data; False: none); ``decoded_cache``, the node's decoded row groups
+    (:class:`~zephon_store.read.decoded_disk.DecodedDiskCache` or its folder); and
+    ``expect_dataset_id`` (``"xxh3:..."``), which refuses any other dataset.
+
+    >>> SourceOptions(cache=False).open_kwargs()["cache"]
+    False
+    """
+
+    storage_options: dict | None = None
+    cache: Any = None
+    decoded_cache: Any = None
+    expect_dataset_id: str | None = None
+
+    def open_kwargs(self) -> dict:
+        """The keywords of :func:`~zephon_store.load.source.open_source` these set."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)
 class BatchOptions:
     """What each batch holds: ``columns`` (None: all), ``with_seq`` adds ``_seq`` (int64
-    global sample ids), ``transform`` maps the decoded batch dict, ``deny_list`` (a
-    :class:`~zephon_store.load.denylist.DenyList`) blanks the denied rows before the
-    transform and adds ``_masked`` (bool per sample)."""
+    global sample ids), ``transform`` maps the decoded batch dict (in the workers),
+    ``collate`` turns each batch handed to the loop into what the loop takes (None: the
+    front end's own: numpy dicts from ``Loader`` and Grain, tensors from the torch loaders;
+    :func:`as_numpy` keeps them numpy), ``deny_list`` (a
+    :class:`~zephon_store.load.denylist.DenyList`, set by the loader from its ``deny_list=``)
+    blanks the denied rows before the transform and adds ``_masked`` (bool per sample)."""
 
     columns: tuple[str, ...] | None = None            # the columns read (None: all)
     with_seq: bool = False                            # add _seq (and a mixture's _source)
     transform: Callable[[dict], dict] | None = None   # maps each decoded batch dict
+    collate: Callable[[dict], object] | None = None   # each batch as the loop takes it
     deny_list: Any = None                             # a DenyList: its rows blanked, _masked
 
     def __post_init__(self) -> None:
@@ -165,9 +210,69 @@ def option_group(name: str, given, cls: type, **flat):
                and v != getattr(default, k)]
     if changed:
         what = {"BatchOptions": "what a batch holds", "ReadAheadOptions": "the read-ahead",
-                "StopOptions": "where the run stops",
+                "StopOptions": "where the run stops", "SourceOptions": "how the data is opened",
                 "WorkerOptions": "the process workers"}.get(cls.__name__, cls.__name__)
         keywords = ", ".join(f"{k}={flat[k]!r}" for k in changed)
         raise TypeError(f"{name}={cls.__name__}(...) and the keyword {keywords} both set "
                         f"{what}: give {', '.join(changed)} in the group or drop {name}=")
     return given
+
+
+# The flat keywords of the front ends before the groups, and the group each belongs to.
+FLAT = {
+    "storage_options": "source", "cache": "source", "decoded_cache": "source",
+    "expect_dataset_id": "source",
+    "columns": "batch", "with_seq": "batch", "transform": "batch", "collate": "batch",
+    "prefetch_bytes": "read_ahead", "decode_ahead_bytes": "read_ahead", "coalesce": "read_ahead",
+    "max_steps": "stop", "epochs": "stop", "drop_last": "stop",
+    "num_workers": "workers", "prefetch": "workers", "multiprocessing_context": "workers",
+    "pin_memory": "workers",
+}
+# Keywords that were not part of their group before (``collate`` stood beside ``batch=``):
+# given with a group that leaves them unset, they join it instead of being refused.
+JOINED_LATER = frozenset({"collate"})
+GROUPS = {"source": SourceOptions, "batch": BatchOptions, "read_ahead": ReadAheadOptions,
+          "stop": StopOptions, "workers": WorkerOptions}
+
+
+def grouped(front: str, groups: dict, flat: dict, *, allowed=frozenset(FLAT),
+            stacklevel: int = 3) -> dict:
+    """The option groups a front end passes on: ``groups`` (group name -> the group given,
+    or None) with its deprecated flat keywords ``flat`` folded in. Each flat keyword warns
+    (``DeprecationWarning``, naming its group); one the front end never took
+    (``allowed``) is a TypeError as Python's own; a group and one of its own keywords that
+    disagree are refused (:func:`option_group`).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     out = grouped("ZephonLoader", {"stop": None}, {"max_steps": 3})
+    >>> out["stop"].max_steps, seen[0].category.__name__
+    (3, 'DeprecationWarning')
+    >>> str(seen[0].message)
+    'ZephonLoader(max_steps=...) is deprecated: pass stop=StopOptions(max_steps=...); the flat keywords go in the next release'
+    >>> grouped("ZephonLoader", {}, {"colums": ["x"]})
+    Traceback (most recent call last):
+    TypeError: ZephonLoader() got an unexpected keyword argument 'colums'
+    """
+    for key in flat:
+        if key not in allowed or FLAT[key] not in groups:
+            raise TypeError(f"{front}() got an unexpected keyword argument {key!r}")
+    by_group: dict[str, dict] = {}
+    for key, value in flat.items():
+        by_group.setdefault(FLAT[key], {})[key] = value
+    for name, keys in by_group.items():
+        spelled = ", ".join(f"{k}=..." for k in keys)
+        warnings.warn(f"{front}({spelled}) is deprecated: pass {name}={GROUPS[name].__name__}"
+                      f"({spelled}); the flat keywords go in the next release",
+                      DeprecationWarning, stacklevel=stacklevel)
+    out = {}
+    for name, given in groups.items():
+        flat_here = by_group.get(name, {})
+        late = {k: v for k, v in flat_here.items() if k in JOINED_LATER and given is not None
+                and getattr(given, k) == getattr(GROUPS[name](), k)}
+        if late:   # a keyword its group gained later: a group given without it takes it
+            given = dataclasses.replace(given, **late)
+            flat_here = {k: v for k, v in flat_here.items() if k not in late}
+        out[name] = option_group(name, given, GROUPS[name], **flat_here)
+    return out

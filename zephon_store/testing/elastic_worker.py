@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    from ..load.options import BatchOptions, SourceOptions, StopOptions, WorkerOptions
+    from ..order.topology import Topology
     from ..torch import ZephonLoader
 
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
@@ -117,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     storage_options = json.loads(args.storage_options) if args.storage_options else None
-    loader = ZephonLoader(args.dataset, global_batch=args.global_batch, order=order_options(args),
-                          world_size=world, rank=rank, num_workers=args.num_workers,
-                          prefetch=args.prefetch, with_seq=True, max_steps=args.steps,
-                          storage_options=storage_options, run_log=args.run_log,
+    loader = ZephonLoader(args.dataset, topology=Topology(args.global_batch, world, rank),
+                          order=order_options(args),
+                          source=SourceOptions(storage_options=storage_options),
+                          batch=BatchOptions(with_seq=True),
+                          workers=WorkerOptions(num_workers=args.num_workers,
+                                                prefetch=args.prefetch),
+                          stop=StopOptions(max_steps=args.steps), run_log=args.run_log,
                           deny_list=args.deny_list)
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)

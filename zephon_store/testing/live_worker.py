@@ -68,16 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from ..torch.live import LiveZephonLoader
+    from ..load.options import BatchOptions, StopOptions, WorkerOptions
+    from ..torch.live import LiveZephonLoader, ReplicaOptions
 
     model = torch.zeros(3, dtype=torch.int64)
     # The store serves the process group's rendezvous: it lives as long as the manager.
     manager, store = _manager(args, model)
-    loader = LiveZephonLoader(args.dataset, global_batch=args.global_batch,
-                              order=_order_options(args), manager=manager, with_seq=True,
-                              epochs=args.epochs, participants=_participants(args, manager),
-                              run_log=args.run_log, num_workers=args.num_workers,
-                              transform=_made_by if args.num_workers else None)
+    loader = LiveZephonLoader(
+        args.dataset, global_batch=args.global_batch, order=_order_options(args),
+        replica=ReplicaOptions(manager=manager, participants=_participants(args, manager)),
+        batch=BatchOptions(with_seq=True, transform=_made_by if args.num_workers else None),
+        stop=StopOptions(epochs=args.epochs), run_log=args.run_log,
+        workers=WorkerOptions(num_workers=args.num_workers))
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     with open(args.log, "a", encoding="utf-8") as log:
         def write(record: dict) -> None:

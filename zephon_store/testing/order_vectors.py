@@ -6,7 +6,7 @@ stream positions -> sample ids (:meth:`Order.sample_at`), mixture positions -> (
 (the stage schedule and :class:`~zephon_store.load.mixed.MixedOrder`), which rank, node and
 worker reads each position (:mod:`zephon_store.order.assign`), what ``lanes="auto"`` stands
 for (:meth:`OrderOptions.resolved`), and whole runs of :class:`ZephonLoader` over the golden
-datasets. ``tests/unit/test_order_golden.py`` recomputes every case from its inputs in CI.
+datasets. ``tests/unit/order/test_order_golden.py`` recomputes every case from its inputs in CI.
 
 The rule: the outputs may only change together with an algorithm number,
 ``ORDER_ALGORITHM`` (``zephon_store/order/order.py``: ``sample_at``, the rank rule and
@@ -341,6 +341,8 @@ def _lanes_auto(inp: dict) -> dict:
 
 def _loader(inp: dict) -> dict:
     from ..format.mixture_file import MixtureSpec
+    from ..load.options import BatchOptions, StopOptions, as_numpy
+    from ..order.topology import Topology
     from ..torch.loader import ZephonLoader
 
     data = inp["dataset"]
@@ -354,12 +356,12 @@ def _loader(inp: dict) -> dict:
     for rank in range(inp["world_size"]):
         dataset = (MixtureSpec.from_dict(data, base_dir=ROOT) if mixture
                    else os.path.join(ROOT, data))
-        loader = ZephonLoader(dataset, global_batch=inp["global_batch"],
-                              world_size=inp["world_size"], rank=rank,
-                              ranks_per_node=inp["ranks_per_node"], collate=None,
-                              with_seq=True, columns=inp.get("columns"), max_steps=inp.get("max_steps"),
-                              epochs=inp.get("epochs"), drop_last=inp.get("drop_last", True),
-                              **kw)
+        loader = ZephonLoader(
+            dataset, topology=Topology(inp["global_batch"], inp["world_size"], rank,
+                                       ranks_per_node=inp["ranks_per_node"]),
+            batch=BatchOptions(columns=inp.get("columns"), with_seq=True, collate=as_numpy),
+            stop=StopOptions(max_steps=inp.get("max_steps"), epochs=inp.get("epochs"),
+                             drop_last=inp.get("drop_last", True)), **kw)
         batches = list(loader)
         out["order"] = loader.state_dict()["order"]
         out["seq"].append([b["_seq"].tolist() for b in batches])

@@ -11,7 +11,8 @@ Draw each step's batch after the step's quorum was started (``manager.start_quor
 which torchft's ``Optimizer.zero_grad()`` calls) and before ``should_commit()``::
 
     manager = torchft.Manager(pg=torchft.ProcessGroupGloo(), min_replica_size=2, ...)
-    loader = LiveZephonLoader("s3://bucket/ds", global_batch=1024, seed=7, manager=manager)
+    loader = LiveZephonLoader("s3://bucket/ds", global_batch=1024, seed=7,
+                              replica=ReplicaOptions(manager=manager))
     optimizer = torchft.Optimizer(manager, torch.optim.AdamW(model.parameters()))
     batches = iter(loader)
     while True:
@@ -20,12 +21,12 @@ which torchft's ``Optimizer.zero_grad()`` calls) and before ``should_commit()``:
         model(batch).backward()        # gradients averaged by torchft's DDP
         optimizer.step()               # should_commit(); the cursor follows
 
-Without torchft: ``participants`` (``(index, count)`` of the current step; ``index`` None:
-present, not reading), ``commits`` (a counter of committed steps) or :meth:`commit` after
-each step, and ``agree`` (e.g. :func:`distributed_agreement`).
+Without torchft: :class:`ReplicaOptions`' ``participants`` (``(index, count)`` of the
+current step; ``index`` None: present, not reading), ``commits`` (a counter of committed
+steps) or :meth:`commit` after each step, and ``agree`` (e.g. :func:`distributed_agreement`).
 
 >>> loader = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
-...                           participants=lambda: (1, 3))   # participant 1 of 3
+...                           replica=ReplicaOptions(participants=lambda: (1, 3)))
 >>> batches = iter(loader)
 >>> next(batches)["id"].tolist()
 [78, 45, 68]
@@ -38,17 +39,30 @@ each step, and ``agree`` (e.g. :func:`distributed_agreement`).
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..load.live import LiveLoader, LiveTopologyError, StepClaim
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
+from ..load.options import (
+    BatchOptions,
+    ReadAheadOptions,
+    SourceOptions,
+    StopOptions,
+    WorkerOptions,
+    as_numpy,
+    grouped,
+    option_group,
+)
 from ..order.order import OrderOptions
 from .loader import TorchProcesses, to_torch
 
-__all__ = ["LiveZephonLoader", "distributed_agreement", "manager_agreement",
+__all__ = ["LiveZephonLoader", "ReplicaOptions", "distributed_agreement", "manager_agreement",
            "manager_participants"]
 
 Participants = Callable[[], tuple]
@@ -139,72 +153,98 @@ def distributed_agreement(group=None) -> Agree:
     return agree
 
 
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """How this replica takes part in a live run: ``manager``, a torchft ``Manager``
+    (participants, commits, agreement and state transfer from it); or the callables
+    ``participants`` (``(index, count)`` of the current step; ``index`` None: present, not
+    reading), ``commits`` (a counter of committed steps; else :meth:`LiveLoader.commit`
+    after each step) and ``agree`` (e.g. :func:`distributed_agreement`);
+    ``group_size``/``group_rank`` split a participant's share among the ranks of its replica
+    group; ``state_key`` names the loader's entry in the manager's state transfer."""
+
+    manager: Any = None
+    participants: Participants | None = None
+    commits: Callable[[], int] | None = None
+    agree: Agree | None = None
+    group_size: int = 1
+    group_rank: int = 0
+    state_key: str = "zephon_loader"
+
+
+# The flat keywords of ReplicaOptions' fields (each now warns).
+_REPLICA_FLAT = tuple(f.name for f in dataclasses.fields(ReplicaOptions))
+# The flat keywords LiveZephonLoader took before its option groups.
+_LIVE_FLAT = frozenset({"columns", "with_seq", "transform", "collate", "epochs", "drop_last",
+                        "storage_options", "cache", "prefetch_bytes", "coalesce",
+                        "decode_ahead_bytes", "decoded_cache", "num_workers", "prefetch",
+                        "multiprocessing_context", "expect_dataset_id"})
+
+
 class LiveZephonLoader(LiveLoader):
     """This replica's share of each step of a live-elastic run (module docstring: wiring).
 
-    Arguments: ``global_batch`` samples per committed step over all participants (any
-    participant count splits it, unevenly when it does not divide); ``manager`` a torchft
-    ``Manager`` (participants, commits, agreement and state transfer from it); or
-    ``participants``/``commits``/``agree`` callables; ``group_size``/``group_rank`` split a
-    participant's share among the ranks of its replica group; ``state_key`` names the
-    loader's entry in the manager's state transfer. The rest are
-    :class:`~zephon_store.torch.ZephonLoader`'s, with the same meaning: ``dataset`` (a URL,
-    a ``Dataset`` or a mixture), ``seed``/``order``, ``columns``, ``with_seq``,
-    ``transform``, ``collate``, ``epochs``/``drop_last``, ``storage_options``, ``cache``,
-    ``prefetch_bytes``, ``coalesce``, ``decode_ahead_bytes``, ``decoded_cache``,
-    ``prefetch`` (batches a transform runs ahead), ``expect_dataset_id``, ``deny_list`` and
-    ``run_log`` (every replica appends a ``"live": true`` line when it takes the run up;
-    ``zephon audit`` checks the run), ``num_workers``/``multiprocessing_context`` (each
-    quorum shape's batches from a new ``DataLoader``). The option groups may be given whole
-    (``batch=``, ``read_ahead=``, ``stop=``, ``workers=``), as to ``ZephonLoader``. State and
-    loads: ``LiveLoader``'s.
+    ``global_batch`` samples per committed step over all participants (any participant
+    count splits it, unevenly when it does not divide); ``replica``: how this replica takes
+    part (:class:`ReplicaOptions`: a torchft ``manager``, or the ``participants``,
+    ``commits`` and ``agree`` callables; the replica group's split; the state key). The rest
+    are :class:`~zephon_store.torch.ZephonLoader`'s, with the same meaning: ``dataset`` (a
+    URL, a ``Dataset`` or a mixture), ``seed``/``order``, the option groups ``source``,
+    ``batch``, ``read_ahead``, ``stop`` (``epochs``/``drop_last``: a live step counts when it
+    commits, so ``max_steps`` is refused) and ``workers`` (each quorum shape's batches from
+    a new ``DataLoader``), ``deny_list`` and ``run_log`` (every replica appends a
+    ``"live": true`` line when it takes the run up; ``zephon audit`` checks the run). The
+    flat keywords of before the groups (``manager=``, ``participants=``, ``columns=``...)
+    still work for one release and warn. State and loads: ``LiveLoader``'s.
     """
 
-    def __init__(self, dataset, *, global_batch: int, manager=None,
-                 participants: Participants | None = None,
-                 commits: Callable[[], int] | None = None, agree: Agree | None = None,
+    def __init__(self, dataset, *, global_batch: int, replica: ReplicaOptions | None = None,
                  seed: int | None = None, order: OrderOptions | None = None,
-                 columns: list[str] | None = None, with_seq: bool = False,
-                 transform: Callable[[dict], dict] | None = None,
-                 collate: Callable[[dict], object] | None = to_torch,
-                 epochs: float | None = None, drop_last: bool = True,
-                 group_size: int = 1, group_rank: int = 0,
-                 storage_options: dict | None = None, cache=None,
-                 prefetch_bytes: int | None = None, coalesce=None,
-                 decode_ahead_bytes: int | None = None, decoded_cache=None,
-                 num_workers: int = 0, prefetch: int = 4,
-                 multiprocessing_context: str | None = None,
-                 expect_dataset_id: str | None = None, deny_list=None,
-                 run_log: str | None = None, state_key: str = "zephon_loader",
-                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
-                 stop: StopOptions | None = None, workers: WorkerOptions | None = None) -> None:
+                 source: SourceOptions | None = None, batch: BatchOptions | None = None,
+                 read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
+                 workers: WorkerOptions | None = None, run_log: str | None = None,
+                 deny_list=None, **deprecated) -> None:
+        replica = _replica(replica, {k: deprecated.pop(k) for k in _REPLICA_FLAT
+                                     if k in deprecated})
+        if deprecated.get("collate", to_torch) is None:
+            deprecated["collate"] = as_numpy   # the flat spelling's None: numpy batches
+        groups = grouped("LiveZephonLoader", {"source": source, "batch": batch,
+                                              "read_ahead": read_ahead, "stop": stop,
+                                              "workers": workers}, deprecated,
+                         allowed=_LIVE_FLAT)
+        manager, participants = replica.manager, replica.participants
+        commits, agree = replica.commits, replica.agree
         if manager is not None:
             participants = participants or manager_participants(manager)
             commits = commits or manager.current_step
             agree = agree or manager_agreement(manager)
         if participants is None:
-            raise ValueError("pass manager= (torchft) or participants= (a callable giving "
-                             "(index, count) for the current step)")
-        ahead = {} if prefetch_bytes is None else {"prefetch_bytes": prefetch_bytes}
-        stop = option_group("stop", stop, StopOptions, epochs=epochs, drop_last=drop_last)
-        if stop.max_steps is not None:
+            raise ValueError("pass replica=ReplicaOptions(manager=...) (torchft) or "
+                             "ReplicaOptions(participants=...) (a callable giving (index, "
+                             "count) for the current step)")
+        if groups["stop"].max_steps is not None:
             raise ValueError("LiveZephonLoader: stop.max_steps is not a bound of a live run "
                              "(a step counts when it commits); bound it with epochs")
+        batch = groups["batch"]
+        if batch.collate is None:
+            batch = dataclasses.replace(batch, collate=to_torch)
         super().__init__(
             dataset, global_batch=global_batch, participants=participants, commits=commits,
-            agree=agree, group_size=group_size, group_rank=group_rank, seed=seed, order=order,
-            batch=option_group("batch", batch, BatchOptions, columns=columns,
-                               with_seq=with_seq, transform=transform),
-            read_ahead=option_group("read_ahead", read_ahead, ReadAheadOptions,
-                                    decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce,
-                                    **ahead),
-            stop=stop,
-            workers=TorchProcesses(option_group(
-                "workers", workers, WorkerOptions, num_workers=num_workers, prefetch=prefetch,
-                multiprocessing_context=multiprocessing_context)),
-            storage_options=storage_options, cache=cache, decoded_cache=decoded_cache,
-            expect_dataset_id=expect_dataset_id, run_log=run_log, deny_list=deny_list,
-            collate=collate)
+            agree=agree, group_size=replica.group_size, group_rank=replica.group_rank,
+            seed=seed, order=order, source=groups["source"], batch=batch,
+            read_ahead=groups["read_ahead"], stop=groups["stop"],
+            workers=TorchProcesses(groups["workers"]), run_log=run_log, deny_list=deny_list)
         if manager is not None:
-            manager.register_state_dict_fn(state_key, self.load_state_dict, self.state_dict)
+            manager.register_state_dict_fn(replica.state_key, self.load_state_dict,
+                                           self.state_dict)
+
+
+def _replica(given: ReplicaOptions | None, flat: dict) -> ReplicaOptions:
+    """``given``, or the group of the flat replica keywords (which warn)."""
+    if flat:
+        spelled = ", ".join(f"{k}=..." for k in flat)
+        warnings.warn(f"LiveZephonLoader({spelled}) is deprecated: pass replica=ReplicaOptions("
+                      f"{spelled}); the flat keywords go in the next release",
+                      DeprecationWarning, stacklevel=3)
+    return option_group("replica", given, ReplicaOptions, **flat)
 

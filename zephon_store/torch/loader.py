@@ -18,16 +18,24 @@ so it counts consumed samples, never prefetched ones.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from ..io.coalesce import CoalesceOptions
 from ..load.loader import Loader
-from ..load.options import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions, option_group
+from ..load.options import (
+    BatchOptions,
+    ReadAheadOptions,
+    SourceOptions,
+    StopOptions,
+    WorkerOptions,
+    as_numpy,
+    grouped,
+)
 from ..load.share_reader import ShareReader
 from ..load.source import Source
 from ..load.workers import ProcessWorkers
@@ -72,15 +80,15 @@ def to_torch(batch: dict) -> dict:
 class ZephonLoader(Loader):
     """Iterate this rank's batches of a dataset in the global, elastic order.
 
-    >>> loader = ZephonLoader(tiny_dataset, global_batch=8, order=OrderOptions(seed=7),
-    ...                       world_size=1, rank=0, max_steps=1)   # or "s3://bucket/ds"
+    >>> loader = ZephonLoader(tiny_dataset, topology=Topology(8), order=OrderOptions(seed=7),
+    ...                       stop=StopOptions(max_steps=1))   # or "s3://bucket/ds"
     >>> [batch["id"].tolist() for batch in loader]
     [[79, 41, 78, 45, 68, 97, 30, 33]]
     >>> sd = loader.state_dict()
     >>> sd["cursor"], sd["seed"]
     (8, 7)
-    >>> resumed = ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=2, rank=1,
-    ...                        max_steps=1)
+    >>> resumed = ZephonLoader(tiny_dataset, topology=Topology(8, world_size=2, rank=1),
+    ...                        seed=7, stop=StopOptions(max_steps=1))
     >>> resumed.load_state_dict(sd)   # step 1, now on two ranks: rank 1 reads its half
     >>> [batch["id"].tolist() for batch in resumed]
     [[43, 40, 0, 3]]
@@ -91,82 +99,99 @@ class ZephonLoader(Loader):
     rows of every source, ``with_seq`` adds ``_source`` and ``_seq`` is the id in that
     source, and the state carries the sources and the stage schedule (version 2).
 
-    Arguments: ``global_batch`` samples per step over all ranks (``world_size`` must divide
-    it); ``world_size``/``rank`` default to torch.distributed or the torchrun environment;
-    ``ranks_per_node`` (default torchrun's ``LOCAL_WORLD_SIZE``, else 1) groups consecutive
-    ranks into nodes, for the node-aware rank rule and ``lanes="auto"`` (docs/order.md,
-    "Locality at scale"); ``max_steps``/``epochs`` bound the stream (default endless; ``epochs`` may be
-    fractional, the run ends at position ``int(epochs * num_samples)``; a mixture whose capped
-    source runs out, exhaustion "error", ends it there too); ``drop_last``
-    (default True) drops the positions of that end that do not fill a global batch (logged
-    once as a warning), ``drop_last=False`` reads them in a short last step split as evenly
-    as they go among the ranks (a rank may get an empty batch; every rank takes the same
-    number of steps), and the cursor ends exactly at the end; ``expect_dataset_id``
-    (``"xxh3:..."``) refuses any other dataset (ManifestError); ``columns`` selects columns;
-    ``with_seq`` adds ``_seq`` (int64 global sample ids) to every batch; ``transform`` maps a
-    decoded batch dict; ``collate`` replaces the numpy->tensor conversion; ``prefetch``
-    batches are made ahead of the loop by process workers, or by a thread when there is a
-    ``transform`` (without one a batch is cut from row groups decoded ahead, which is cheap);
-    ``decode_ahead_bytes`` bounds the decoded row groups
-    held ahead (default: two working sets of the order, 16 MiB to 1 GiB; see
-    :mod:`zephon_store.load.pipeline`); ``prefetch_bytes`` bounds the bytes of a remote dataset
-    fetched ahead into the disk cache; ``coalesce``
-    (:class:`~zephon_store.io.coalesce.CoalesceOptions`) sets how neighbouring row groups are
-    merged into ranged GETs (default: up to 8 MiB a range; ``docs/storage.md``);
+    Who reads: ``global_batch`` samples per step over all ranks, the world size and this
+    rank from torch.distributed or the torchrun environment, and torchrun's
+    ``LOCAL_WORLD_SIZE`` ranks per node (else 1); or ``topology`` (a
+    :class:`~zephon_store.order.Topology`: all four given, ``world_size`` dividing the
+    global batch). Consecutive ranks form a node, for the node-aware rank rule and
+    ``lanes="auto"`` (docs/order.md, "Locality at scale"). ``seed``/``order``: the order.
+
+    The rest come in option groups (:mod:`zephon_store.load.options`), one spelling each:
+
+    - ``source=SourceOptions(...)``: ``storage_options`` of a remote dataset, its disk
+      ``cache``, the node's ``decoded_cache`` (decoded row groups kept for later epochs and
+      the node's other ranks, docs/loader.md, "Decoded cache") and ``expect_dataset_id``
+      (``"xxh3:..."``: any other dataset is a ManifestError);
+    - ``batch=BatchOptions(...)``: ``columns``; ``with_seq`` adds ``_seq`` (int64 global
+      sample ids); ``transform`` maps a decoded batch dict (in the workers); ``collate``
+      turns each batch into what the loop takes (default: numpy arrays to tensors,
+      :func:`to_torch`; ``as_numpy`` keeps them numpy);
+    - ``read_ahead=ReadAheadOptions(...)``: ``prefetch_bytes`` of a remote dataset fetched
+      ahead into the disk cache, ``decode_ahead_bytes`` of decoded row groups held ahead
+      (default: two working sets of the order, 16 MiB to 1 GiB; see
+      :mod:`zephon_store.load.pipeline`), ``coalesce``
+      (:class:`~zephon_store.io.coalesce.CoalesceOptions`: neighbouring row groups merged
+      into ranged GETs, up to 8 MiB a range; docs/storage.md);
+    - ``stop=StopOptions(...)``: ``max_steps``/``epochs`` bound the stream (default
+      endless; ``epochs`` may be fractional, the run ends at position
+      ``int(epochs * num_samples)``; a mixture whose capped source runs out, exhaustion
+      "error", ends it there too); ``drop_last`` (default True) drops the positions of that
+      end that do not fill a global batch (logged once), False reads them in a short last
+      step split as evenly as they go among the ranks, the cursor ending exactly at the end;
+    - ``workers=WorkerOptions(...)``: ``num_workers`` process workers (a torch
+      ``DataLoader``, :class:`TorchProcesses`; 0: threads in this process), ``prefetch``
+      batches made ahead (by the workers, or by a thread when there is a ``transform``),
+      ``multiprocessing_context``, ``pin_memory``.
+
     ``run_log`` (a local path) makes rank 0 append one JSON line per segment of the run (at
     its first batch after a start or resume) for ``zephon trace``/``where``/``audit``;
     ``deny_list`` (a file or a :class:`~zephon_store.load.denylist.DenyList`) keeps those
     samples' positions but blanks their rows before ``transform`` and ``collate`` see them,
-    and flags them in ``_masked`` (docs/audit.md, "Takedowns"); ``decoded_cache`` (a
-    :class:`~zephon_store.read.decoded_disk.DecodedDiskCache` or its folder, for a dataset
-    given by URL or a mixture) keeps decoded row groups on the node for later epochs and the node's other
-    ranks (docs/loader.md, "Decoded cache").
+    and flags them in ``_masked`` (docs/audit.md, "Takedowns").
 
-    The option groups of :mod:`zephon_store.load.options` may be given whole instead of their
-    keywords (``batch=BatchOptions(columns=("tokens",))``, ``read_ahead=``, ``stop=``,
-    ``workers=``); a group and one of its own keywords together are refused (TypeError).
+    The flat keywords of before the groups (``world_size=``, ``rank=``,
+    ``ranks_per_node=``, ``num_workers=``, ``columns=``, ``max_steps=``, ``cache=``...)
+    still work for one release, each with a ``DeprecationWarning`` naming its group; a
+    group and one of its own keywords together are refused (TypeError).
     """
 
-    def __init__(self, dataset: str | Dataset | Source, *, global_batch: int, seed: int | None = None,
-                 order: OrderOptions | None = None, world_size: int | None = None,
-                 rank: int | None = None, num_workers: int = 0, prefetch: int = 4,
-                 columns: list[str] | None = None, with_seq: bool = False,
-                 transform: Callable[[dict], dict] | None = None,
-                 collate: Callable[[dict], object] | None = to_torch,
-                 max_steps: int | None = None, epochs: float | None = None,
-                 storage_options: dict | None = None, cache=None,
-                 multiprocessing_context: str | None = None, pin_memory: bool = False,
-                 prefetch_bytes: int = ReadAheadOptions.prefetch_bytes,
-                 decode_ahead_bytes: int | None = None,
-                 coalesce: CoalesceOptions | None = None, drop_last: bool = True,
-                 expect_dataset_id: str | None = None, ranks_per_node: int | None = None,
-                 run_log: str | None = None,
-                 deny_list=None, decoded_cache=None, batch: BatchOptions | None = None,
-                 read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
-                 workers: WorkerOptions | None = None) -> None:
-        # The keywords travel on as named groups (load/options.py), validated there; a
-        # group given whole replaces its keywords.
-        workers = option_group("workers", workers, WorkerOptions, num_workers=num_workers,
-                               prefetch=prefetch,
-                               multiprocessing_context=multiprocessing_context,
-                               pin_memory=pin_memory)
-        stop = option_group("stop", stop, StopOptions, max_steps=max_steps, epochs=epochs,
-                            drop_last=drop_last)
-        batch = option_group("batch", batch, BatchOptions, columns=columns, with_seq=with_seq,
-                             transform=transform)
-        read_ahead = option_group("read_ahead", read_ahead, ReadAheadOptions,
-                                  prefetch_bytes=prefetch_bytes,
-                                  decode_ahead_bytes=decode_ahead_bytes, coalesce=coalesce)
-        ws, rk = detect_topology()
-        ws = ws if world_size is None else world_size
-        topology = Topology(global_batch, ws, rk if rank is None else rank,
-                            ranks_per_node=(detect_ranks_per_node(ws)
-                                            if ranks_per_node is None else ranks_per_node))
-        super().__init__(dataset, topology=topology, seed=seed, order=order, batch=batch,
-                         read_ahead=read_ahead, stop=stop, workers=TorchProcesses(workers),
-                         storage_options=storage_options, cache=cache,
-                         decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
-                         run_log=run_log, deny_list=deny_list, collate=collate)
+    def __init__(self, dataset: str | Dataset | Source, *, global_batch: int | None = None,
+                 topology: Topology | None = None, seed: int | None = None,
+                 order: OrderOptions | None = None, source: SourceOptions | None = None,
+                 batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
+                 stop: StopOptions | None = None, workers: WorkerOptions | None = None,
+                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
+        topology = torch_topology("ZephonLoader", global_batch, topology, deprecated)
+        if deprecated.get("collate", to_torch) is None:
+            deprecated["collate"] = as_numpy   # the flat spelling's None: numpy batches
+        groups = grouped("ZephonLoader", {"source": source, "batch": batch,
+                                          "read_ahead": read_ahead, "stop": stop,
+                                          "workers": workers}, deprecated)
+        batch = groups["batch"]
+        if batch.collate is None:
+            batch = dataclasses.replace(batch, collate=to_torch)
+        super().__init__(dataset, topology=topology, seed=seed, order=order,
+                         source=groups["source"], batch=batch,
+                         read_ahead=groups["read_ahead"], stop=groups["stop"],
+                         workers=TorchProcesses(groups["workers"]), run_log=run_log,
+                         deny_list=deny_list)
+
+
+def torch_topology(front: str, global_batch: int | None, topology: Topology | None,
+                   flat: dict) -> Topology:
+    """Who reads, for a torch front end: ``topology`` as given, or ``global_batch`` with
+    the world size and rank from torch.distributed (or torchrun's environment) and its
+    ranks per node; the flat ``world_size``/``rank``/``ranks_per_node`` (taken out of
+    ``flat``) still work and warn."""
+    given = {k: flat.pop(k) for k in ("world_size", "rank", "ranks_per_node") if k in flat}
+    if given:
+        spelled = ", ".join(f"{k}=..." for k in given)
+        warnings.warn(f"{front}({spelled}) is deprecated: pass topology=Topology(global_batch, "
+                      f"{spelled}); the flat keywords go in the next release",
+                      DeprecationWarning, stacklevel=3)
+    if topology is not None:
+        if global_batch is not None or given:
+            raise TypeError(f"{front}: topology= and global_batch= both say who reads: pass "
+                            "topology=Topology(global_batch, world_size, rank) alone")
+        return topology
+    if global_batch is None:
+        raise TypeError(f"{front} needs global_batch= (world size and rank from "
+                        "torch.distributed or torchrun) or topology=Topology(...)")
+    ws, rk = detect_topology()
+    ws = given.get("world_size", ws)
+    rpn = given.get("ranks_per_node")
+    return Topology(global_batch, ws, given.get("rank", rk),
+                    ranks_per_node=detect_ranks_per_node(ws) if rpn is None else rpn)
 
 
 class TorchProcesses(ProcessWorkers):

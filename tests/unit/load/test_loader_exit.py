@@ -19,9 +19,11 @@ pytest.importorskip("torch")
 
 SCRIPT = """
 import sys
+from zephon_store import BatchOptions, WorkerOptions
 from zephon_store.torch import ZephonLoader
 kw = {"transform": lambda b: b} if sys.argv[3] == "transform" else {}
-loader = ZephonLoader(sys.argv[1], global_batch=8, num_workers=int(sys.argv[2]), **kw)
+loader = ZephonLoader(sys.argv[1], global_batch=8, batch=BatchOptions(**kw),
+                      workers=WorkerOptions(num_workers=int(sys.argv[2])))
 batches = iter(loader)
 next(batches)
 """
@@ -46,6 +48,7 @@ def test_open_iterator_at_exit_prints_nothing(ds_path, num_workers, mode, runs):
 
 KILLED = """
 import multiprocessing, os, sys, time
+from zephon_store import BatchOptions, WorkerOptions
 from zephon_store.torch import ZephonLoader
 calls = [0]
 def busy_after_first(batch):      # each worker's first batch at once, then busy for minutes
@@ -53,7 +56,8 @@ def busy_after_first(batch):      # each worker's first batch at once, then busy
     if calls[0] > 1:
         time.sleep(300)
     return batch
-loader = ZephonLoader(sys.argv[1], global_batch=8, num_workers=2, transform=busy_after_first)
+loader = ZephonLoader(sys.argv[1], global_batch=8, workers=WorkerOptions(num_workers=2),
+                      batch=BatchOptions(transform=busy_after_first))
 batches = iter(loader)
 next(batches)
 print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)

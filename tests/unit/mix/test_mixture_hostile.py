@@ -74,8 +74,9 @@ def test_a_huge_exponent_in_a_weight_string_is_refused_at_once(urls, tmp_path, f
         text = json.dumps({"sources": [{"name": "a", "url": urls["a"], "weight": "1e-99999999"},
                                        {"name": "b", "url": urls["b"], "weight": 1}]})
     path = _write(tmp_path, f"mix.{fmt}", text)
-    loader = ("import sys\nfrom zephon_store.torch import ZephonLoader\ntry:\n"
-              f"    ZephonLoader({path!r}, global_batch=4, world_size=1, rank=0)\n"
+    loader = ("import sys\nfrom zephon_store import Topology\n"
+              "from zephon_store.torch import ZephonLoader\ntry:\n"
+              f"    ZephonLoader({path!r}, topology=Topology(4))\n"
               "except Exception as exc:\n    sys.exit(f'{type(exc).__name__}: {exc}')\n")
     for argv in (["-m", "zephon_store.cli", "info", path],
                  ["-m", "zephon_store.cli", "plan", "--mixture", path, "--world-size", "1",
