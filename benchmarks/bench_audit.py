@@ -7,7 +7,7 @@ stands in for a dataset of that shape.
 
 - audit: a run log of three segments (world sizes 8, 12, 16; global batches 1024, 1536,
   2048; a shuffled order with 64 lanes) covering ``--positions`` positions, audited by
-  :func:`zephon_store.load.audit.audit_run` (every exposure recomputed: ``sample_at``
+  :func:`zephon_store.runs.audit.audit_run` (every exposure recomputed: ``sample_at``
   over each position, counted per epoch). Reported: seconds and positions/s.
 - where: ``Order.positions_of`` for one id in one epoch (cold: the epoch's O(num_blocks)
   table is built; warm: cached), and for 1,000 ids x 10 epochs in one call.
@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from zephon_store.load.audit import audit_run
 from zephon_store.load.runlog import RunSegment
 from zephon_store.order import Order, OrderOptions
+from zephon_store.runs.audit import audit_run
 
 
 def run_log(order: Order, positions: int) -> tuple[list[RunSegment], int]:

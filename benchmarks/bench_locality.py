@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: per-node read amplification from ``zephon plan``'s simulator (issue 21).
 
-No bytes are read: the simulator (``zephon_store.load.simulate.simulate``, what ``zephon
+No bytes are read: the simulator (``zephon_store.runs.simulate.simulate``, what ``zephon
 plan`` prints) over a manifest of equal row groups of 20 rows, 8 ranks per node, 8 samples
 per rank per step, one epoch.
 
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
-    from zephon_store.load.simulate import simulate
     from zephon_store.order import OrderOptions, Topology
+    from zephon_store.runs.simulate import simulate
 
     def log(s: str) -> None:
         print(s, file=sys.stderr, flush=True)

@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
     import s3fs
 
     from zephon_store import WriteOptions, convert, open_dataset
-    from zephon_store.load.simulate import simulate
     from zephon_store.order import OrderOptions, Topology
+    from zephon_store.runs.simulate import simulate
     from zephon_store.testing.s3_server import SeaweedServer
 
     work = tempfile.mkdtemp(prefix="zephon-bench-locality-")

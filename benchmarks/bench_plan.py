@@ -56,8 +56,8 @@ class TiledManifest:
 
 
 def run(manifest, label: str, log) -> list[dict]:
-    from zephon_store.load.simulate import simulate
     from zephon_store.order import OrderOptions, Topology
+    from zephon_store.runs.simulate import simulate
 
     rows = []
     for variant in LANE_VARIANTS:

@@ -68,9 +68,9 @@ def _consumed(dataset: str, audit_dir: str, total: int) -> dict[int, int]:
     """Position -> sample id over every rank of one run, from the run log in ``audit_dir``
     (``ZephonDataLoader.Config.audit_dir``), by the library's run accounting (what
     ``zephon trace`` prints); the library's audit must pass on it."""
-    from zephon_store.load.accounting import RunContext
-    from zephon_store.load.audit import rank_positions, segment_at
     from zephon_store.load.runlog import RUNLOG_NAME
+    from zephon_store.runs.accounting import RunContext
+    from zephon_store.runs.audit import rank_positions, segment_at
 
     log = os.path.join(audit_dir, RUNLOG_NAME)
     if not os.path.exists(log):

@@ -32,9 +32,9 @@ import pytest
 
 from tests.helpers import ROOT, opened, small_dataset
 from tests.helpers.stateful import Step, assert_matches_reference, reference_ids
-from zephon_store.load.accounting import RunContext
 from zephon_store.order import Order, OrderOptions
 from zephon_store.read.dataset import open_dataset
+from zephon_store.runs.accounting import RunContext
 from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ column's and Grain's random-access source's tests are named in the table.
 Each test runs one feature through a front end's public API over one small dataset of
 packed token windows (every window distinct) and compares the windows each rank was handed,
 step by step, with the ones the library's run accounting places there
-(:class:`~zephon_store.load.accounting.RunContext`'s ``trace``: the loader's own order
+(:class:`~zephon_store.runs.accounting.RunContext`'s ``trace``: the loader's own order
 code with the run's inputs), so a front end that silently dropped a feature (another
 order, unmasked denied rows, no run log, no prefetch, no decoded cache) fails here.
 """
@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import two_stage_mixture
 from tests.integration.torchtitan_worker import make_packed_dataset
-from zephon_store.load.accounting import RunContext
+from zephon_store.runs.accounting import RunContext
 
 pytestmark = pytest.mark.integration
 

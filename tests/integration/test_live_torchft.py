@@ -45,11 +45,11 @@ from torchft.coordination import LighthouseServer
 
 from tests.helpers import ROOT, opened, small_dataset
 from tests.helpers.stateful import assert_exactly_once_per_epoch, reference_ids
-from zephon_store.load.accounting import RunContext
 from zephon_store.load.runlog import read_run_log
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_participant
 from zephon_store.read.dataset import open_dataset
+from zephon_store.runs.accounting import RunContext
 from zephon_store.torch import ZephonLoader
 
 pytestmark = pytest.mark.integration

@@ -80,9 +80,9 @@ def _traced(out: str, world: int, dataset: str):
     record (``<out>/rank<r>.jsonl``) with the positions and the trace of its step from the
     run log (``<out>/audit`` is the Config's ``audit_dir``, so the log is there), by the
     library's run accounting (what ``zephon trace`` prints)."""
-    from zephon_store.load.accounting import RunContext
-    from zephon_store.load.audit import rank_positions, segment_at
     from zephon_store.load.runlog import RUNLOG_NAME
+    from zephon_store.runs.accounting import RunContext
+    from zephon_store.runs.audit import rank_positions, segment_at
 
     ctx = RunContext(dataset, os.path.join(out, "audit", RUNLOG_NAME))
     records = {}
@@ -562,8 +562,8 @@ def test_run_log_in_the_checkpoint_folder_and_deny_list_labels_ignored(packed, t
     from types import SimpleNamespace
 
     from zephon_store.integrations.torchtitan import IGNORE_INDEX, with_zephon
-    from zephon_store.load.accounting import RunContext
     from zephon_store.load.runlog import read_run_log
+    from zephon_store.runs.accounting import RunContext
 
     _, url, windows, _ = packed
     trainer = SimpleNamespace(dump_folder=str(tmp_path / "out"),
@@ -609,7 +609,7 @@ def test_audit_dir_is_the_run_logs_folder(packed, tmp_path):
 
     from zephon_store.cli.main import main as zephon
     from zephon_store.integrations.torchtitan import ZephonDataLoader, with_zephon
-    from zephon_store.load.accounting import RunContext
+    from zephon_store.runs.accounting import RunContext
 
     _, url, windows, _ = packed
     audit = tmp_path / "audit"

@@ -89,8 +89,8 @@ def _consumed(out: str, world: int, url: str) -> dict[int, tuple[int, list]]:
     """Position -> (sample id, delivered window) over every rank of one run: ids and positions
     from the run log by the library's run accounting (what ``zephon trace`` prints), windows
     as main's flat batches delivered them (``<out>/rank<r>.jsonl``)."""
-    from zephon_store.load.accounting import RunContext
-    from zephon_store.load.audit import rank_positions, segment_at
+    from zephon_store.runs.accounting import RunContext
+    from zephon_store.runs.audit import rank_positions, segment_at
 
     records = {}
     for rank in range(world):

@@ -1,6 +1,6 @@
 """``zephon info mix.toml`` and ``zephon plan --mixture mix.toml``: a mixture, described and
 simulated without reading a shard byte (manifests only). The library computes both
-(:mod:`zephon_store.load.plan_mixture`); this module parses and prints.
+(:mod:`zephon_store.runs.plan_mixture`); this module parses and prints.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _start_text(stage: dict) -> str:
 
 def cmd_mixture_info(args) -> int:
     """Describe a mixture file: its sources (size, dataset_id, cap) and stages (weights)."""
-    from ..load.plan_mixture import ID_NOTE, mixture_info
+    from ..runs.plan_mixture import ID_NOTE, mixture_info
 
     info = mixture_info(args.url, getattr(args, "global_batch", None))
     if args.json:
@@ -45,11 +45,11 @@ def cmd_mixture_info(args) -> int:
 
 
 def plan_mixture(args) -> int:
-    """``zephon plan --mixture``: prints :func:`zephon_store.load.plan_mixture.plan_mixture`
+    """``zephon plan --mixture``: prints :func:`zephon_store.runs.plan_mixture.plan_mixture`
     (per stage the realised proportions, each source's epochs consumed and where a capped
     source runs out, plus the read figures of the simulator)."""
-    from ..load.plan_mixture import PlanRequestError
-    from ..load.plan_mixture import plan_mixture as plan
+    from ..runs.plan_mixture import PlanRequestError
+    from ..runs.plan_mixture import plan_mixture as plan
 
     if args.url is not None:
         raise UsageError("give a dataset URL or --mixture FILE, not both")

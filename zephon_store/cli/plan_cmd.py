@@ -82,10 +82,10 @@ def add_plan_parser(sub) -> None:
 def cmd_plan(args) -> int:
     from ..format.manifest import load_manifest
     from ..io.storage import Storage
-    from ..load.simulate import rank_ids, simulate
     from ..order.assign import batch_owner, step_cursor
     from ..order.order import Order, OrderOptions
     from ..order.topology import Topology
+    from ..runs.simulate import rank_ids, simulate
 
     if args.cursor < 0:
         raise UsageError(f"--cursor must be >= 0, got {args.cursor}")

@@ -6,7 +6,7 @@ shard byte is read, except by ``trace --show`` (the records themselves). Without
 ``--global-batch``, ``--world-size`` and ``--cursor`` for ``trace``; a mixture file's seed
 and stages come from the file, by the loader's own rule (:mod:`zephon_store.load.order_inputs`).
 Which order and deny list each log segment used is the library's answer
-(:class:`zephon_store.load.accounting.RunContext`); this module parses and prints.
+(:class:`zephon_store.runs.accounting.RunContext`); this module parses and prints.
 See docs/audit.md.
 """
 
@@ -101,8 +101,8 @@ def _answers(log: str | None):
     """Library refusals as the CLI reports them: a question too large or outside the run
     is a usage error (exit 2); a run log error names the file."""
     from ..errors import MixtureError
-    from ..load.audit import AuditRequestError
     from ..load.runlog import RunLogError
+    from ..runs.audit import AuditRequestError
 
     try:
         yield
@@ -119,8 +119,8 @@ def _answers(log: str | None):
 
 
 def _context(args):
-    """The run's :class:`~zephon_store.load.accounting.RunContext` from the arguments."""
-    from ..load.accounting import RunContext
+    """The run's :class:`~zephon_store.runs.accounting.RunContext` from the arguments."""
+    from ..runs.accounting import RunContext
 
     with _answers(None):
         return RunContext(args.dataset, getattr(args, "log", None),

@@ -519,7 +519,7 @@ class LiveLoader(Loader):
         Taken up: logged at the first step this process reads after it, so a replica that
         heals, reading nothing until its state arrived, never logs the cursor it had before;
         every replica logs, and lines that continue the run's cursor are no discrepancy for
-        ``zephon audit``, one that does not is (load/audit.py). The count: participant 0 of
+        ``zephon audit``, one that does not is (runs/audit.py). The count: participant 0 of
         each step (rank 0 of its group) logs it unless its own last check was this step or
         the one before, with the same count, and the log has not grown since (another
         quorum's line, e.g. for this step served to a quorum without it). The log drops a

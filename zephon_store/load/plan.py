@@ -3,7 +3,7 @@ stream, checkpoint entry, resume), apart from what is read (the
 :class:`~zephon_store.read.source.Source`).
 
 :class:`DatasetPlan` reads one dataset; :class:`MixedPlan` a mixture
-(:class:`~zephon_store.load.mixed.MixedDataset`) by its stage schedule.
+(:class:`~zephon_store.mix.mixed.MixedDataset`) by its stage schedule.
 :func:`~zephon_store.load.source.plan_of` gives a source's plan: it is the normaliser's
 second half, and with :func:`~zephon_store.load.source.open_source` the one place that tells
 a mixture from a dataset. The loader, its stream, the run accounting
@@ -26,11 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import MixtureError, StateMismatchError
+from ..mix.mixed import SOURCE_KEY, MixedDataset, MixedOrder
 from ..order.mixture import MixtureSchedule
 from ..order.order import Order, OrderOptions
 from ..order.topology import Topology
 from .denylist import MixtureIds
-from .mixed import SOURCE_KEY, MixedDataset, MixedOrder
 from .order_inputs import mixture_seed
 
 __all__ = ["DatasetPlan", "MixedPlan", "Plan", "SEQ_KEY"]

@@ -3,7 +3,7 @@
 A *source* is what is read (:mod:`zephon_store.read.source`: identity, schema, size, a
 row-group table, reads and prefetch, its datasets); how a run reads it is its plan
 (:func:`~zephon_store.load.plan.plan_of`). :class:`~zephon_store.read.dataset.Dataset` and
-:class:`~zephon_store.load.mixed.MixedDataset` both satisfy the contract; nothing downstream
+:class:`~zephon_store.mix.mixed.MixedDataset` both satisfy the contract; nothing downstream
 asks which one it holds.
 
 :func:`open_source` turns every spelling a loader accepts (a URL, an open ``Dataset``, a
@@ -36,10 +36,10 @@ MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
 
 def is_mixture(obj) -> bool:
-    """Whether ``obj`` spells a mixture: a :class:`~zephon_store.load.mixed.MixedDataset`
+    """Whether ``obj`` spells a mixture: a :class:`~zephon_store.mix.mixed.MixedDataset`
     or its :class:`MixtureParts`, a mixture spec or its dict, or the path of a mixture file
     (``.toml``/``.json``)."""
-    from .mixed import MixedDataset
+    from ..mix.mixed import MixedDataset
 
     if isinstance(obj, (MixedDataset, MixtureParts, dict)):
         return True
@@ -120,14 +120,14 @@ def open_source(spelling, *, columns: Sequence[str] | None = None,
     :class:`MixtureParts` of one; docs/mixtures.md) is opened with ``columns`` selected,
     every source with its own storage options, remote ones through ``cache`` and all
     through ``decoded_cache``; stage starts in steps convert with ``global_batch``;
-    ``defer_stage_order``: see :func:`~zephon_store.load.mixed.build_mixture`. A mixture
+    ``defer_stage_order``: see :func:`~zephon_store.mix.mixed.build_mixture`. A mixture
     pins its sources by their dataset_ids, so ``expect_dataset_id`` is refused for one, and
     ``no_mixture`` (the refusal's words) refuses a mixture altogether. An open ``Dataset``
     is checked against ``expect_dataset_id``; it is open already, so ``decoded_cache`` is
     refused. A URL is opened with :func:`~zephon_store.read.dataset.open_dataset`.
     ``as_mixture``: read any spelling as a mixture's (:func:`open_mixture`).
     """
-    from .mixed import MixedDataset
+    from ..mix.mixed import MixedDataset
 
     opened = open_parts(spelling, storage_options=storage_options, cache=cache,
                         decoded_cache=decoded_cache, expect_dataset_id=expect_dataset_id,
@@ -150,7 +150,7 @@ def plan_of(source):
     >>> type(plan).__name__, plan_of(plan) is plan, plan.state_entry()
     ('DatasetPlan', True, None)
     """
-    from .mixed import MixedDataset
+    from ..mix.mixed import MixedDataset
     from .plan import DatasetPlan, MixedPlan
 
     if isinstance(source, (DatasetPlan, MixedPlan)):
@@ -170,12 +170,12 @@ def seed_of(opened, given: int | None) -> int:
 def open_mixture(mixture, *, columns: Sequence[str] | None = None,
                  global_batch: int | None = None, cache=None,
                  decoded_cache=None, defer_stage_order: bool = False):
-    """Open a mixture: a :class:`~zephon_store.load.mixed.MixedDataset` (``columns``
+    """Open a mixture: a :class:`~zephon_store.mix.mixed.MixedDataset` (``columns``
     selected), or a mixture file path, its dict or a
     :class:`~zephon_store.format.mixture_file.MixtureSpec` (every source opened with its own
     storage options; remote ones through ``cache``; every one through ``decoded_cache``, as
     for :func:`~zephon_store.open_dataset`). ``defer_stage_order``: see
-    :func:`~zephon_store.load.mixed.build_mixture`. :func:`open_source` tells an open mixture
+    :func:`~zephon_store.mix.mixed.build_mixture`. :func:`open_source` tells an open mixture
     from one to open; any other spelling is read as a mixture's."""
     return open_source(mixture, columns=columns, global_batch=global_batch, cache=cache,
                        decoded_cache=decoded_cache, defer_stage_order=defer_stage_order,
@@ -188,7 +188,7 @@ class MixtureParts:
     ``spec``: the :class:`~zephon_store.format.mixture_file.MixtureSpec`; ``sources``: its
     opened datasets, in its source order. What a caller reads before it knows the run's
     global batch (the sources' schemas and packing, the seed rule) is here;
-    :func:`open_source` makes the :class:`~zephon_store.load.mixed.MixedDataset`.
+    :func:`open_source` makes the :class:`~zephon_store.mix.mixed.MixedDataset`.
     """
 
     def __init__(self, spec, sources: Sequence) -> None:
@@ -209,9 +209,9 @@ class MixtureParts:
 
     def mixture(self, *, columns: Sequence[str] | None = None,
                 global_batch: int | None = None, defer_stage_order: bool = False) -> Source:
-        """The :class:`~zephon_store.load.mixed.MixedDataset` over these sources
-        (:func:`~zephon_store.load.mixed.build_mixture`); the sources are shared."""
-        from .mixed import build_mixture
+        """The :class:`~zephon_store.mix.mixed.MixedDataset` over these sources
+        (:func:`~zephon_store.mix.mixed.build_mixture`); the sources are shared."""
+        from ..mix.mixed import build_mixture
 
         return build_mixture(self.spec, self.sources, columns=columns,
                              global_batch=global_batch, defer_stage_order=defer_stage_order)
@@ -223,7 +223,7 @@ class MixtureParts:
 
 def _open_mixture_parts(spelling, *, cache, decoded_cache):
     """An open mixture (or its parts) as it is, or the parts a spec spelling names."""
-    from .mixed import MixedDataset, mixture_spec, open_sources
+    from ..mix.mixed import MixedDataset, mixture_spec, open_sources
 
     if isinstance(spelling, (MixedDataset, MixtureParts)):
         return spelling

@@ -5,7 +5,7 @@ load it. ``cursor`` counts samples the training loop consumed, across epochs.
 
 A mixture's checkpoint is version 2: the same keys plus ``mixture``, the sources' names and
 dataset_ids and the stage schedule with each source's consumed count at every stage
-boundary (:mod:`zephon_store.load.mixed`), as one JSON string. A string, not a nested dict:
+boundary (:mod:`zephon_store.mix.mixed`), as one JSON string. A string, not a nested dict:
 ``torch.distributed.checkpoint`` loads in place into a template made by the loader being
 resumed, whose schedule may have a stage more than the checkpoint's; one string value
 loads whatever its length. Version 1 states (single datasets) load as before.
@@ -127,7 +127,7 @@ def check_state(state: dict, *, dataset_id: str, order: OrderOptions,
     ``order`` is the checkpoint's, which a resume must use). With
     ``mixture=True`` the state must be a mixture's (version 2); its ``mixture`` entry comes
     back parsed, and its sources and schedule are checked by
-    :meth:`zephon_store.load.mixed.MixedDataset.resumed` (the mixture's ``dataset_id`` changes
+    :meth:`zephon_store.mix.mixed.MixedDataset.resumed` (the mixture's ``dataset_id`` changes
     when a stage is appended, so it is not compared here).
 
     >>> check_state({"version": 1, "dataset_id": "xxh3:00", "seed": 0,

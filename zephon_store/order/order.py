@@ -522,7 +522,7 @@ class Order:
         return self._window
 
     # -- the per-source view: one dataset's order is a mixture of one unnamed source (0),
-    # whose stream position is the position itself (as MixedOrder's, load/mixed.py).
+    # whose stream position is the position itself (as MixedOrder's, mix/mixed.py).
 
     @property
     def source_orders(self) -> tuple[Order]:

@@ -4,7 +4,7 @@ A *source* is data, nothing about a run: its identity, schema and size, a row-gr
 (where each sample's row group is, ``row_group_of``), row-group reads and prefetch, the
 datasets it reads (``parts``), each sample id split into (source index, own id), and
 ``close``. :class:`~zephon_store.read.dataset.Dataset` satisfies it, and so does a mixture
-(:class:`~zephon_store.load.mixed.MixedDataset`): the sources' row groups concatenated. How a
+(:class:`~zephon_store.mix.mixed.MixedDataset`): the sources' row groups concatenated. How a
 run reads a source (its order, seed rule, lanes, working set, end, checkpoint entry and
 resume) is a *plan* over it (:mod:`zephon_store.load.plan`); this layer knows no ranks.
 

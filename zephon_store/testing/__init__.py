@@ -7,7 +7,7 @@
   (resume from a DCP checkpoint, consume steps, log every step's ids, save):
   ``torchrun --standalone --nproc_per_node=4 -m zephon_store.testing.elastic_worker ...``.
   With ``--run-log`` it appends the phase's segment to the run log that
-  :func:`zephon_store.load.audit.audit_run` (``zephon audit``) proves exactly-once.
+  :func:`zephon_store.runs.audit.audit_run` (``zephon audit``) proves exactly-once.
 - :mod:`~zephon_store.testing.corpus`: a real text corpus present on every machine (the
   Python standard library's sources as JSONL.zst).
 - :mod:`~zephon_store.testing.golden`: the inputs and writer options of the golden datasets

@@ -18,7 +18,7 @@ Two records, for two questions:
 
 - ``--run-log``: the loader appends the phase's segment to the run log, the one record of
   what a run consumed; ``zephon audit``, ``trace`` and ``where``
-  (:class:`~zephon_store.load.accounting.RunContext`) read it.
+  (:class:`~zephon_store.runs.accounting.RunContext`) read it.
 - ``--log-dir``: what the batches actually held, which a run log (positions and the order
   that places samples there) cannot show: ``<log-dir>/<tag>.rank<r>.jsonl``, one line per
   step ``{"tag", "rank", "world_size", "num_workers", "step", "global_step", "cursor",

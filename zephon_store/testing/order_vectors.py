@@ -3,7 +3,7 @@
 
 ``formats/order/*.json`` hold, next to each other, the inputs of a case and its outputs:
 stream positions -> sample ids (:meth:`Order.sample_at`), mixture positions -> (source, id)
-(the stage schedule and :class:`~zephon_store.load.mixed.MixedOrder`), which rank, node and
+(the stage schedule and :class:`~zephon_store.mix.mixed.MixedOrder`), which rank, node and
 worker reads each position (:mod:`zephon_store.order.assign`), what ``lanes="auto"`` stands
 for (:meth:`OrderOptions.resolved`), and whole runs of :class:`ZephonLoader` over the golden
 datasets. ``tests/unit/order/test_order_golden.py`` recomputes every case from its inputs in CI.
@@ -290,8 +290,8 @@ def _mixture(inp: dict) -> dict:
     positions = _positions(inp["positions"])
     if "spec" in inp and "order" in inp:
         from ..format.mixture_file import MixtureSpec
-        from ..load.mixed import MixedOrder
         from ..load.source import open_mixture
+        from ..mix.mixed import MixedOrder
 
         spec = MixtureSpec.from_dict(inp["spec"], base_dir=ROOT)
         with open_mixture(spec, global_batch=inp["global_batch"], columns=["id"]) as mix:

@@ -95,7 +95,7 @@ class ZephonLoader(Loader):
 
     ``dataset``: a URL, a :class:`~zephon_store.read.dataset.Dataset`, or a mixture (a mixture
     file ``.toml``/``.json``, its dict, a ``MixtureSpec`` or a
-    :class:`~zephon_store.load.mixed.MixedDataset`; docs/mixtures.md): batches then hold
+    :class:`~zephon_store.mix.mixed.MixedDataset`; docs/mixtures.md): batches then hold
     rows of every source, ``with_seq`` adds ``_source`` and ``_seq`` is the id in that
     source, and the state carries the sources and the stage schedule (version 2).
 

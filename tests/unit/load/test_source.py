@@ -16,16 +16,16 @@ import zephon_store as z
 from tests.helpers import ROOT
 from zephon_store.errors import MixtureError
 from zephon_store.format.mixture_file import MixtureSpec
-from zephon_store.load.mixed import MixedDataset
 from zephon_store.load.plan import DatasetPlan, MixedPlan, Plan
 from zephon_store.load.source import Source, open_source, plan_of
+from zephon_store.mix.mixed import MixedDataset
 from zephon_store.order import OrderOptions
 from zephon_store.order.topology import Topology
 from zephon_store.read.dataset import Dataset, open_dataset
 
 PKG = pathlib.Path(ROOT) / "zephon_store"
 ASKS = re.compile(r"is_mixture|isinstance\([^)]*MixedDataset")
-# What makes a mixture from a spelling (load/mixed.py's parts): named, even imported under
+# What makes a mixture from a spelling (mix/mixed.py's parts): named, even imported under
 # another name, anywhere but the normaliser and the module that defines them.
 BUILDS = re.compile(r"\b(build_mixture|open_sources|mixture_spec|open_mixture_spec)\b"
                     r"|\bMixedDataset\(")
@@ -136,7 +136,7 @@ def test_only_the_normaliser_asks_whether_it_holds_a_mixture() -> None:
 
 def _builders(texts: dict[str, str]) -> list[str]:
     return sorted(rel for rel, text in texts.items()
-                  if rel not in ("load/source.py", "load/mixed.py") and BUILDS.search(text))
+                  if rel not in ("load/source.py", "mix/mixed.py") and BUILDS.search(text))
 
 
 def test_only_the_normaliser_builds_a_mixture() -> None:
@@ -148,7 +148,7 @@ def test_only_the_normaliser_builds_a_mixture() -> None:
              for path in PKG.rglob("*.py")}
     assert not _builders(texts), f"builds a mixture itself: {_builders(texts)}"
     # TorchTitan's former spelling is caught, under its import alias too.
-    before = ("from ..load.mixed import open_sources as open_mixture_sources\n"
+    before = ("from ..mix.mixed import open_sources as open_mixture_sources\n"
               "spec = mixture_spec(url)\nmix = build_mixture(spec, open_mixture_sources(spec))")
     assert _builders({"integrations/torchtitan.py": before}) == ["integrations/torchtitan.py"]
 
@@ -211,8 +211,8 @@ def test_one_datasets_order_is_a_mixture_of_one_source() -> None:
     first and last epoch and deny-list masks included."""
     import numpy as np
 
-    from zephon_store.load.audit import _dataset_epochs, _source_epochs
     from zephon_store.order.order import Order
+    from zephon_store.runs.audit import _dataset_epochs, _source_epochs
 
     order = Order(np.array([7, 7, 6]), OrderOptions(seed=4, window_blocks=1))
     src, index = order.source_positions(np.arange(5, 9))

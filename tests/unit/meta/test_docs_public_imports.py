@@ -1,6 +1,6 @@
 """Every code block of the docs imports public paths only (issue 30 item 6).
 
-A reader copies a doc's example; if it imports ``zephon_store.load.audit`` the first move of
+A reader copies a doc's example; if it imports ``zephon_store.runs.audit`` the first move of
 a layer folder breaks their code. Public is ``zephon_store`` itself (its ``__all__``, loaded
 lazily) and the documented public subpackages below (``docs/api.md``, "Python API"); every
 other path under ``zephon_store.`` is internal. Prose may name internal modules for readers

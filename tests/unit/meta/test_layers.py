@@ -2,8 +2,8 @@
 
 Layers, bottom to top (docs/design.md):
 
-    errors, _util  <  format, order  <  io  <  ingest, read  <  write, load  <  torch, grain
-                                                               <  cli, integrations, testing
+    errors, _util  <  format, order  <  io  <  ingest, read  <  mix  <  write, load
+                   <  runs, torch, grain  <  cli, integrations, testing
 
 A module may import from its own folder and from any lower layer; never from a higher or a
 sibling one (``write`` does not import ``load``; ``read`` does not import ``ingest``). A name
@@ -26,9 +26,10 @@ RANK = {
     "format": 1, "order": 1,
     "io": 2,
     "ingest": 3, "read": 3,
-    "write": 4, "load": 4,
-    "torch": 5, "grain": 5,
-    "cli": 6, "integrations": 6, "testing": 6,
+    "mix": 4,
+    "write": 5, "load": 5,
+    "runs": 6, "torch": 6, "grain": 6,
+    "cli": 7, "integrations": 7, "testing": 7,
 }
 # Same rank, still allowed: the write path converts what ingest reads.
 ALSO = {("write", "ingest")}

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 import zephon_store as z
 from zephon_store.errors import MixtureError, StateMismatchError
-from zephon_store.load.mixed import (
+from zephon_store.load.source import open_mixture, plan_of
+from zephon_store.mix.mixed import (
     MixedDataset,
     MixedOrder,
     mean_sample_size,
     source_order_options,
 )
-from zephon_store.load.source import open_mixture, plan_of
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.mixture import MixtureSchedule
 from zephon_store.read.dataset import open_dataset

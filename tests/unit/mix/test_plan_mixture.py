@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import mixture_toml, write_jsonl_corpus
 from zephon_store import MixturePlan, convert, mixture_info, plan_mixture
 from zephon_store.cli.main import main
-from zephon_store.load.plan_mixture import PlanRequestError
+from zephon_store.runs.plan_mixture import PlanRequestError
 from zephon_store.write.shardwriter import WriteOptions
 
 MIX = mixture_toml(weight_unit="samples", seed=7,

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_store.load.simulate import rank_of_positions
 from zephon_store.order import Order, OrderOptions, Topology
 from zephon_store.order.assign import (
     batch_owner,
@@ -20,6 +19,7 @@ from zephon_store.order.assign import (
     step_ranks,
     tail_positions_for_rank,
 )
+from zephon_store.runs.simulate import rank_of_positions
 
 
 @st.composite

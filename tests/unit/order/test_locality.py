@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import opened, small_dataset
-from zephon_store.load.simulate import rank_of_positions, simulate
 from zephon_store.load.stream import RankStream
 from zephon_store.order import AUTO_LANES, Order, OrderOptions, Topology, auto_lanes
 from zephon_store.order.assign import positions_for_participant, step_cursor
+from zephon_store.runs.simulate import rank_of_positions, simulate
 
 ROWS = 20   # rows per row group, as in the datasets
 

@@ -168,7 +168,7 @@ import jsonschema, pyarrow.parquet, tqdm  # noqa: F401 - imported once, before t
 # all anyway): each child then pays only its verify and its shutdown, not ~10 imports.
 import multiprocessing.synchronize, numpy.ma, subprocess  # noqa: F401
 import zephon_store.cli.cache_cmd, zephon_store.cli.gc_cmd, zephon_store.cli.plan_cmd  # noqa: F401
-import zephon_store.cli.trace_cmd, zephon_store.load.mixed, zephon_store.load.source  # noqa: F401
+import zephon_store.cli.trace_cmd, zephon_store.mix.mixed, zephon_store.load.source  # noqa: F401
 from zephon_store.cli.main import main
 from zephon_store.read.verify import manifest_json_schema
 

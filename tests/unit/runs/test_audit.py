@@ -1,4 +1,4 @@
-"""The exactly-once audit (zephon_store.load.audit) on synthetic streams: it passes the
+"""The exactly-once audit (zephon_store.runs.audit) on synthetic streams: it passes the
 stream the order defines, across a restart with another world size and lane-aligned steps,
 and catches a repeat, a drop, a lost step, a step read twice and a swapped id."""
 
@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from zephon_store.load.audit import AuditReport, ConsumedStep, audit_stream
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_rank
+from zephon_store.runs.audit import AuditReport, ConsumedStep, audit_stream
 
 B = 12
 # 10 blocks of 10: lanes=5040 with window_blocks=1 gives 10 lanes, so W=2 reads whole lanes

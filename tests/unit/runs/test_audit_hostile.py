@@ -126,9 +126,9 @@ def test_trace_of_many_ranks_matches_the_rank_rule(url, tmp_path) -> None:
     """All ranks at once (vectorised) give what positions_for_rank gives each rank."""
     from zephon_store.format.manifest import load_manifest
     from zephon_store.io.storage import Storage
-    from zephon_store.load.audit import trace
     from zephon_store.order.assign import positions_for_rank
     from zephon_store.order.order import Order
+    from zephon_store.runs.audit import trace
 
     m = load_manifest(Storage(url))
     order = Order(m.rg_rows, OPTS)

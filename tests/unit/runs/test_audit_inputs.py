@@ -71,8 +71,8 @@ def loader_stream(mix: str, world_size: int, *, run_log: str | None = None) -> d
 
 def positions(mix: str, world_size: int) -> dict:
     """``{(step, rank): positions}`` by the loader's rank rule over the mixture's order."""
-    from zephon_store.load.mixed import MixedOrder
     from zephon_store.load.source import open_mixture
+    from zephon_store.mix.mixed import MixedOrder
     from zephon_store.order import OrderOptions
     from zephon_store.order.assign import positions_for_rank
 

@@ -15,11 +15,11 @@ import pytest
 
 from tests.helpers import small_dataset
 from zephon_store.cli.main import main
-from zephon_store.load.accounting import RunContext
 from zephon_store.load.live import LiveLoader
 from zephon_store.load.options import BatchOptions
 from zephon_store.load.runlog import append_segment, read_run_log
 from zephon_store.order import OrderOptions
+from zephon_store.runs.accounting import RunContext
 
 B = 10
 OPTIONS = OrderOptions(seed=3, window_blocks=2, lanes=7)

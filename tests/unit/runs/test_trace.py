@@ -90,7 +90,7 @@ def test_the_honest_log_has_continuing_cursors() -> None:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6))
 def test_where_inverts_trace(steps) -> None:
-    from zephon_store.load.audit import rank_positions, segment_at, trace, where
+    from zephon_store.runs.audit import rank_positions, segment_at, trace, where
 
     segs = honest_log()
     n = ORDER.num_samples
@@ -104,8 +104,8 @@ def test_where_inverts_trace(steps) -> None:
 
 
 def test_trace_matches_the_order_and_the_rank_rule() -> None:
-    from zephon_store.load.audit import trace
     from zephon_store.order.assign import positions_for_rank
+    from zephon_store.runs.audit import trace
 
     segs = honest_log()
     for t in trace(segs, order_for, [0, 6, 7, 10, 11, 30]):
@@ -121,7 +121,7 @@ def test_trace_matches_the_order_and_the_rank_rule() -> None:
 
 
 def test_audit_passes_an_honest_run_across_epochs() -> None:
-    from zephon_store.load.audit import audit_run
+    from zephon_store.runs.audit import audit_run
 
     r = audit_run(honest_log(), order_for, end_step=41)   # 180 + 30*8 = 420 positions
     assert r.ok, r
@@ -134,7 +134,7 @@ def test_audit_passes_an_honest_run_across_epochs() -> None:
     (12, "gap", 12, 0), (-24, "overlap", 0, 24)])
 def test_audit_names_the_step_where_an_edited_cursor_entered(edit, kind, skipped,
                                                             repeated) -> None:
-    from zephon_store.load.audit import audit_run
+    from zephon_store.runs.audit import audit_run
 
     segs = honest_log(first_cursor_edit=edit)
     segs[2] = segs[2].replace(cursor=segs[1].cursor_at(11))   # later segments continue
@@ -147,7 +147,7 @@ def test_audit_names_the_step_where_an_edited_cursor_entered(edit, kind, skipped
 
 
 def test_audit_catches_a_changed_seed_and_a_dataset_swap() -> None:
-    from zephon_store.load.audit import audit_run
+    from zephon_store.runs.audit import audit_run
 
     segs = honest_log()
     segs[1] = segs[1].replace(order=ORDER.options.replace(seed=6))
@@ -163,7 +163,7 @@ def test_audit_catches_a_changed_seed_and_a_dataset_swap() -> None:
 
 
 def test_exposures_count_repeats_exactly() -> None:
-    from zephon_store.load.audit import Exposures
+    from zephon_store.runs.audit import Exposures
 
     e = Exposures(5)
     e.add(np.array([0, 1, 2]), np.array([4, 4, 4]))

@@ -25,12 +25,12 @@ import zephon_store as z
 from tests.helpers import small_dataset
 from zephon_store.cli.main import main
 from zephon_store.io.cache import ChunkCache
-from zephon_store.load.accounting import RunContext
 from zephon_store.load.denylist import MASK_KEY
 from zephon_store.load.runlog import RunSegment, read_run_log
 from zephon_store.order import Order, OrderOptions
 from zephon_store.read.dataset import open_dataset
 from zephon_store.read.decoded_disk import DecodedDiskCache
+from zephon_store.runs.accounting import RunContext
 from zephon_store.torch import LiveZephonLoader, ZephonLoader
 
 B = 10

@@ -3,7 +3,7 @@
 A :class:`RunContext` is built from what a user names (a dataset URL or a mixture file, the
 run log or None, the order options given, storage options) and opens it as the loader does
 (:func:`~zephon_store.load.source.open_source`, then its plan), reads the log's segments and
-what each segment honoured, once. It answers the questions :mod:`zephon_store.load.audit`
+what each segment honoured, once. It answers the questions :mod:`zephon_store.runs.audit`
 asks: ``order_for(segment)`` (the stream order the segment read: the plan's, for a mixture
 over the schedule the log recorded) and
 ``deny_for(segment)`` (the deny list it honoured: the run log's copy, never the file as it
@@ -13,7 +13,7 @@ print; the demo's audit calls it too.
 Checks made on construction, each an error naming the log line: the log's segments read
 this dataset (or this mixture's sources); order options given may only repeat what every
 segment recorded; a ``global_batch`` given disagrees with none of the log's. A question the
-log cannot answer as asked is an :class:`~zephon_store.load.audit.AuditRequestError` (the
+log cannot answer as asked is an :class:`~zephon_store.runs.audit.AuditRequestError` (the
 CLI's usage error); a damaged log a :class:`~zephon_store.load.runlog.RunLogError`.
 
 >>> ctx = RunContext(tiny_dataset, seed=3)
@@ -55,8 +55,8 @@ class RunContext:
                  global_batch: int | None = None, seed: int | None = None,
                  shuffle: bool | None = None, window_blocks: int | None = None,
                  lanes: int | str | None = None, storage_options: dict | None = None) -> None:
-        from .runlog import read_run_log
-        from .source import open_source, plan_of
+        from ..load.runlog import read_run_log
+        from ..load.source import open_source, plan_of
 
         self.dataset, self.log, self.storage_options = dataset, log, storage_options
         self._given = {"seed": seed, "shuffle": shuffle, "window_blocks": window_blocks,
@@ -97,7 +97,7 @@ class RunContext:
         """The loader's rule: the log's global batch (or ``global_batch`` without a log)
         places the stage starts in steps; a disagreeing one is refused."""
         from ..errors import MixtureError
-        from .order_inputs import run_global_batch
+        from ..load.order_inputs import run_global_batch
 
         try:
             return run_global_batch(global_batch, self.segments, log=self.log)
@@ -120,7 +120,7 @@ class RunContext:
     def _check_log(self) -> None:
         """The log is for this data: one dataset's first segment read it (a later swap is
         the audit's to report); every segment of a mixture's read its sources."""
-        from .runlog import RunLogError
+        from ..load.runlog import RunLogError
 
         if self.source_names is None:
             first = self.segments[0] if self.segments else None
@@ -146,8 +146,8 @@ class RunContext:
     def order(self, options, schedule: dict | None = None):
         """The stream order for ``options`` (a mixture: over ``schedule``, a schedule's
         dict as a run log records it; None: the file's), built once per inputs."""
+        from ..load.source import plan_of
         from ..order.mixture import MixtureSchedule
-        from .source import plan_of
 
         key = (options, None if schedule is None else json.dumps(schedule, sort_keys=True))
         got = self._orders.get(key)
@@ -159,14 +159,14 @@ class RunContext:
 
     def order_for(self, seg):
         """The order segment ``seg`` of the log read (the ``order_for`` of
-        :func:`~zephon_store.load.audit.audit_run`, ``trace`` and ``where``)."""
+        :func:`~zephon_store.runs.audit.audit_run`, ``trace`` and ``where``)."""
         if self.source_names is not None:
             return self.order(seg.order, (seg.mixture or {}).get("schedule"))
         if seg.mixture is not None:
             raise AuditRequestError(f"line {seg.line} of {self.log} is a mixture's segment; "
                                     "pass the mixture file, not a dataset")
         if seg.dataset_id != self.dataset_id:
-            from .runlog import RunLogError
+            from ..load.runlog import RunLogError
 
             raise RunLogError(f"{self.log} line {seg.line}: that segment read dataset "
                               f"{seg.dataset_id}, not {self.dataset_id}; its samples cannot "
@@ -194,8 +194,8 @@ class RunContext:
         edits in place. A log written before copies were kept names only the file: it is
         read and must still hash to the logged identity."""
         from ..errors import DenyListError
-        from .denylist import load_logged_copy, open_deny_list
-        from .runlog import RunLogError
+        from ..load.denylist import load_logged_copy, open_deny_list
+        from ..load.runlog import RunLogError
 
         entry = seg.deny_list
         if not entry:
@@ -229,8 +229,8 @@ class RunContext:
     def deny_lists(self, end_step: int) -> list[dict]:
         """Per segment, the deny list it honoured: identity, count and path as logged, and
         the copy beside the log that trace and audit read (None: a log from before copies)."""
-        from .denylist import logged_copy_path
-        from .runlog import segment_steps
+        from ..load.denylist import logged_copy_path
+        from ..load.runlog import segment_steps
 
         out = []
         for seg, a, b in segment_steps(self.segments, end_step):
@@ -266,7 +266,7 @@ class RunContext:
     def planned_segment(self, *, global_batch: int, world_size: int = 1, cursor: int = 0):
         """Without a log: one segment from step 0 at ``cursor``, in the order the options
         give, as a run with these figures would log it (``trace`` without ``--log``)."""
-        from .runlog import RunSegment
+        from ..load.runlog import RunSegment
 
         options = self.order_options()
         try:
@@ -312,7 +312,7 @@ class RunContext:
     # The audit questions, with this context's orders and deny lists.
 
     def audit(self, end_step: int | None = None):
-        """:func:`~zephon_store.load.audit.audit_run` of the log (what ``zephon audit`` runs)."""
+        """:func:`~zephon_store.runs.audit.audit_run` of the log (what ``zephon audit`` runs)."""
         from .audit import audit_run
 
         return audit_run(self.segments, self.order_for, end_step=end_step,
@@ -321,7 +321,7 @@ class RunContext:
 
     def trace(self, steps: Iterable[int], *, rank: int | None = None,
               end_step: int | None = None, segments: Sequence[Any] | None = None):
-        """:func:`~zephon_store.load.audit.trace` over the log's segments (or ``segments``,
+        """:func:`~zephon_store.runs.audit.trace` over the log's segments (or ``segments``,
         e.g. ``[ctx.planned_segment(...)]`` without a log)."""
         from .audit import trace
 
@@ -330,7 +330,7 @@ class RunContext:
 
     def where(self, ids: Sequence[int], epochs: Iterable[int], *, source: int | None = None,
               end_step: int | None = None) -> list[dict[str, Any]]:
-        """:func:`~zephon_store.load.audit.where` with the base order, and with a log the
+        """:func:`~zephon_store.runs.audit.where` with the base order, and with a log the
         step and rank that consumed each id."""
         from .audit import where
 

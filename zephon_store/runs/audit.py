@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ZephonError
+from ..load.runlog import MAX_POSITION, RunLogError, RunSegment, segment_steps
 from ..order.assign import positions_for_participant, positions_for_rank, step_owners, step_ranks
 from ..order.order import Order
-from .runlog import MAX_POSITION, RunLogError, RunSegment, segment_steps
 
 __all__ = ["AuditReport", "AuditRequestError", "ConsumedStep", "EpochExposure", "Exposures",
            "RunAudit", "RunEvent", "TraceStep", "audit_run", "audit_stream", "trace", "where",

@@ -5,7 +5,7 @@
 their starts in samples where the global batch places them); :func:`plan_mixture` gives the
 sample ids each rank reads at given steps, per stage the realised proportions and the epochs
 each source consumed, where a capped source runs out, and the read figures of the simulator
-(:mod:`zephon_store.load.simulate`), through the loader's own order and seed rule.
+(:mod:`zephon_store.runs.simulate`), through the loader's own order and seed rule.
 
 >>> import os
 >>> mix = os.path.join(tmp, "mix.toml")
@@ -41,7 +41,7 @@ def _open(path: str, global_batch: int | None):
     """``(parts, mixture)``: the file's :class:`~zephon_store.load.source.MixtureParts`
     and, through the normaliser, its mixture; None when stage starts in steps need a
     global batch and none was given."""
-    from .source import open_parts, open_source
+    from ..load.source import open_parts, open_source
 
     parts = open_parts(path, as_mixture=True)
     try:
@@ -105,9 +105,9 @@ def _plan_inputs(path: str, spec, *, global_batch: int, world_size: int,
                  window_blocks: int | None):
     """The order options (the file's seed unless ``seed``; a disagreeing one refused: the
     loader's own rule) and the topology, each refusal a :class:`PlanRequestError`."""
+    from ..load.order_inputs import mixture_seed
     from ..order.order import OrderOptions
     from ..order.topology import Topology
-    from .order_inputs import mixture_seed
 
     try:
         seed = mixture_seed(spec.seed, seed, origin=path)
@@ -155,8 +155,8 @@ def plan_mixture(path: str, *, global_batch: int, world_size: int, ranks_per_nod
     .to_dict()["steps"][0]["ranks"][0]`` is rank 0's ``[source, id]`` pairs at step 0, such
     as ``[['a', 17], ['b', 3]]``.
     """
+    from ..mix.mixed import MixedOrder
     from ..order.assign import step_cursor
-    from .mixed import MixedOrder
     from .simulate import rank_ids, simulate
 
     b = global_batch

@@ -57,7 +57,7 @@ def simulate(manifest, order_options: OrderOptions, topology: Topology, *, curso
     read. ``topology.rank`` is ignored (every rank is simulated); ``topology.ranks_per_node``
     groups ranks into nodes and is passed to the rank rule. ``order``: the order to simulate
     (default ``Order(manifest.rg_rows, order_options)``; a mixture passes its mixed order
-    over its virtual manifest, :mod:`zephon_store.load.mixed`). ``end``: the first position
+    over its virtual manifest, :mod:`zephon_store.mix.mixed`). ``end``: the first position
     the order cannot serve (a mixture whose capped source runs out), never simulated.
     """
     if order is None:
