@@ -71,11 +71,13 @@ def _one(case: str, metric: str, kind: str, meta: dict, cache_dir: str, timeout:
 
 _RANK = r"""
 import sys, time
+from zephon_store import BatchOptions, StopOptions, Topology, as_numpy
 from zephon_store.order import OrderOptions
 from zephon_store.torch import ZephonLoader
 path, kind, batch, world, rank, start = sys.argv[1:7]
-loader = ZephonLoader(path, global_batch=int(batch) * int(world), world_size=int(world),
-                      rank=int(rank), ranks_per_node=int(world), collate=None, epochs=1.0,
+loader = ZephonLoader(path, topology=Topology(int(batch) * int(world), int(world), int(rank),
+                                              ranks_per_node=int(world)),
+                      batch=BatchOptions(collate=as_numpy), stop=StopOptions(epochs=1.0),
                       order=OrderOptions(seed=0, shuffle=True))
 time.sleep(max(0.0, float(start) - time.time()))
 n = sum(len(b[kind]) for b in loader)

@@ -18,8 +18,8 @@ All data is local and in the page cache (read once before the first run).
   batch_size=B, num_workers=0)`` over the LitData copy (raw chunks), shuffle off / on;
   ``litdata_workers2``: the same with 2 worker processes (shuffle off);
 - ``zephon_seq``: ``ZephonLoader`` sequential (``OrderOptions(shuffle=False)``), thread path
-  (``num_workers=0``, ``prefetch=4``); ``zephon_shuffled``: default order options;
-  ``zephon_workers2``: sequential with ``num_workers=2`` process workers;
+  (``WorkerOptions(num_workers=0, prefetch=4)``); ``zephon_shuffled``: default order options;
+  ``zephon_workers2``: sequential with ``WorkerOptions(num_workers=2)`` process workers;
   ``zephon_seq_raw``: ``zephon_seq`` over a copy written with
   ``WriteOptions(compression="none", use_dictionary=False)`` (what decoding costs).
 
@@ -123,14 +123,16 @@ def case_litdata(corpus: dict, kind: str, batch: int, *, shuffle: bool, workers:
 
 def case_zephon(corpus: dict, kind: str, batch: int, *, shuffle: bool, workers: int,
                 sub: str = "zephon"):
+    from zephon_store import StopOptions, Topology, WorkerOptions
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     order = OrderOptions(seed=0) if shuffle else OrderOptions(seed=0, shuffle=False)
     t0 = time.perf_counter()
-    loader = ZephonLoader(os.path.join(corpus["dir"], sub), global_batch=batch,
-                          order=order, world_size=1, rank=0, num_workers=workers, prefetch=4,
-                          epochs=1.0)
+    loader = ZephonLoader(os.path.join(corpus["dir"], sub),
+                          topology=Topology(batch, world_size=1, rank=0), order=order,
+                          workers=WorkerOptions(num_workers=workers, prefetch=4),
+                          stop=StopOptions(epochs=1.0))
     return _drain(loader, kind, t0)
 
 
@@ -182,6 +184,7 @@ def resume_child(corpus: dict, kind: str, batch: int, reps: int) -> dict:
 
 
 def _resume_order(path: str, n: int, kind: str, batch: int, reps: int, order) -> dict:
+    from zephon_store import Topology
     from zephon_store.read.dataset import open_dataset
     from zephon_store.torch import ZephonLoader
 
@@ -192,7 +195,8 @@ def _resume_order(path: str, n: int, kind: str, batch: int, reps: int, order) ->
         for _ in range(reps + 1):  # the first rep warms imports and code paths; dropped
             t0 = time.perf_counter()
             ds = open_dataset(path)
-            loader = ZephonLoader(ds, global_batch=batch, order=order, world_size=1, rank=0)
+            loader = ZephonLoader(ds, topology=Topology(batch, world_size=1, rank=0),
+                                  order=order)
             t_open = time.perf_counter() - t0
             state = dict(loader.state_dict(), cursor=cursor)
             t0 = time.perf_counter()

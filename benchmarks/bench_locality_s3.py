@@ -11,8 +11,8 @@ For each simulated node count ``M`` (``--nodes``, default 2, 4, 8): ``W = 8 * M`
 the dataset and ``M``), the full steps of one epoch (``epochs=1``; the simulator runs the
 same ``N // B`` steps). Each node is one
 process with its own empty cache directory (``ZEPHON_CACHE_DIR``), running its ranks'
-``ZephonLoader`` (``world_size=W, rank=r, ranks_per_node=8``) one after the other over one
-shared ``Dataset`` (so the node's ranks share its disk cache, as on a real node). Reported
+``ZephonLoader`` (``topology=Topology(8 * W, W, r, ranks_per_node=8)``) one after the other
+over one shared ``Dataset`` (so the node's ranks share its disk cache, as on a real node). Reported
 per node: bytes fetched from S3 (``Storage.stats.bytes_fetched``) / bytes consumed (each
 row group's stored bytes times the fraction of its rows the node's ranks used), also without
 the bytes read when the dataset is opened (manifest, side tables: the same for every node,
@@ -55,7 +55,7 @@ W1_BATCH = 256
 def child_node(url: str, so: dict, nodes: int, node: int) -> dict:
     import numpy as np
 
-    from zephon_store import open_dataset
+    from zephon_store import BatchOptions, StopOptions, Topology, as_numpy, open_dataset
     from zephon_store.torch import ZephonLoader
 
     world = nodes * RANKS_PER_NODE
@@ -64,9 +64,10 @@ def child_node(url: str, so: dict, nodes: int, node: int) -> dict:
     seqs, lanes = [], None
     t0 = time.perf_counter()
     for rank in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE):
-        loader = ZephonLoader(ds, global_batch=PER_RANK * world, seed=0, world_size=world,
-                              rank=rank, ranks_per_node=RANKS_PER_NODE, epochs=1.0,
-                              with_seq=True, collate=None)
+        loader = ZephonLoader(ds, topology=Topology(PER_RANK * world, world, rank,
+                                                    ranks_per_node=RANKS_PER_NODE),
+                              seed=0, stop=StopOptions(epochs=1.0),
+                              batch=BatchOptions(with_seq=True, collate=as_numpy))
         lanes = loader.order.lanes
         seqs += [batch["_seq"] for batch in loader]
     m = ds.manifest
@@ -82,11 +83,14 @@ def child_node(url: str, so: dict, nodes: int, node: int) -> dict:
 
 
 def child_w1(url: str, so: dict) -> dict:
+    from zephon_store import BatchOptions, SourceOptions, StopOptions, Topology, as_numpy
     from zephon_store.torch import ZephonLoader
 
     t0 = time.perf_counter()
-    loader = ZephonLoader(url, global_batch=W1_BATCH, seed=0, world_size=1, rank=0,
-                          storage_options=so, epochs=1.0, drop_last=False, collate=None)
+    loader = ZephonLoader(url, topology=Topology(W1_BATCH, world_size=1, rank=0), seed=0,
+                          source=SourceOptions(storage_options=so),
+                          stop=StopOptions(epochs=1.0, drop_last=False),
+                          batch=BatchOptions(collate=as_numpy))
     samples = sum(len(batch["text"]) for batch in loader)
     secs = time.perf_counter() - t0
     return {"seconds": secs, "samples": samples, "samples_per_s": samples / secs,

@@ -76,12 +76,14 @@ def mixture(urls: list[str]) -> dict:
 
 
 def _loader(case: str, corpus: dict, mix: dict, batch: int, steps: int | None):
+    from zephon_store import BatchOptions, StopOptions, Topology, as_numpy
     from zephon_store.order.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     data = os.path.join(corpus["dir"], "zephon") if case == "single" else mix
-    return ZephonLoader(data, global_batch=batch, order=OrderOptions(seed=SEED), world_size=1,
-                        rank=0, max_steps=steps, collate=None)
+    return ZephonLoader(data, topology=Topology(batch, world_size=1, rank=0),
+                        order=OrderOptions(seed=SEED), stop=StopOptions(max_steps=steps),
+                        batch=BatchOptions(collate=as_numpy))
 
 
 def child_throughput(case: str, corpus: dict, mix: dict, batch: int, epochs: int) -> dict:

@@ -126,13 +126,16 @@ def child_fetch(url: str, so: dict) -> dict:
 def child_zephon(url: str, so: dict, *, shuffle: bool, epochs: int = 1) -> dict:
     import numpy as np
 
+    from zephon_store import BatchOptions, SourceOptions, StopOptions, Topology
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     order = OrderOptions(seed=0) if shuffle else OrderOptions(seed=0, shuffle=False)
     t0 = time.perf_counter()
-    loader = ZephonLoader(url, global_batch=BATCH, order=order, world_size=1, rank=0,
-                          storage_options=so, with_seq=True, epochs=float(epochs))
+    loader = ZephonLoader(url, topology=Topology(BATCH, world_size=1, rank=0), order=order,
+                          source=SourceOptions(storage_options=so),
+                          batch=BatchOptions(with_seq=True),
+                          stop=StopOptions(epochs=float(epochs)))
     ds = loader.dataset
     m = ds.manifest
     per_epoch = []

@@ -4,13 +4,13 @@
 one worker; seconds and the process's peak RSS (VmHWM, imports included).
 ``pyarrow``: the raw-pyarrow baseline of the same input (``pq.write_table``, zstd at Arrow's
 default level, ~1 MiB row groups; no hashing, no manifest).
-``reads``: on a converted dataset, in this order: full passes (sequential and shuffled, per-rank
-batch 8 and 256; the loader's thread path, ``collate=None``), resume at 0/50/99 % (a fresh
-loader each time: ``load_state_dict`` then the first batch, wall and CPU milliseconds; the
-first resume of the process is reported apart as cold), ``ds[i]`` for random ``i`` (after a
-warm-up pass over the same indices), and the bytes a cold remote reader's first batch fetches (computed from the
-manifest: ``manifest.json``, its side tables and the row groups the first batch's ids fall in,
-default shuffled order at cursor 0).
+``reads``: on a converted dataset, in this order: full passes (sequential and shuffled,
+per-rank batch 8 and 256; the loader's thread path, ``BatchOptions(collate=as_numpy)``), resume
+at 0/50/99 % (a fresh loader each time: ``load_state_dict`` then the first batch, wall and CPU
+milliseconds; the first resume of the process is reported apart as cold), ``ds[i]`` for random
+``i`` (after a warm-up pass over the same indices), and the bytes a cold remote reader's first
+batch fetches (computed from the manifest: ``manifest.json``, its side tables and the row
+groups the first batch's ids fall in, default shuffled order at cursor 0).
 """
 
 from __future__ import annotations
@@ -61,12 +61,14 @@ def _pyarrow(a) -> dict:
     return {"seconds": time.perf_counter() - t0, "cpu_s": cpu() - c0}
 
 
-def _loader(path, batch, *, shuffle, **kw):
+def _loader(path, global_batch, *, shuffle, **groups):
+    """One rank's ZephonLoader; ``groups``: its option groups (``stop=``, ``batch=``...)."""
+    from zephon_store import Topology
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
-    return ZephonLoader(path, global_batch=batch, world_size=1, rank=0,
-                        order=OrderOptions(seed=SEED, shuffle=shuffle), **kw)
+    return ZephonLoader(path, topology=Topology(global_batch, world_size=1, rank=0),
+                        order=OrderOptions(seed=SEED, shuffle=shuffle), **groups)
 
 
 def _column(kind: str) -> str:
@@ -74,12 +76,16 @@ def _column(kind: str) -> str:
 
 
 def _passes(a, out: dict) -> None:
+    from zephon_store import BatchOptions, StopOptions, WorkerOptions, as_numpy
+
     col = _column(a.kind)
     for batch in READ_BATCHES:
         for shuffle in (False, True):
             t0, c0 = time.perf_counter(), cpu()
-            n = sum(len(b[col]) for b in _loader(a.out, batch, shuffle=shuffle, num_workers=0,
-                                                 epochs=1.0, collate=None))
+            loader = _loader(a.out, batch, shuffle=shuffle,
+                             workers=WorkerOptions(num_workers=0), stop=StopOptions(epochs=1.0),
+                             batch=BatchOptions(collate=as_numpy))
+            n = sum(len(b[col]) for b in loader)
             key = f"{'shuf' if shuffle else 'seq'}_b{batch}"
             out[key + "_s"] = time.perf_counter() - t0
             out[key + "_cpu_s"] = cpu() - c0

@@ -16,18 +16,24 @@ def convert(kind: str, inp: str, out: str, workers: int = 1,
     zconvert([inp], out, workers=workers, progress=False, options=options)
 
 
-def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0, collate=True, **kw):
+def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0, collate=True,
+            source=None):
+    """One rank, one epoch; ``collate`` False: numpy batches (``as_numpy``); ``source``: a
+    ``SourceOptions`` (storage options, cache) or None."""
+    from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions, as_numpy
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
-    extra = {} if collate else {"collate": None}
-    return ZephonLoader(path, global_batch=BATCH[kind], world_size=1, rank=0,
-                        order=OrderOptions(seed=SEED, shuffle=shuffle), num_workers=workers,
-                        epochs=1.0, **extra, **kw)
+    return ZephonLoader(path, topology=Topology(BATCH[kind], world_size=1, rank=0),
+                        order=OrderOptions(seed=SEED, shuffle=shuffle),
+                        workers=WorkerOptions(num_workers=workers),
+                        stop=StopOptions(epochs=1.0), source=source,
+                        batch=None if collate else BatchOptions(collate=as_numpy))
 
 
 def read(kind: str, path: str, *, shuffle: bool) -> int:
-    """The loader's own batches as numpy/lists (``collate=None``), thread path."""
+    """The loader's own batches as numpy/lists (``BatchOptions(collate=as_numpy)``), thread
+    path."""
     n = 0
     for b in _loader(path, kind, shuffle=shuffle, collate=False):
         n += len(b[kind])
@@ -58,13 +64,13 @@ def resume_state(kind: str, path: str, cursor: int, *, shuffle: bool = True) -> 
 
 
 def resume(kind: str, path: str, state: dict, *, shuffle: bool = True):
-    from zephon_store import open_dataset
+    from zephon_store import Topology, open_dataset
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     def open_():
         ds = open_dataset(path)
-        return ZephonLoader(ds, global_batch=BATCH[kind], world_size=1, rank=0,
+        return ZephonLoader(ds, topology=Topology(BATCH[kind], world_size=1, rank=0),
                             order=OrderOptions(seed=SEED, shuffle=shuffle))
 
     def first(loader):
@@ -81,8 +87,10 @@ def dataloader(kind: str, path: str, workers: int):
 
 
 def s3_read(kind: str, url: str, so: dict, cache_dir: str) -> int:
+    from zephon_store import SourceOptions
+
     n = 0
-    for b in _loader(url, kind, shuffle=False, collate=False, storage_options=so,
-                     cache=cache_dir):
+    for b in _loader(url, kind, shuffle=False, collate=False,
+                     source=SourceOptions(storage_options=so, cache=cache_dir)):
         n += len(b[kind])
     return n

@@ -91,14 +91,17 @@ def _mark(name: str) -> None:
 
 
 def zephon(a, creds: dict):
+    from zephon_store import BatchOptions, SourceOptions, Topology, WorkerOptions, as_numpy
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     so = {"key": creds["key"], "secret": creds["secret"], "endpoint_url": a.endpoint}
-    loader = ZephonLoader(a.url, global_batch=a.batch * a.world, world_size=a.world,
-                          rank=a.rank, ranks_per_node=a.world, num_workers=a.workers,
-                          order=OrderOptions(seed=SEED, shuffle=True), storage_options=so,
-                          cache=a.cache, collate=None)
+    loader = ZephonLoader(a.url, topology=Topology(a.batch * a.world, a.world, a.rank,
+                                                   ranks_per_node=a.world),
+                          workers=WorkerOptions(num_workers=a.workers),
+                          order=OrderOptions(seed=SEED, shuffle=True),
+                          source=SourceOptions(storage_options=so, cache=a.cache),
+                          batch=BatchOptions(collate=as_numpy))
     _mark("t_built")
     if a.cursor:
         loader.load_state_dict(dict(loader.state_dict(), cursor=a.cursor))
