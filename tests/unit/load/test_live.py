@@ -27,9 +27,9 @@ from zephon_store.load.live import (
     claim_step,
     participant_positions,
 )
-from zephon_store.load.options import BatchOptions, ReadAheadOptions
-from zephon_store.order import Order, OrderOptions
-from zephon_store.torch import ZephonLoader
+from zephon_store.load.options import BatchOptions, ReadAheadOptions, StopOptions
+from zephon_store.order import Order, OrderOptions, Topology
+from zephon_store.torch import ReplicaOptions, ZephonLoader
 from zephon_store.torch.live import LiveZephonLoader
 
 OPTIONS = OrderOptions(seed=3, window_blocks=2, lanes=7)
@@ -218,8 +218,10 @@ def test_a_simulated_live_run_consumes_the_single_process_stream(ds, reference) 
 
 def test_the_torch_shell_with_plain_callables_and_the_shared_state(ds, reference) -> None:
     quorum = [(1, 3)]
-    loader = LiveZephonLoader(ds, global_batch=B, order=OPTIONS, with_seq=True,
-                              participants=lambda: quorum[0], epochs=1)
+    loader = LiveZephonLoader(ds, global_batch=B, order=OPTIONS,
+                              batch=BatchOptions(with_seq=True),
+                              replica=ReplicaOptions(participants=lambda: quorum[0]),
+                              stop=StopOptions(epochs=1))
     batches = iter(loader)
     positions = participant_positions(0, B, 3, 1, lanes=7, epoch_size=ds.num_samples)
     assert next(batches)["_seq"].tolist() == [reference[p] for p in positions]
@@ -232,12 +234,14 @@ def test_the_torch_shell_with_plain_callables_and_the_shared_state(ds, reference
     state = loader.state_dict()
     assert state["cursor"] == 20
     # The same one-cursor state as ZephonLoader: each resumes the other.
-    plain = ZephonLoader(ds, global_batch=B, order=OPTIONS, with_seq=True, world_size=1,
-                         rank=0, max_steps=1)
+    plain = ZephonLoader(ds, topology=Topology(B, world_size=1, rank=0), order=OPTIONS,
+                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=1))
     plain.load_state_dict(state)
     assert [b["_seq"].tolist() for b in plain] == [reference[20:30]]
-    again = LiveZephonLoader(ds, global_batch=B, order=OPTIONS, with_seq=True,
-                             participants=lambda: (0, 1), epochs=1)
+    again = LiveZephonLoader(ds, global_batch=B, order=OPTIONS,
+                             batch=BatchOptions(with_seq=True),
+                             replica=ReplicaOptions(participants=lambda: (0, 1)),
+                             stop=StopOptions(epochs=1))
     again.load_state_dict(plain.state_dict())
     got = [b["_seq"].tolist() for b in _committing(again)]
     assert got[0] == reference[30:40] and len(got) == (ds.num_samples - 30) // B
@@ -252,17 +256,19 @@ def _committing(loader):
 def test_auto_lanes_are_resolved_like_zephon_loader_and_a_resume_takes_the_checkpoints(
         ds, reference) -> None:
     auto = OrderOptions(seed=3, window_blocks=2)
-    live = LiveZephonLoader(ds, global_batch=B, order=auto, participants=lambda: (0, 1))
-    plain = ZephonLoader(ds, global_batch=B, order=auto, world_size=1, rank=0)
+    live = LiveZephonLoader(ds, global_batch=B, order=auto,
+                            replica=ReplicaOptions(participants=lambda: (0, 1)))
+    plain = ZephonLoader(ds, topology=Topology(B, world_size=1, rank=0), order=auto)
     assert live.state_dict()["order"] == plain.state_dict()["order"]
     assert live.state_dict()["order"]["lanes"] != "auto"
     # A checkpoint of a 7-lane run: the "auto" loader adopts its lanes, and its next batch is
     # that run's next step.
-    seven = ZephonLoader(ds, global_batch=B, order=OPTIONS, world_size=1, rank=0, max_steps=2,
-                         with_seq=True)
+    seven = ZephonLoader(ds, topology=Topology(B, world_size=1, rank=0), order=OPTIONS,
+                         stop=StopOptions(max_steps=2), batch=BatchOptions(with_seq=True))
     list(seven)
-    live = LiveZephonLoader(ds, global_batch=B, order=auto, participants=lambda: (0, 1),
-                            with_seq=True)
+    live = LiveZephonLoader(ds, global_batch=B, order=auto,
+                            replica=ReplicaOptions(participants=lambda: (0, 1)),
+                            batch=BatchOptions(with_seq=True))
     live.load_state_dict(seven.state_dict())
     assert live.order == OPTIONS
     assert next(iter(live))["_seq"].tolist() == reference[20:30]

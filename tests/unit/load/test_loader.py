@@ -7,6 +7,14 @@ import torch
 
 from tests.helpers import opened, small_dataset
 from tests.helpers.stateful import Segment, assert_matches_reference, run_segments
+from zephon_store import (
+    BatchOptions,
+    SourceOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+    as_numpy,
+)
 from zephon_store.load.stream import RankStream
 from zephon_store.order import Order, OrderOptions
 from zephon_store.torch import ZephonLoader
@@ -27,11 +35,13 @@ def order(ds) -> Order:
     return Order(ds.manifest.rg_rows, OPTIONS)
 
 
-def loader(ds, **kw) -> ZephonLoader:
-    kw.setdefault("world_size", 1)
-    kw.setdefault("rank", 0)
-    return ZephonLoader(ds, global_batch=kw.pop("global_batch", B), order=OPTIONS,
-                        with_seq=True, **kw)
+WITH_SEQ = BatchOptions(with_seq=True)
+
+
+def loader(ds, *, world_size=1, rank=0, global_batch=B, batch=WITH_SEQ,
+           **groups) -> ZephonLoader:
+    return ZephonLoader(ds, topology=Topology(global_batch, world_size, rank), order=OPTIONS,
+                        batch=batch, **groups)
 
 
 def seqs(batches) -> list[list[int]]:
@@ -65,13 +75,14 @@ def test_ranks_partition_each_step(ds, order) -> None:
 
 
 def test_columns_and_collate(ds) -> None:
-    batch = next(iter(loader(ds, columns=["text"], collate=None)))
+    batch = next(iter(loader(ds, batch=BatchOptions(columns=["text"], with_seq=True,
+                                                  collate=as_numpy))))
     assert set(batch) == {"text", "_seq"}
     assert batch["_seq"].dtype.name == "int64"  # numpy without the tensor conversion
 
 
 def test_cursor_counts_consumed_batches_not_prefetched_ones(ds, order) -> None:
-    lo = loader(ds, prefetch=8)
+    lo = loader(ds, workers=WorkerOptions(prefetch=8))
     it = iter(lo)
     got = seqs(take(it, 3))
     assert lo.state_dict()["cursor"] == 3 * B  # 8 more are being prepared meanwhile
@@ -84,7 +95,8 @@ def test_cursor_counts_consumed_batches_not_prefetched_ones(ds, order) -> None:
             break
     assert lo.state_dict()["cursor"] == 5 * B
     # A new loader from the state (another world size) continues at position 5B.
-    resumed = [loader(ds, world_size=2, rank=r, prefetch=8) for r in range(2)]
+    resumed = [loader(ds, world_size=2, rank=r, workers=WorkerOptions(prefetch=8))
+               for r in range(2)]
     for r in resumed:
         r.load_state_dict(lo.state_dict())
     nxt = [next(iter(r))["_seq"].tolist() for r in resumed]
@@ -95,7 +107,7 @@ def test_cursor_counts_consumed_batches_not_prefetched_ones(ds, order) -> None:
 
 
 def test_cursor_counts_consumed_batches_with_process_workers(ds, order) -> None:
-    lo = loader(ds, num_workers=2, prefetch=4)
+    lo = loader(ds, workers=WorkerOptions(num_workers=2, prefetch=4))
     it = iter(lo)
     got = seqs(take(it, 3))
     assert lo.state_dict()["cursor"] == 3 * B
@@ -108,17 +120,18 @@ def test_cursor_counts_consumed_batches_with_process_workers(ds, order) -> None:
 @pytest.mark.parametrize("world,workers", [(2, 2), (3, 1), (4, 2)])
 def test_process_workers_give_the_thread_path_sequence(ds, world, workers) -> None:
     for rank in range(world):
-        threads = seqs(loader(ds, world_size=world, rank=rank, max_steps=40))
-        procs = seqs(loader(ds, world_size=world, rank=rank, num_workers=workers,
-                            max_steps=40))
+        threads = seqs(loader(ds, world_size=world, rank=rank, stop=StopOptions(max_steps=40)))
+        procs = seqs(loader(ds, world_size=world, rank=rank,
+                            workers=WorkerOptions(num_workers=workers),
+                            stop=StopOptions(max_steps=40)))
         assert len(procs) == 40 and procs == threads  # 40 steps: crosses an epoch
 
 
 def test_multiprocessing_context_spawn(ds) -> None:
     # spawn pickles the dataset (manifest, no threads) instead of inheriting it.
-    threads = seqs(loader(ds, world_size=2, rank=1, max_steps=6))
-    procs = seqs(loader(ds, world_size=2, rank=1, num_workers=2, max_steps=6,
-                        multiprocessing_context="spawn"))
+    threads = seqs(loader(ds, world_size=2, rank=1, stop=StopOptions(max_steps=6)))
+    procs = seqs(loader(ds, world_size=2, rank=1, stop=StopOptions(max_steps=6),
+                        workers=WorkerOptions(num_workers=2, multiprocessing_context="spawn")))
     assert procs == threads
 
 
@@ -144,7 +157,8 @@ def test_resume_near_the_end_reads_only_what_it_consumes(ds, order, monkeypatch)
         calls.clear()
         parts = []
         for rank in range(world):
-            lo = loader(ds, world_size=world, rank=rank, prefetch=1, max_steps=2)
+            lo = loader(ds, world_size=world, rank=rank, workers=WorkerOptions(prefetch=1),
+                        stop=StopOptions(max_steps=2))
             lo.load_state_dict(state)
             parts.append(seqs(lo))
         assert len(calls) == 2 * world  # one step planned per consumed batch per rank, no more
@@ -156,13 +170,13 @@ def test_resume_near_the_end_reads_only_what_it_consumes(ds, order, monkeypatch)
 
 
 def test_epochs_and_max_steps_bound_the_stream(ds) -> None:
-    lo = loader(ds, epochs=2)
+    lo = loader(ds, stop=StopOptions(epochs=2))
     assert len(lo) == 2 * N // B
     batches = seqs(lo)
     assert len(batches) == 2 * N // B
     assert lo.state_dict()["cursor"] == len(batches) * B
     assert seqs(lo) == []  # the cursor is past the bound: nothing more
-    lo = loader(ds, max_steps=3)
+    lo = loader(ds, stop=StopOptions(max_steps=3))
     assert len(lo) == 3 and len(seqs(lo)) == 3
 
 
@@ -174,20 +188,22 @@ def test_endless_loader_has_no_len(ds) -> None:
 @pytest.mark.parametrize("kw,match", [
     ({"world_size": 5, "rank": 0}, "world_size must divide global_batch"),
     ({"rank": 2, "world_size": 2}, "rank must be in"),
-    ({"num_workers": -1}, "num_workers"),
-    ({"prefetch": 0}, "prefetch"),
-    ({"max_steps": 3, "epochs": 1}, "max_steps or epochs"),
-    ({"max_steps": -1}, "max_steps"),
-    ({"max_steps": 1.5}, "max_steps"),
-    ({"max_steps": True}, "max_steps"),
-    ({"epochs": -1}, "epochs"),
-    ({"epochs": float("nan")}, "epochs"),
-    ({"epochs": float("inf")}, "epochs"),
-    ({"epochs": "2"}, "epochs"),
+    ({"workers": {"num_workers": -1}}, "num_workers"),
+    ({"workers": {"prefetch": 0}}, "prefetch"),
+    ({"stop": {"max_steps": 3, "epochs": 1}}, "max_steps or epochs"),
+    ({"stop": {"max_steps": -1}}, "max_steps"),
+    ({"stop": {"max_steps": 1.5}}, "max_steps"),
+    ({"stop": {"max_steps": True}}, "max_steps"),
+    ({"stop": {"epochs": -1}}, "epochs"),
+    ({"stop": {"epochs": float("nan")}}, "epochs"),
+    ({"stop": {"epochs": float("inf")}}, "epochs"),
+    ({"stop": {"epochs": "2"}}, "epochs"),
 ])
 def test_bad_arguments(ds, kw, match) -> None:
+    # A group's fields are checked when the group is made, inside the raises block.
+    groups = {"workers": WorkerOptions, "stop": StopOptions}
     with pytest.raises(ValueError, match=match):
-        loader(ds, **kw)
+        loader(ds, **{k: groups[k](**v) if k in groups else v for k, v in kw.items()})
 
 
 def test_world_size_and_rank_come_from_the_torchrun_environment(ds, monkeypatch) -> None:
@@ -201,8 +217,8 @@ def test_thread_and_worker_paths_agree_over_a_restart_schedule(ds) -> None:
     ref = Order(ds.manifest.rg_rows, OPTIONS).sample_at(range(40 * B)).tolist()
 
     def make(*, world_size, rank, num_workers, global_batch):
-        return loader(ds, world_size=world_size, rank=rank, num_workers=num_workers,
-                      global_batch=global_batch)
+        return loader(ds, world_size=world_size, rank=rank,
+                      workers=WorkerOptions(num_workers=num_workers), global_batch=global_batch)
 
     run = run_segments(make, [Segment(2, 7, num_workers=2), Segment(4, 11),
                               Segment(3, 9, num_workers=1)], global_batch=B)
@@ -210,7 +226,7 @@ def test_thread_and_worker_paths_agree_over_a_restart_schedule(ds) -> None:
 
 
 def test_epochs_drop_the_last_partial_batch_by_default_and_warn_once(ds, caplog) -> None:
-    lo = loader(ds, epochs=1)
+    lo = loader(ds, stop=StopOptions(epochs=1))
     with caplog.at_level("WARNING", logger="zephon_store"):
         batches = seqs(lo)
         seqs(lo)
@@ -225,8 +241,8 @@ def test_drop_last_false_yields_every_sample_exactly_once(ds, world, workers) ->
     (some ranks may get fewer or none), and the cursor ends at exactly N."""
     per_rank = []
     for rank in range(world):
-        lo = loader(ds, epochs=1, drop_last=False, world_size=world, rank=rank,
-                    num_workers=workers)
+        lo = loader(ds, stop=StopOptions(epochs=1, drop_last=False), world_size=world,
+                    rank=rank, workers=WorkerOptions(num_workers=workers))
         assert len(lo) == -(-N // B)
         per_rank.append(seqs(lo))
         assert lo.state_dict()["cursor"] == N
@@ -240,7 +256,7 @@ def test_drop_last_false_yields_every_sample_exactly_once(ds, world, workers) ->
 
 
 def test_drop_last_false_resumes_exactly_into_the_partial_step(ds, order) -> None:
-    lo = loader(ds, epochs=1.5, drop_last=False)
+    lo = loader(ds, stop=StopOptions(epochs=1.5, drop_last=False))
     it = iter(lo)
     first = [next(it)["_seq"].tolist() for _ in range(10)]
     state = lo.state_dict()
@@ -250,7 +266,7 @@ def test_drop_last_false_resumes_exactly_into_the_partial_step(ds, order) -> Non
 
 
 def _resumed(ds, state):
-    lo = loader(ds, epochs=1.5, drop_last=False)
+    lo = loader(ds, stop=StopOptions(epochs=1.5, drop_last=False))
     lo.load_state_dict(state)
     return lo
 
@@ -259,11 +275,12 @@ def test_expect_dataset_id_on_the_loader(ds) -> None:
     from zephon_store import ManifestError
 
     url = ds.url
-    assert ZephonLoader(url, global_batch=B, world_size=1, rank=0,
-                        expect_dataset_id=ds.dataset_id).dataset_id == ds.dataset_id
+    one = Topology(B, world_size=1, rank=0)
+    assert ZephonLoader(url, topology=one, source=SourceOptions(
+        expect_dataset_id=ds.dataset_id)).dataset_id == ds.dataset_id
     with pytest.raises(ManifestError, match="xxh3:0000"):
-        ZephonLoader(url, global_batch=B, world_size=1, rank=0,
-                     expect_dataset_id="xxh3:" + "0" * 32)
+        ZephonLoader(url, topology=one,
+                     source=SourceOptions(expect_dataset_id="xxh3:" + "0" * 32))
     with pytest.raises(ManifestError, match="xxh3:0000"):
-        ZephonLoader(ds, global_batch=B, world_size=1, rank=0,
-                     expect_dataset_id="xxh3:" + "0" * 32)
+        ZephonLoader(ds, topology=one,
+                     source=SourceOptions(expect_dataset_id="xxh3:" + "0" * 32))

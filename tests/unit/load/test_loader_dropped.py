@@ -24,13 +24,15 @@ _CHILD = textwrap.dedent("""
     import gc, sys
     import torch.utils.data._utils as tu
     tu.MP_STATUS_CHECK_INTERVAL = 120.0   # a worker join that times out now hangs the test
+    from zephon_store import BatchOptions, WorkerOptions, as_numpy
     from zephon_store.order import OrderOptions
     from zephon_store.torch import ZephonLoader
 
     class Trainer:
         def __init__(self):
             self.loader = ZephonLoader(sys.argv[1], global_batch=8, order=OrderOptions(seed=3),
-                                       num_workers=2, collate=None)
+                                       workers=WorkerOptions(num_workers=2),
+                                       batch=BatchOptions(collate=as_numpy))
             self.it = iter(self.loader)
             self.me = self        # the cycle
     gc.disable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import opened, small_dataset
+from zephon_store import BatchOptions, Topology, WorkerOptions
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_rank
 from zephon_store.torch import ZephonLoader
@@ -23,9 +24,12 @@ def ds(tmp_path_factory):
                                 row_group_rows=10))
 
 
-def _loader(ds, **kw) -> ZephonLoader:
-    return ZephonLoader(ds, global_batch=B, order=OPTIONS, world_size=2, rank=1,
-                        with_seq=True, **kw)
+WITH_SEQ = BatchOptions(with_seq=True)
+
+
+def _loader(ds, batch=WITH_SEQ, **groups) -> ZephonLoader:
+    return ZephonLoader(ds, topology=Topology(B, world_size=2, rank=1), order=OPTIONS,
+                        batch=batch, **groups)
 
 
 def _expected(ds, cursor: int) -> list[int]:
@@ -46,7 +50,8 @@ def test_a_state_loaded_mid_iteration_applies_at_the_next_iter(ds, workers, tran
     assert saved["cursor"] == 3 * B
     for _ in range(2):
         next(it)
-    loader = _loader(ds, num_workers=workers, transform=transform)
+    loader = _loader(ds, workers=WorkerOptions(num_workers=workers),
+                     batch=BatchOptions(with_seq=True, transform=transform))
     live = iter(loader)
     for _ in range(5):
         next(live)

@@ -11,8 +11,15 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.helpers import small_dataset  # noqa: E402
-from zephon_store import BatchOptions, ReadAheadOptions, StopOptions, WorkerOptions  # noqa: E402
-from zephon_store.torch import ZephonLoader  # noqa: E402
+from zephon_store import (  # noqa: E402
+    BatchOptions,
+    ReadAheadOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+    as_numpy,
+)
+from zephon_store.torch import ReplicaOptions, ZephonLoader  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +32,12 @@ def test_groups_give_the_keywords_batches(tiny_dataset):
     flat = ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=2, rank=1,
                         columns=["id"], with_seq=True, max_steps=3, prefetch=2,
                         decode_ahead_bytes=1 << 20, collate=None)
-    grouped = ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=2, rank=1,
-                           batch=BatchOptions(columns=("id",), with_seq=True),
+    grouped = ZephonLoader(tiny_dataset, topology=Topology(8, world_size=2, rank=1), seed=7,
+                           batch=BatchOptions(columns=("id",), with_seq=True,
+                                              collate=as_numpy),
                            stop=StopOptions(max_steps=3),
                            workers=WorkerOptions(prefetch=2),
-                           read_ahead=ReadAheadOptions(decode_ahead_bytes=1 << 20),
-                           collate=None)
+                           read_ahead=ReadAheadOptions(decode_ahead_bytes=1 << 20))
     a, b = list(flat), list(itertools.islice(grouped, 5))   # bounded: a lost stop= shows
     assert [x["id"].tolist() for x in a] == [x["id"].tolist() for x in b]
     assert [x["_seq"].tolist() for x in a] == [x["_seq"].tolist() for x in b]
@@ -49,13 +56,13 @@ def test_a_group_and_its_own_keyword_are_refused(tiny_dataset, group, keyword):
     (kw,) = keyword
     with pytest.raises(TypeError, match=rf"{name}=.*{kw}=.*give {kw} in the group or drop "
                                         rf"{name}="):
-        ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=1, rank=0,
+        ZephonLoader(tiny_dataset, topology=Topology(8, world_size=1, rank=0), seed=7,
                      **group, **keyword)
 
 
 def test_a_group_of_the_wrong_type_is_refused(tiny_dataset):
     with pytest.raises(TypeError, match="stop= must be a StopOptions, got dict"):
-        ZephonLoader(tiny_dataset, global_batch=8, seed=7, world_size=1, rank=0,
+        ZephonLoader(tiny_dataset, topology=Topology(8, world_size=1, rank=0), seed=7,
                      stop={"max_steps": 1})
 
 
@@ -73,13 +80,15 @@ def test_the_live_loader_takes_the_groups_too(tiny_dataset):
     flat = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (1, 3),
                             columns=["id"], epochs=2.0, collate=None)
     grouped = LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
-                               participants=lambda: (1, 3), collate=None,
-                               batch=BatchOptions(columns=("id",)),
+                               replica=ReplicaOptions(participants=lambda: (1, 3)),
+                               batch=BatchOptions(columns=("id",), collate=as_numpy),
                                stop=StopOptions(epochs=2.0))
     assert first_steps(flat) == first_steps(grouped)
     with pytest.raises(TypeError, match="batch=.*columns="):
-        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (0, 1),
+        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
+                         replica=ReplicaOptions(participants=lambda: (0, 1)),
                          batch=BatchOptions(), columns=["id"])
     with pytest.raises(ValueError, match="max_steps is not a bound of a live run"):
-        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7, participants=lambda: (0, 1),
+        LiveZephonLoader(tiny_dataset, global_batch=8, seed=7,
+                         replica=ReplicaOptions(participants=lambda: (0, 1)),
                          stop=StopOptions(max_steps=2))

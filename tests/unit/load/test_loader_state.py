@@ -22,6 +22,7 @@ from tests.helpers.stateful import (
     reference_ids,
     run_segments,
 )
+from zephon_store import BatchOptions, Topology, WorkerOptions
 from zephon_store.errors import StateMismatchError
 from zephon_store.order import Order, OrderOptions
 from zephon_store.order.assign import positions_for_rank
@@ -50,9 +51,9 @@ def other_ds(tmp_path_factory):
 
 def maker(dataset, options=OPTIONS, **fixed):
     def make(*, world_size, rank, num_workers, global_batch):
-        return ZephonLoader(dataset, global_batch=global_batch, order=options,
-                            world_size=world_size, rank=rank, num_workers=num_workers,
-                            with_seq=True, **fixed)
+        return ZephonLoader(dataset, topology=Topology(global_batch, world_size, rank),
+                            order=options, workers=WorkerOptions(num_workers=num_workers),
+                            batch=BatchOptions(with_seq=True), **fixed)
     return make
 
 
@@ -154,7 +155,7 @@ def test_checkpoint_restores_with_process_workers(ds, reference) -> None:
 
 
 def test_state_has_exactly_the_five_keys_and_is_identical_on_every_rank(ds) -> None:
-    loaders = [ZephonLoader(ds, global_batch=B, order=OPTIONS, world_size=3, rank=r)
+    loaders = [ZephonLoader(ds, topology=Topology(B, world_size=3, rank=r), order=OPTIONS)
                for r in range(3)]
     for loader in loaders:
         it = iter(loader)
@@ -172,13 +173,13 @@ def test_state_has_exactly_the_five_keys_and_is_identical_on_every_rank(ds) -> N
 
 
 def _state(ds, cursor: int = 5 * B) -> dict:
-    loader = ZephonLoader(ds, global_batch=B, order=OPTIONS, world_size=1, rank=0)
+    loader = ZephonLoader(ds, topology=Topology(B, world_size=1, rank=0), order=OPTIONS)
     loader.cursor = cursor
     return loader.state_dict()
 
 
 def _loader(ds, options=OPTIONS) -> ZephonLoader:
-    return ZephonLoader(ds, global_batch=B, order=options, world_size=2, rank=1)
+    return ZephonLoader(ds, topology=Topology(B, world_size=2, rank=1), order=options)
 
 
 def test_loading_into_another_dataset_raises(ds, other_ds) -> None:

@@ -185,7 +185,7 @@ def test_a_mixture_reads_and_prefetches_through_its_sources(urls, tmp_path) -> N
     batches it hands out without one."""
     from zephon_store.io.cache import ChunkCache
     from zephon_store.load.loader import Loader
-    from zephon_store.load.options import BatchOptions, StopOptions
+    from zephon_store.load.options import BatchOptions, SourceOptions, StopOptions
 
     def run(**kw) -> list[list[int]]:
         loader = Loader(_mix_dict(urls), topology=Topology(8), seed=5,
@@ -193,7 +193,7 @@ def test_a_mixture_reads_and_prefetches_through_its_sources(urls, tmp_path) -> N
         return [b["_seq"].tolist() + b["_source"].tolist() for b in loader]
 
     cache = ChunkCache(str(tmp_path / "cache"))
-    assert run(cache=cache) == run()
+    assert run(source=SourceOptions(cache=cache)) == run()
     assert any((tmp_path / "cache").rglob("*")), "the sources' bytes went through the cache"
 
 
