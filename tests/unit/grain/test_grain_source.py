@@ -17,6 +17,7 @@ from zephon_store import (
     BatchOptions,
     IntegrityError,
     OrderOptions,
+    SourceOptions,
     StopOptions,
     Topology,
     open_dataset,
@@ -236,7 +237,7 @@ def test_the_decoded_cache_serves_a_later_source(url, tmp_path):
     got, stats = [], []
     for _ in range(2):
         src = ZephonSource(url, order=OrderOptions(seed=3, lanes=1),
-                           decoded_cache=tmp_path / "decoded")
+                           source=SourceOptions(decoded_cache=tmp_path / "decoded"))
         got.append(plain(src._getitems(range(N))))
         stats.append(src.source.decoded_cache.stats)
         src.close()

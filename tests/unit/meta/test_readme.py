@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.helpers import ROOT, write_jsonl_corpus
-from zephon_store import convert
+from zephon_store import Topology, convert
 
 
 def _readme() -> str:
@@ -44,6 +44,6 @@ def test_readme_state_dict_comment_names_every_key(tmp_path):
     named = set(re.findall(r'"(\w+)"', comment))
     write_jsonl_corpus(tmp_path / "src", files=1, records=20)
     convert([str(tmp_path / "src")], str(tmp_path / "ds"))
-    keys = set(ZephonLoader(str(tmp_path / "ds"), global_batch=4, world_size=1,
-                            rank=0).state_dict())
+    keys = set(ZephonLoader(str(tmp_path / "ds"),
+                            topology=Topology(4, world_size=1, rank=0)).state_dict())
     assert keys | {"mixture"} == named   # a mixture's state adds "mixture"

@@ -10,6 +10,7 @@ import pytest
 
 import zephon_store as z
 from tests.helpers import DENY, takedown_sources, two_stage_mixture
+from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions, as_numpy
 from zephon_store.cli.main import main
 from zephon_store.load.denylist import MASK_KEY, DenyList, DenyListError
 from zephon_store.order import OrderOptions
@@ -25,8 +26,10 @@ def mixture(tmp_path_factory):
 
 
 def _loader(mixture, deny, **kw):
-    return ZephonLoader(mixture, global_batch=6, order=OrderOptions(seed=3), world_size=1,
-                        rank=0, with_seq=True, collate=None, deny_list=deny, **kw)
+    return ZephonLoader(mixture, topology=Topology(6, world_size=1, rank=0),
+                        order=OrderOptions(seed=3),
+                        batch=BatchOptions(with_seq=True, collate=as_numpy), deny_list=deny,
+                        **kw)
 
 
 NAMES = ["web", "code"]
@@ -70,7 +73,8 @@ def test_each_source_s_ids_are_denied_in_every_batch(mixture, tmp_path, spelling
         for s in spec["sources"]:
             with mix(s["url"]) as ds:
                 deny[s["name"]] = DenyList(np.array(DENY[s["name"]]), ds.dataset_id)
-    steps = _check_batches(_loader(mixture, deny, max_steps=40, num_workers=workers))
+    steps = _check_batches(_loader(mixture, deny, stop=StopOptions(max_steps=40),
+                                           workers=WorkerOptions(num_workers=workers)))
     denied = {p for st in steps for p in st if p[1] in DENY[p[0]]}
     assert denied == {(k, i) for k, v in DENY.items() for i in v}   # every one was met
 
@@ -80,11 +84,12 @@ def test_the_run_log_trace_and_audit_of_a_mixture_with_a_deny_list(mixture, tmp_
     log = str(tmp_path / "ckpt" / "run.jsonl")
     deny = tmp_path / "deny.json"
     deny.write_text(json.dumps({"sources": {"web": {"ids": DENY["web"]}}}))
-    first = _loader(mixture, str(deny), max_steps=20, run_log=log)
+    first = _loader(mixture, str(deny), stop=StopOptions(max_steps=20), run_log=log)
     seen = _check_batches(first, {"web": DENY["web"]})
     state = first.state_dict()
     deny.write_text(json.dumps({"sources": {k: {"ids": v} for k, v in DENY.items()}}))
-    second = _loader(mixture, str(deny), max_steps=20, run_log=log)   # the takedown grows
+    second = _loader(mixture, str(deny), stop=StopOptions(max_steps=20),
+                     run_log=log)   # the takedown grows
     second.load_state_dict(state)
     seen += _check_batches(second)
     assert main(["audit", mixture, "--log", log, "--end-step", "40", "--json"]) == 0

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zephon_store as z
+from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions
 from zephon_store.errors import MixtureError, StateMismatchError
 from zephon_store.load.source import open_mixture, plan_of
 from zephon_store.mix.mixed import (
@@ -74,11 +75,14 @@ TWO_STAGES = [("warm", 0, {"web": 0.5, "code": 0.25, "math": 0.25}),
 THREE_STAGES = [*TWO_STAGES, ("anneal", 96, {"web": 0.1, "code": 0.6, "math": 0.3})]
 
 
-def _loader(mix, *, world_size=1, rank=0, steps=None, **kw) -> ZephonLoader:
-    kw.setdefault("columns", ["id", "text"])
-    return ZephonLoader(mix, global_batch=kw.pop("global_batch", B), seed=SEED,
-                        world_size=world_size, rank=rank, max_steps=steps, with_seq=True,
-                        **kw)
+ID_TEXT = BatchOptions(columns=["id", "text"], with_seq=True)
+
+
+def _loader(mix, *, world_size=1, rank=0, global_batch=B, steps=None, stop=None,
+            batch=ID_TEXT) -> ZephonLoader:
+    """``steps``: ``stop=StopOptions(max_steps=steps)``, for a ``stop`` not given."""
+    return ZephonLoader(mix, topology=Topology(global_batch, world_size, rank), seed=SEED,
+                        stop=stop or StopOptions(max_steps=steps), batch=batch)
 
 
 def _pure(sources, schedule: MixtureSchedule, positions: np.ndarray) -> list[tuple[int, int]]:
@@ -117,8 +121,9 @@ def test_mixture_file_path_and_worker_processes(sources, tmp_path) -> None:
     path.write_text(json.dumps(_mixture(sources, TWO_STAGES, seed=SEED)))
     ref = [_pairs(b) for b in _loader(_mixture(sources, TWO_STAGES), steps=6)]
     # The file's seed applies when the loader is given none.
-    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0, max_steps=6,
-                          with_seq=True, columns=["id", "text"], num_workers=2)
+    loader = ZephonLoader(str(path), topology=Topology(B, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=6), batch=ID_TEXT,
+                          workers=WorkerOptions(num_workers=2))
     assert loader.order.seed == SEED
     assert [_pairs(b) for b in loader] == ref
 
@@ -185,11 +190,12 @@ def test_bad_inputs_fail_before_the_first_batch(sources, tmp_path) -> None:
         _loader(_mixture(sources, [("all", 0, {"web": 1.2, "code": -0.2, "math": 0})]))
     # A selected column one source lacks.
     with pytest.raises(ValueError, match="'web'.*no column 'lang'"):
-        _loader(_mixture(sources, TWO_STAGES), columns=["id", "lang"])
+        _loader(_mixture(sources, TWO_STAGES),
+                batch=BatchOptions(columns=["id", "lang"], with_seq=True))
     # Without columns, the first source's are read; every source must hold them.
     reordered = {"code": sources["code"], "web": sources["web"], "math": sources["math"]}
     with pytest.raises(ValueError, match="has no column 'lang'"):
-        _loader(_mixture(reordered, TWO_STAGES), columns=None)
+        _loader(_mixture(reordered, TWO_STAGES), batch=BatchOptions(with_seq=True))
 
 
 def test_bad_resumes_fail_before_the_first_batch(sources, tmp_path) -> None:
@@ -213,7 +219,8 @@ def test_bad_resumes_fail_before_the_first_batch(sources, tmp_path) -> None:
                                  for n, s, w in
                                  [("all", 0, {"web": 0.5, "math": 0.5})]])).load_state_dict(state)
     # A single dataset's checkpoint into a mixture loader, and the other way round.
-    single = ZephonLoader(sources["web"], global_batch=B, seed=SEED, world_size=1, rank=0)
+    single = ZephonLoader(sources["web"], topology=Topology(B, world_size=1, rank=0),
+                          seed=SEED)
     with pytest.raises(StateMismatchError, match="for dataset .* but the loader reads a mixture"):
         _loader(_mixture(sources, TWO_STAGES)).load_state_dict(single.state_dict())
     with pytest.raises(StateMismatchError, match="for a mixture, but the loader reads dataset"):
@@ -303,8 +310,8 @@ def test_cli_info_and_plan_describe_the_mixture(sources, tmp_path, capsys) -> No
     assert where["step"] == where["position"] // B and after["derived"]
     assert after["start"] == where["position"] and after["weights"]["code"] == 0
     assert main_stage["epochs_consumed"]["code"] == 1.0
-    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0, max_steps=2,
-                          with_seq=True, columns=["id", "text"])
+    loader = ZephonLoader(str(path), topology=Topology(B, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=2), batch=ID_TEXT)
     first = [[list(SIZES)[k], i] for b in loader for k, i in _pairs(b)]
     assert [p for r in plan["steps"][0]["ranks"] for p in r] == first[:B]
     assert plan["read_amplification"] > 0
@@ -463,7 +470,7 @@ def test_a_bounded_loader_over_a_capped_mixture_ends_cleanly(sources, caplog) ->
     doc["sources"][1]["max_epochs"] = 1
     end = _loader(doc).plan.end
     assert end is not None and end % B and end < sum(SIZES.values())
-    for kw in ({"epochs": 1}, {"steps": 100}):
+    for kw in ({"stop": StopOptions(epochs=1)}, {"steps": 100}):
         loader = _loader(doc, **kw)
         caplog.clear()
         with caplog.at_level("WARNING", logger="zephon_store"):
@@ -474,7 +481,7 @@ def test_a_bounded_loader_over_a_capped_mixture_ends_cleanly(sources, caplog) ->
         assert len(warned) == 1 and f"position {end}" in warned[0], warned
         assert "'code'" in warned[0] and "max_epochs" in warned[0], warned
         assert [p for b in loader for p in _pairs(b)] == []     # at the end, it stays there
-    short = _loader(doc, epochs=1, drop_last=False)
+    short = _loader(doc, stop=StopOptions(epochs=1, drop_last=False))
     got = [p for b in short for p in _pairs(b)]
     assert len(got) == end and short.state_dict()["cursor"] == end
     assert got == _pure(sources, short.dataset.schedule, np.arange(end))
@@ -496,7 +503,7 @@ def test_plan_describes_a_capped_mixture_that_ends(sources, tmp_path, capsys) ->
     assert plan["last_step"] == end // B - 1
     # Steps the loader reads, and no step past the end.
     assert [s["step"] for s in plan["steps"]] == list(range(end // B))
-    loader = _loader(doc, epochs=1)
+    loader = _loader(doc, stop=StopOptions(epochs=1))
     got = [[list(SIZES)[k], i] for b in loader for k, i in _pairs(b)]
     assert [p for s in plan["steps"] for r in s["ranks"] for p in r] == got
     assert plan["simulated_steps"] == end // B
@@ -515,7 +522,7 @@ def test_info_json_always_gives_the_mixture_id(sources, tmp_path, capsys) -> Non
     path.write_text(json.dumps(_mixture(sources, TWO_STAGES, seed=SEED)))
     assert main(["info", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    loader = ZephonLoader(str(path), global_batch=B, world_size=1, rank=0)
+    loader = ZephonLoader(str(path), topology=Topology(B, world_size=1, rank=0))
     assert info["mixture_id"] == loader.dataset_id and "mixture_id_note" not in info
 
     doc = _mixture(sources, TWO_STAGES, seed=SEED)
@@ -530,5 +537,5 @@ def test_info_json_always_gives_the_mixture_id(sources, tmp_path, capsys) -> Non
     for batch in (B, 12):
         assert main(["info", str(path), "--json", "--global-batch", str(batch)]) == 0
         info = json.loads(capsys.readouterr().out)
-        loader = ZephonLoader(str(path), global_batch=batch, world_size=1, rank=0)
+        loader = ZephonLoader(str(path), topology=Topology(batch, world_size=1, rank=0))
         assert info["mixture_id"] == loader.dataset_id

@@ -53,7 +53,8 @@ def _every_surface(path: str, capsys, *, key: str, info: tuple[str, ...] = ()) -
     from zephon_store.torch import ZephonLoader
 
     with pytest.raises(MixtureError) as info:
-        ZephonLoader(path, global_batch=4, world_size=1, rank=0, columns=["id", "text"])
+        ZephonLoader(path, topology=z.Topology(4, world_size=1, rank=0),
+                     batch=z.BatchOptions(columns=["id", "text"]))
     text = str(info.value)
     assert path in text and key in text and "\n" not in text, text
 
