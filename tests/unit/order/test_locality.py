@@ -125,10 +125,11 @@ def test_uneven_participants_read_neighbouring_lanes() -> None:
 
 
 def test_the_loader_resolves_auto_once_and_a_resume_keeps_it(ds) -> None:
+    from zephon_store import StopOptions
     from zephon_store.torch import ZephonLoader
 
-    first = ZephonLoader(ds, global_batch=32, seed=2, world_size=16, rank=9, ranks_per_node=8,
-                         max_steps=2)
+    first = ZephonLoader(ds, topology=Topology(32, world_size=16, rank=9, ranks_per_node=8),
+                         seed=2, stop=StopOptions(max_steps=2))
     assert first.topology.num_nodes == 2
     lanes = auto_lanes(ds.manifest.num_row_groups, ds.num_samples, nodes=2, node_batch=16)
     assert first.order.lanes == lanes > 1
@@ -137,8 +138,8 @@ def test_the_loader_resolves_auto_once_and_a_resume_keeps_it(ds) -> None:
     state = first.state_dict()
     assert state["order"]["lanes"] == lanes               # the number, never "auto"
     # Resumed on one node: "auto" would now mean 1 lane, but the checkpoint's order holds.
-    again = ZephonLoader(ds, global_batch=32, seed=2, world_size=4, rank=1, ranks_per_node=4,
-                         max_steps=1)
+    again = ZephonLoader(ds, topology=Topology(32, world_size=4, rank=1, ranks_per_node=4),
+                         seed=2, stop=StopOptions(max_steps=1))
     assert again.order.lanes == 1
     again.load_state_dict(state)
     assert again.order.lanes == lanes

@@ -219,9 +219,10 @@ def test_write_regenerates_the_vectors_of_another_algorithm_number(tmp_path):
 
 
 def _text_loader(**kw):
+    from zephon_store import BatchOptions, as_numpy
     from zephon_store.torch import ZephonLoader
 
-    return ZephonLoader(GOLDEN_TEXT, global_batch=4, collate=None, **kw)
+    return ZephonLoader(GOLDEN_TEXT, global_batch=4, batch=BatchOptions(collate=as_numpy), **kw)
 
 
 @pytest.mark.parametrize("algorithm", [ORDER_ALGORITHM + 1, 0, True, 1.0, "1"])
@@ -239,6 +240,7 @@ def test_a_checkpoint_of_another_order_algorithm_is_refused(algorithm):
 
 def test_a_checkpoint_of_another_mixture_algorithm_is_refused():
     pytest.importorskip("torch")
+    from zephon_store import BatchOptions, as_numpy
     from zephon_store.format.mixture_file import MixtureSpec
     from zephon_store.torch import ZephonLoader
 
@@ -247,7 +249,7 @@ def test_a_checkpoint_of_another_mixture_algorithm_is_refused():
 
     def loader():
         return ZephonLoader(MixtureSpec.from_dict(spec, base_dir=str(ROOT)), global_batch=4,
-                            collate=None, columns=["id"])
+                            batch=BatchOptions(columns=["id"], collate=as_numpy))
 
     first = loader()
     next(iter(first))

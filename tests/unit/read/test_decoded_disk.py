@@ -13,7 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from zephon_store import DecodedDiskCache, convert, open_dataset
+from zephon_store import (
+    BatchOptions,
+    DecodedDiskCache,
+    SourceOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+    as_numpy,
+    convert,
+    open_dataset,
+)
 from zephon_store._util.hashing import xxh3_hex
 from zephon_store.order import OrderOptions
 from zephon_store.read.decoded_disk import _TRAILER, ENV_DIR, as_decoded_cache, decoded_key
@@ -67,20 +77,23 @@ def test_the_loader_gives_the_same_batches_cold_warm_and_in_worker_processes(mix
     def batches(**kw):
         from zephon_store.torch import ZephonLoader
 
-        loader = ZephonLoader(mixed, global_batch=8, world_size=1, rank=0, collate=None,
-                              order=OrderOptions(seed=4, shuffle=True), epochs=2.0,
-                              with_seq=True, **kw)
+        loader = ZephonLoader(mixed, topology=Topology(8, world_size=1, rank=0),
+                              batch=BatchOptions(with_seq=True, collate=as_numpy),
+                              order=OrderOptions(seed=4, shuffle=True),
+                              stop=StopOptions(epochs=2.0), **kw)
         return [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in b.items()}
                 for b in loader]
 
     pytest.importorskip("torch")
-    want = batches(decoded_cache=False)
+    want = batches(source=SourceOptions(decoded_cache=False))
     cache = DecodedDiskCache(tmp_path / "dc")
-    assert batches(decoded_cache=cache) == want           # cold: decodes and writes
+    cached = SourceOptions(decoded_cache=cache)
+    assert batches(source=cached) == want           # cold: decodes and writes
     assert cache.store_stats.puts == open_dataset(mixed).manifest.num_row_groups
-    assert batches(decoded_cache=cache) == want           # warm: maps
+    assert batches(source=cached) == want           # warm: maps
     assert cache.stats.hits > 0
-    assert batches(decoded_cache=cache, num_workers=2) == want   # pickled into workers
+    assert batches(source=cached,
+                   workers=WorkerOptions(num_workers=2)) == want   # pickled into workers
 
 
 def test_a_damaged_entry_is_dropped_counted_and_decoded_again(mixed, tmp_path):

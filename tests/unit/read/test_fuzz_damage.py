@@ -20,7 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zephon_store import ZephonError, convert, open_dataset
+from zephon_store import (
+    BatchOptions,
+    StopOptions,
+    Topology,
+    ZephonError,
+    as_numpy,
+    convert,
+    open_dataset,
+)
 from zephon_store.cli.main import main
 from zephon_store.read.verify import verify
 from zephon_store.write.shardwriter import WriteOptions
@@ -71,8 +79,9 @@ def _take_all(ds) -> list:
 
 
 def _loader_pass(ds) -> list:
-    lo = ZephonLoader(ds, global_batch=B, world_size=1, rank=0, epochs=1, drop_last=False,
-                      with_seq=True, collate=None)
+    lo = ZephonLoader(ds, topology=Topology(B, world_size=1, rank=0),
+                      stop=StopOptions(epochs=1, drop_last=False),
+                      batch=BatchOptions(with_seq=True, collate=as_numpy))
     return [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in b.items()}
             for b in lo]
 
