@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from zephon_store import AuditRequestError, RunContext
+from zephon_store import AuditRequestError, BatchOptions, RunContext, StopOptions, Topology
 from zephon_store.load.runlog import RunLogError, append_segment, read_run_log
 from zephon_store.order.order import OrderOptions
 
@@ -25,13 +25,15 @@ def run(tmp_path_factory):
     deny.write_text("5\n17\n")
     opts = OrderOptions(seed=3, window_blocks=2)
     seen = []
-    first = ZephonLoader(url, global_batch=8, order=opts, world_size=1, rank=0, with_seq=True,
-                         max_steps=6, run_log=log, deny_list=str(deny))
+    first = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=6),
+                         run_log=log, deny_list=str(deny))
     seen += [b["_seq"].tolist() for b in first]
     state = first.state_dict()
     for rank in range(2):
-        loader = ZephonLoader(url, global_batch=12, order=opts, world_size=2, rank=rank,
-                              with_seq=True, max_steps=4, run_log=log)
+        loader = ZephonLoader(url, topology=Topology(12, world_size=2, rank=rank), order=opts,
+                              batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=4),
+                              run_log=log)
         loader.load_state_dict(state)
         for i, b in enumerate(loader):
             if rank == 0:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import small_dataset
+from zephon_store import BatchOptions, StopOptions, Topology
 from zephon_store.cli.main import main
 
 STEPS = 160          # 1,280 positions: web (100 samples) and math (60) wrap several epochs
@@ -60,8 +61,8 @@ def loader_stream(mix: str, world_size: int, *, run_log: str | None = None) -> d
 
     got = {}
     for rank in range(world_size):
-        loader = ZephonLoader(mix, global_batch=B, world_size=world_size, rank=rank,
-                              with_seq=True, max_steps=STEPS,
+        loader = ZephonLoader(mix, topology=Topology(B, world_size=world_size, rank=rank),
+                              batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=STEPS),
                               run_log=run_log if rank == 0 else None)
         for s, batch in enumerate(loader):
             got[s, rank] = [(NAMES[k], i) for k, i in zip(batch["_source"].tolist(),
@@ -124,7 +125,7 @@ def test_a_seed_that_disagrees_with_the_file_is_refused_in_one_line(mix, capsys)
     from zephon_store.torch import ZephonLoader
 
     with pytest.raises(MixtureError, match="sets seed 5 but seed 3 was given"):
-        ZephonLoader(mix, global_batch=B, seed=3, world_size=1, rank=0)
+        ZephonLoader(mix, topology=Topology(B, world_size=1, rank=0), seed=3)
     for argv in (["where", mix, "web:1", "--global-batch", B],
                  ["trace", mix, "--step", 0, "--global-batch", B],
                  ["plan", "--mixture", mix, "--world-size", 1, "--global-batch", B]):

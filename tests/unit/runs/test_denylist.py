@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import zephon_store as z
+from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions, as_numpy
 from zephon_store.cli.main import main
 from zephon_store.load.denylist import MASK_KEY, DenyListError, load_deny_list
 from zephon_store.order import OrderOptions
@@ -101,9 +102,11 @@ def _deny_file(tmp_path, ids) -> str:
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("transform", [None, rebuild])
 def test_denied_text_never_reaches_a_batch(text_url, tmp_path, workers, transform) -> None:
-    loader = ZephonLoader(text_url, global_batch=8, order=OrderOptions(seed=5), world_size=1,
-                          rank=0, with_seq=True, epochs=1, collate=None, num_workers=workers,
-                          transform=transform, deny_list=_deny_file(tmp_path, DENIED))
+    loader = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
+                          order=OrderOptions(seed=5),
+                          batch=BatchOptions(with_seq=True, collate=as_numpy, transform=transform),
+                          stop=StopOptions(epochs=1), workers=WorkerOptions(num_workers=workers),
+                          deny_list=_deny_file(tmp_path, DENIED))
     masked_seen = []
     for batch in loader:
         assert not _leaks(batch), batch
@@ -123,9 +126,10 @@ def test_denied_text_never_reaches_a_batch(text_url, tmp_path, workers, transfor
 @pytest.mark.parametrize("transform", [None, rebuild])
 def test_denied_token_windows_never_reach_a_batch(packed_url, tmp_path, workers,
                                                   transform) -> None:
-    loader = ZephonLoader(packed_url, global_batch=8, order=OrderOptions(seed=9),
-                          world_size=2, rank=1, with_seq=True, epochs=1,
-                          num_workers=workers, transform=transform,
+    loader = ZephonLoader(packed_url, topology=Topology(8, world_size=2, rank=1),
+                          order=OrderOptions(seed=9),
+                          batch=BatchOptions(with_seq=True, transform=transform),
+                          stop=StopOptions(epochs=1), workers=WorkerOptions(num_workers=workers),
                           deny_list=_deny_file(tmp_path, DENIED))
     masked_seen = 0
     for batch in loader:   # the default collate: tensors
@@ -141,8 +145,9 @@ def test_denied_token_windows_never_reach_a_batch(packed_url, tmp_path, workers,
 
 
 def test_a_transform_that_returns_no_dict_is_refused(text_url, tmp_path) -> None:
-    loader = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=1,
-                          transform=lambda b: b["text"], collate=None,
+    loader = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=1),
+                          batch=BatchOptions(transform=lambda b: b["text"], collate=as_numpy),
                           deny_list=_deny_file(tmp_path, DENIED))
     with pytest.raises(DenyListError, match="transform returned list.*_masked"):
         next(iter(loader))
@@ -160,13 +165,15 @@ def test_editing_the_deny_list_in_place_keeps_the_audit_exact(text_url, tmp_path
     deny = tmp_path / "deny.txt"
     deny.write_text("3\n17\n")
     opts = OrderOptions(seed=5)
-    first = ZephonLoader(text_url, global_batch=8, order=opts, world_size=1, rank=0,
-                         with_seq=True, max_steps=6, run_log=log, deny_list=str(deny))
+    first = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=6),
+                         run_log=log, deny_list=str(deny))
     seen = [b["_seq"].tolist() for b in first]
     state = first.state_dict()
     deny.write_text("3\n17\n18\n64\n")   # the takedown workflow: add ids, restart
-    second = ZephonLoader(text_url, global_batch=8, order=opts, world_size=1, rank=0,
-                          with_seq=True, max_steps=6, run_log=log, deny_list=str(deny))
+    second = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                          batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=6),
+                          run_log=log, deny_list=str(deny))
     second.load_state_dict(state)
     seen += [b["_seq"].tolist() for b in second]
     code, out, err = run_cli(capsys, "audit", text_url, "--log", log, "--end-step", "12",
@@ -204,8 +211,9 @@ def test_editing_the_deny_list_in_place_keeps_the_audit_exact(text_url, tmp_path
 
 def test_trace_show_hides_denied_records_unless_asked(text_url, tmp_path, capsys) -> None:
     log = str(tmp_path / "run.jsonl")
-    loader = ZephonLoader(text_url, global_batch=N, world_size=1, rank=0, max_steps=1,
-                          run_log=log, deny_list=_deny_file(tmp_path, DENIED))
+    loader = ZephonLoader(text_url, topology=Topology(N, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=1), run_log=log,
+                          deny_list=_deny_file(tmp_path, DENIED))
     for _ in loader:
         pass
     code, out, _ = run_cli(capsys, "trace", text_url, "--log", log, "--step", "0", "--show")
@@ -256,7 +264,7 @@ def _bounded(fn, seconds: float = 20.0):
 def test_hostile_deny_lists_fail_in_one_line(text_url, tmp_path, text, message) -> None:
     path = tmp_path / "deny.json"
     path.write_text(text)
-    got = _bounded(lambda: ZephonLoader(text_url, global_batch=8, world_size=1, rank=0,
+    got = _bounded(lambda: ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
                                         deny_list=str(path)))
     exc = got.get("error")
     assert isinstance(exc, DenyListError) and isinstance(exc, ValueError), got
@@ -286,8 +294,8 @@ def test_a_fifo_as_deny_list_is_refused_not_read(text_url, tmp_path) -> None:
 
 
 def _log_with_deny_entry(tmp_path, text_url, entry) -> str:
-    loader = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=1,
-                          run_log=str(tmp_path / "run.jsonl"))
+    loader = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=1), run_log=str(tmp_path / "run.jsonl"))
     for _ in loader:
         pass
     d = json.loads((tmp_path / "run.jsonl").read_text())
@@ -342,14 +350,14 @@ def test_a_damaged_copy_is_written_again_by_the_next_launch_with_that_list(text_
                                                                           capsys) -> None:
     log = str(tmp_path / "run.jsonl")
     deny = _deny_file(tmp_path, DENIED)
-    first = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=2,
-                         run_log=log, deny_list=deny)
+    first = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
+                         stop=StopOptions(max_steps=2), run_log=log, deny_list=deny)
     for _ in first:
         pass
     (copy,) = (tmp_path / "run.jsonl.denylists").iterdir()
     copy.write_text("{}")   # damaged by hand
-    second = ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, max_steps=2,
-                          run_log=log, deny_list=deny)
+    second = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
+                          stop=StopOptions(max_steps=2), run_log=log, deny_list=deny)
     second.load_state_dict(first.state_dict())
     for _ in second:
         pass
@@ -362,8 +370,8 @@ def test_a_deny_list_object_for_another_dataset_is_refused(text_url, packed_url)
 
     other = DenyList(np.array([1, 2]), z.open_dataset(packed_url).dataset_id)
     with pytest.raises(DenyListError, match="is for dataset xxh3:.*, not xxh3:"):
-        ZephonLoader(text_url, global_batch=8, world_size=1, rank=0, deny_list=other)
+        ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0), deny_list=other)
     ds_id = z.open_dataset(text_url).dataset_id
     with pytest.raises(DenyListError, match=f"id {N} is outside the dataset's"):
-        ZephonLoader(text_url, global_batch=8, world_size=1, rank=0,
+        ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
                      deny_list=DenyList(np.array([N]), ds_id))

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from tests.helpers import small_dataset
+from zephon_store import StopOptions, Topology, WorkerOptions
 from zephon_store.load.runlog import (
     RunLogError,
     RunSegment,
@@ -146,15 +147,16 @@ def test_the_loader_writes_one_line_per_segment_from_rank_0(url, tmp_path) -> No
     from zephon_store.torch import ZephonLoader
 
     path = str(tmp_path / "run.jsonl")
-    first = ZephonLoader(url, global_batch=8, order=OPTS, world_size=1, rank=0, max_steps=5,
-                         run_log=path)
+    first = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=OPTS,
+                         stop=StopOptions(max_steps=5), run_log=path)
     assert sum(1 for _ in first) == 5
     assert sum(1 for _ in first) == 5          # a second pass continues the same segment
     state = first.state_dict()
     assert (state["step"], state["cursor"]) == (10, 80)
     for rank in (1, 0):   # rank 1 starts first: it writes nothing, rank 0 writes the line
-        loader = ZephonLoader(url, global_batch=12, order=OPTS, world_size=2, rank=rank,
-                              num_workers=0, max_steps=3, run_log=path)
+        loader = ZephonLoader(url, topology=Topology(12, world_size=2, rank=rank), order=OPTS,
+                              workers=WorkerOptions(num_workers=0), stop=StopOptions(max_steps=3),
+                              run_log=path)
         loader.load_state_dict(state)
         assert sum(1 for _ in loader) == 3
         assert loader.state_dict()["step"] == 13
@@ -163,7 +165,8 @@ def test_the_loader_writes_one_line_per_segment_from_rank_0(url, tmp_path) -> No
         (0, 0, 8, 1), (10, 80, 12, 2)]
     # A state saved before steps were counted resumes with cursor // global_batch.
     old = {k: v for k, v in state.items() if k != "step"}
-    loader = ZephonLoader(url, global_batch=8, order=OPTS, world_size=1, rank=0, max_steps=1)
+    loader = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=OPTS,
+                          stop=StopOptions(max_steps=1))
     loader.load_state_dict(old)
     assert loader.state_dict()["step"] == 10
     assert not os.path.exists(str(tmp_path / "none.jsonl"))

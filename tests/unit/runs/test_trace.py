@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import run_cli
+from zephon_store import BatchOptions, StopOptions, Topology
 from zephon_store.order.order import Order, OrderOptions, permute, unpermute
 
 
@@ -191,15 +192,17 @@ def test_cli_trace_where_audit_on_a_real_run(url, tmp_path, capsys) -> None:
     deny.write_text("# takedown\n5\n17\n150\n")
     opts = OrderOptions(seed=3, window_blocks=2, lanes=4)
     seen: dict[int, list] = {}
-    first = ZephonLoader(url, global_batch=8, order=opts, world_size=1, rank=0, with_seq=True,
-                         max_steps=15, run_log=log, deny_list=str(deny))
+    first = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=15),
+                         run_log=log, deny_list=str(deny))
     for i, batch in enumerate(first):
         seen[i] = [batch["_seq"].tolist()]
         assert batch["_masked"].tolist() == [s in (5, 17, 150) for s in seen[i][0]]
     state = first.state_dict()
     for rank in range(2):
-        loader = ZephonLoader(url, global_batch=12, order=opts, world_size=2, rank=rank,
-                              with_seq=True, max_steps=20, run_log=log)
+        loader = ZephonLoader(url, topology=Topology(12, world_size=2, rank=rank), order=opts,
+                              batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=20),
+                              run_log=log)
         loader.load_state_dict(state)
         for i, batch in enumerate(loader):
             seen.setdefault(15 + i, [None, None])[rank] = batch["_seq"].tolist()
@@ -248,14 +251,14 @@ def test_cli_audit_fails_naming_the_step_of_an_edited_cursor(url, tmp_path, caps
 
     log = str(tmp_path / "run.jsonl")
     opts = OrderOptions(seed=1)
-    loader = ZephonLoader(url, global_batch=8, order=opts, world_size=1, rank=0,
-                          max_steps=10, run_log=log)
+    loader = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                          stop=StopOptions(max_steps=10), run_log=log)
     for _ in loader:
         pass
     state = loader.state_dict()
     state["cursor"] -= 16          # edited by hand in the checkpoint
-    resumed = ZephonLoader(url, global_batch=8, order=opts, world_size=1, rank=0,
-                           max_steps=5, run_log=log)
+    resumed = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0), order=opts,
+                           stop=StopOptions(max_steps=5), run_log=log)
     resumed.load_state_dict(state)
     for _ in resumed:
         pass
@@ -287,14 +290,16 @@ def test_mixture_trace_where_audit(tmp_path, capsys) -> None:
         {"name": "code", "url": b, "weights": {"only": 0.4}}]))
     log = str(tmp_path / "run.jsonl")
     seen: dict[int, list] = {}
-    first = ZephonLoader(str(mix), global_batch=8, world_size=1, rank=0, with_seq=True,
-                         max_steps=10, run_log=log)
+    first = ZephonLoader(str(mix), topology=Topology(8, world_size=1, rank=0),
+                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=10),
+                         run_log=log)
     for i, batch in enumerate(first):
         seen[i] = [list(zip(batch["_source"].tolist(), batch["_seq"].tolist()))]
     state = first.state_dict()
     for rank in range(2):
-        loader = ZephonLoader(str(mix), global_batch=12, world_size=2, rank=rank,
-                              with_seq=True, max_steps=15, run_log=log)
+        loader = ZephonLoader(str(mix), topology=Topology(12, world_size=2, rank=rank),
+                              batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=15),
+                              run_log=log)
         loader.load_state_dict(state)
         for i, batch in enumerate(loader):
             seen.setdefault(10 + i, [None, None])[rank] = list(
@@ -333,8 +338,8 @@ def test_cli_a_dataset_swap_mid_run(url, tmp_path, capsys) -> None:
     from zephon_store.torch import ZephonLoader
 
     log = str(tmp_path / "run.jsonl")
-    loader = ZephonLoader(url, global_batch=8, order=OrderOptions(seed=1), world_size=1,
-                          rank=0, max_steps=4, run_log=log)
+    loader = ZephonLoader(url, topology=Topology(8, world_size=1, rank=0),
+                          order=OrderOptions(seed=1), stop=StopOptions(max_steps=4), run_log=log)
     for _ in loader:
         pass
     (seg,) = read_run_log(log)
