@@ -23,6 +23,15 @@ import pytest
 
 import zephon_store as z
 from tests.helpers import small_dataset
+from zephon_store import (
+    BatchOptions,
+    ReadAheadOptions,
+    SourceOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+    as_numpy,
+)
 from zephon_store.cli.main import main
 from zephon_store.io.cache import ChunkCache
 from zephon_store.load.denylist import MASK_KEY
@@ -31,7 +40,7 @@ from zephon_store.order import Order, OrderOptions
 from zephon_store.read.dataset import open_dataset
 from zephon_store.read.decoded_disk import DecodedDiskCache
 from zephon_store.runs.accounting import RunContext
-from zephon_store.torch import LiveZephonLoader, ZephonLoader
+from zephon_store.torch import LiveZephonLoader, ReplicaOptions, ZephonLoader
 
 B = 10
 OPTIONS = OrderOptions(seed=3, window_blocks=2, lanes=7)
@@ -57,8 +66,8 @@ def reference(url) -> list[int]:
 class Job:
     """Replicas of one live run in this process, sharing a commit counter (torchft's step).
 
-    ``make(**wiring)`` builds a replica's loader; a replica that joins a running job loads
-    the state of a present one (or ``state``).
+    ``make(replica)`` builds a replica's loader from its ``ReplicaOptions``; a replica that
+    joins a running job loads the state of a present one (or ``state``).
     """
 
     def __init__(self, make) -> None:
@@ -73,7 +82,8 @@ class Job:
         # until a garbage collection in a later test, which then waited 5 s per worker
         # (torch's queues were finalized before its iterator asked the workers to stop).
         job = weakref.proxy(self)
-        loader = self.make(participants=lambda: job.quorum[r], commits=lambda: job.counter)
+        loader = self.make(ReplicaOptions(participants=lambda: job.quorum[r],
+                                          commits=lambda: job.counter))
         if self.replicas:
             loader.load_state_dict(state or next(iter(self.replicas.values()))[0].state_dict())
         self.replicas[r] = [loader, iter(loader)]
@@ -108,10 +118,13 @@ class Job:
             yield next(iter(self.replicas.values()))[0].last_step.cursor, got, commit
 
 
-def _live(url, **kw):
-    def make(**wiring):
-        return LiveZephonLoader(url, global_batch=B, order=OPTIONS, with_seq=True,
-                                collate=None, **wiring, **kw)
+NUMPY_SEQ = BatchOptions(with_seq=True, collate=as_numpy)
+
+
+def _live(url, batch=NUMPY_SEQ, **kw):
+    def make(replica: ReplicaOptions):
+        return LiveZephonLoader(url, global_batch=B, order=OPTIONS, batch=batch,
+                                replica=replica, **kw)
     return make
 
 
@@ -152,14 +165,14 @@ def test_a_mixture_with_stages_live_and_its_resume(tmp_path_factory, tmp_path) -
     mix = str(tmp_path / "mix.json")
     with open(mix, "w") as f:
         json.dump(_mixture(tmp_path_factory), f)
-    plain = ZephonLoader(mix, global_batch=B, world_size=1, rank=0, with_seq=True,
-                         collate=None, max_steps=10)
+    plain = ZephonLoader(mix, topology=Topology(B, world_size=1, rank=0), batch=NUMPY_SEQ,
+                         stop=StopOptions(max_steps=10))
     want = [sorted(_pairs(b)) for b in plain]
     log = str(tmp_path / "run.jsonl")
 
-    def make(**wiring):
-        return LiveZephonLoader(mix, global_batch=B, with_seq=True, collate=None,
-                                run_log=log, **wiring)
+    def make(replica: ReplicaOptions):
+        return LiveZephonLoader(mix, global_batch=B, batch=NUMPY_SEQ, run_log=log,
+                                replica=replica)
 
     job = Job(make)
     got = [(c, sorted(p for b in bs.values() for p in _pairs(b)))
@@ -171,13 +184,13 @@ def test_a_mixture_with_stages_live_and_its_resume(tmp_path_factory, tmp_path) -
     assert RunContext(mix, log).audit(end_step=7).ok       # each source's epochs checked
     # The live state carries the schedule: a live loader with another quorum and a
     # ZephonLoader on two ranks resume it.
-    again = make(participants=lambda: (1, 2))
+    again = make(ReplicaOptions(participants=lambda: (1, 2)))
     again.load_state_dict(state)
     half = _pairs(next(iter(again)))
     ranks = []
     for rank in range(2):
-        other = ZephonLoader(mix, global_batch=B, world_size=2, rank=rank, with_seq=True,
-                             collate=None, max_steps=1)
+        other = ZephonLoader(mix, topology=Topology(B, world_size=2, rank=rank),
+                             batch=NUMPY_SEQ, stop=StopOptions(max_steps=1))
         other.load_state_dict(state)
         ranks += _pairs(next(iter(other)))
     assert sorted(ranks) == want[7] and set(half) < set(want[7]) and len(half) == B // 2
@@ -231,7 +244,8 @@ def test_a_replica_healing_asynchronously_logs_once_its_state_arrived(url, tmp_p
     job = Job(_live(url, run_log=log))
     list(job.play())                                   # 7 committed steps, one heal
     ref = weakref.proxy(job)                           # no cycle: see Job.join
-    fresh = job.make(participants=lambda: ref.quorum[3], commits=lambda: ref.counter)
+    fresh = job.make(ReplicaOptions(participants=lambda: ref.quorum[3],
+                                    commits=lambda: ref.counter))
     job.replicas[3] = [fresh, iter(fresh)]
     sent = job.replicas[0][0].state_dict()             # the state before this step
     got = job.step([0, 1, 2], True, before_commit=lambda: fresh.load_state_dict(sent))
@@ -276,8 +290,9 @@ def test_live_bytes_are_prefetched_into_the_disk_cache(url, s3_bucket, tmp_path)
 
     def run(ds, **kw) -> list[list[int]]:
         quorum = [(0, 2)]
-        loader = LiveZephonLoader(ds, global_batch=B, order=OPTIONS, with_seq=True,
-                                  collate=None, participants=lambda: quorum[0], **kw)
+        loader = LiveZephonLoader(ds, global_batch=B, order=OPTIONS, batch=NUMPY_SEQ,
+                                  replica=ReplicaOptions(participants=lambda: quorum[0]),
+                                  **kw)
         batches, ids = iter(loader), []
         for k in range(6):
             quorum[0] = (k % 2, 2) if k < 3 else (0, 1)     # the shape changes: new engines
@@ -292,7 +307,7 @@ def test_live_bytes_are_prefetched_into_the_disk_cache(url, s3_bucket, tmp_path)
         return run(ds, **kw), ds.row_groups.range_fetcher().row_groups
 
     ids, prefetched = remote_run("cache")
-    same, none = remote_run("other", prefetch_bytes=0)
+    same, none = remote_run("other", read_ahead=ReadAheadOptions(prefetch_bytes=0))
     assert ids == same == run(url)
     assert prefetched > 0 and none == 0
 
@@ -300,7 +315,8 @@ def test_live_bytes_are_prefetched_into_the_disk_cache(url, s3_bucket, tmp_path)
 def test_the_decoded_cache_serves_a_live_run(url, tmp_path) -> None:
     def run():
         cache = DecodedDiskCache(str(tmp_path / "decoded"))
-        ids = [(c, ids) for c, ids in _committed_ids(Job(_live(url, decoded_cache=cache)))]
+        ids = [(c, ids) for c, ids in _committed_ids(
+            Job(_live(url, source=SourceOptions(decoded_cache=cache))))]
         return ids, cache.stats
 
     cold, cold_stats = run()
@@ -315,13 +331,13 @@ def test_an_elastic_resume_of_a_live_state(url, reference) -> None:
     list(job.play())
     state = job.replicas[0][0].state_dict()
     assert (state["cursor"], state["step"]) == (70, 7)
-    alone = _live(url)(participants=lambda: (0, 1))
+    alone = _live(url)(ReplicaOptions(participants=lambda: (0, 1)))
     alone.load_state_dict(state)
     assert next(iter(alone))["_seq"].tolist() == reference[70:80]
     ranks = []
     for rank in range(2):
-        plain = ZephonLoader(url, global_batch=B, order=OPTIONS, world_size=2, rank=rank,
-                             with_seq=True, collate=None, max_steps=1)
+        plain = ZephonLoader(url, topology=Topology(B, world_size=2, rank=rank), order=OPTIONS,
+                             batch=NUMPY_SEQ, stop=StopOptions(max_steps=1))
         plain.load_state_dict(state)
         ranks += next(iter(plain))["_seq"].tolist()
     assert sorted(ranks) == sorted(reference[70:80])
@@ -336,7 +352,8 @@ def test_process_workers_make_each_quorum_shapes_batches(url, reference) -> None
     transform runs there; a replica that only watches a step starts none); the committed
     steps are the reference's, a step served again is the same batch."""
     plan = [([0, 1], True), ([0, 1], False), ([0, 1], True), ([1], True), ([1, 0], True)]
-    job = Job(_live(url, num_workers=2, transform=_pid))
+    job = Job(_live(url, batch=BatchOptions(with_seq=True, collate=as_numpy, transform=_pid),
+                    workers=WorkerOptions(num_workers=2)))
     steps = list(job.play(plan, churn=False, replicas=2))
     committed = [(c, sorted(i for b in bs.values() for i in b["_seq"].tolist()))
                  for c, bs, ok in steps if ok]
