@@ -276,11 +276,10 @@ def test_expect_dataset_id_on_the_loader(ds) -> None:
 
     url = ds.url
     one = Topology(B, world_size=1, rank=0)
-    assert ZephonLoader(url, topology=one, source=SourceOptions(
-        expect_dataset_id=ds.dataset_id)).dataset_id == ds.dataset_id
+    pinned = SourceOptions(expect_dataset_id=ds.dataset_id)
+    assert ZephonLoader(url, topology=one, source=pinned).dataset_id == ds.dataset_id
+    other = SourceOptions(expect_dataset_id="xxh3:" + "0" * 32)
     with pytest.raises(ManifestError, match="xxh3:0000"):
-        ZephonLoader(url, topology=one,
-                     source=SourceOptions(expect_dataset_id="xxh3:" + "0" * 32))
+        ZephonLoader(url, topology=one, source=other)
     with pytest.raises(ManifestError, match="xxh3:0000"):
-        ZephonLoader(ds, topology=one,
-                     source=SourceOptions(expect_dataset_id="xxh3:" + "0" * 32))
+        ZephonLoader(ds, topology=one, source=other)

@@ -74,7 +74,7 @@ def test_each_source_s_ids_are_denied_in_every_batch(mixture, tmp_path, spelling
             with mix(s["url"]) as ds:
                 deny[s["name"]] = DenyList(np.array(DENY[s["name"]]), ds.dataset_id)
     steps = _check_batches(_loader(mixture, deny, stop=StopOptions(max_steps=40),
-                                           workers=WorkerOptions(num_workers=workers)))
+                                   workers=WorkerOptions(num_workers=workers)))
     denied = {p for st in steps for p in st if p[1] in DENY[p[0]]}
     assert denied == {(k, i) for k, v in DENY.items() for i in v}   # every one was met
 
