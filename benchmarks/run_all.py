@@ -123,6 +123,8 @@ def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
         "mixture_math": ("bench_mixture_math", ["--runs", pick(["7"], ["2"])[0]]),
         "decoded_cache": ("bench_decoded_cache", pick(["--runs", "5"],
                                                       ["--runs", "1", "--kinds", "tokens"])),
+        "grain_source": ("bench_grain_source", pick(["--mb", "60", "--runs", "5"],
+                                                    ["--mb", "30", "--runs", "2"])),
     }
     if before:
         plan["ab_loader"] = ("ab_loader", ["--before", before,

@@ -80,3 +80,30 @@ def test_a_grain_pipeline_over_s3_reads_what_the_local_copy_holds(remote, tmp_pa
     for i in range(4):
         assert remote_ds[i]["id"].tolist() == local_ds[i]["id"].tolist()
         assert remote_ds[i]["text"] == local_ds[i]["text"]
+
+
+def test_indexed_by_order_a_remote_source_fetches_the_next_row_groups_ahead(remote, tmp_path):
+    """Remote and indexed by Zephon's order, the source fetches and decodes the row groups
+    of the positions after the last read in its threads (its default: docs/benchmarks.md,
+    "Grain's random-access source"); over a pass it fetches what a source without
+    decode-ahead fetches, each row group once, and reads the same records."""
+    from zephon_store import OrderOptions, ReadAheadOptions, SourceOptions
+
+    url, so, local = remote
+    order = OrderOptions(seed=3, window_blocks=2, lanes=1)
+
+    def source(name: str, **read_ahead) -> ZephonSource:
+        return ZephonSource(url, order=order, columns=["id"],
+                            read_ahead=ReadAheadOptions(**read_ahead),
+                            source=SourceOptions(storage_options=so, cache=str(tmp_path / name)))
+
+    src, plain = source("ahead"), source("plain", decode_ahead_bytes=0)
+    assert src._ahead is not None and plain._ahead is None
+    got, want = [int(src[0]["id"])], [int(plain[0]["id"])]
+    pool, src._pool = src._pool, None
+    pool.shutdown(wait=True)                     # the fetches queued ahead are done
+    assert _requests(src) > _requests(plain)     # the next row groups, fetched already
+    got += [int(src[p]["id"]) for p in range(1, len(src))]
+    want += [int(plain[p]["id"]) for p in range(1, len(plain))]
+    assert got == want
+    assert _requests(src) == _requests(plain)    # each row group once either way

@@ -16,6 +16,11 @@ An index means one of two things:
   Grain sees; positions past ``length`` are never asked for (Grain folds an index modulo
   ``len``).
 
+Indexed by Zephon's order, the source knows which samples come after the last read: a
+remote one fetches and decodes their row groups ahead in its threads (the next 32 MiB of
+decoded row groups by default), so a Grain pipeline that iterates in order finds them
+decoded instead of waiting for each GET.
+
 Every byte is checked against the manifest's xxh3 before it is decoded, as in the rest of
 Zephon. A ``deny_list`` (a takedown, docs/audit.md) reaches this source as it reaches every
 loader: a denied sample keeps its index, its record's columns are blanked before Grain sees
@@ -35,6 +40,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,17 +48,20 @@ import numpy as np
 import pyarrow as pa
 
 from .._util.to_numpy import table_to_numpy
-from ..io.coalesce import CoalesceOptions
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
-from ..load.options import FLAT, SourceOptions, grouped
+from ..load.options import FLAT, ReadAheadOptions, SourceOptions, grouped
 from ..load.source import open_source, plan_of
 from ..order.order import OrderOptions
 from ..read.dataset import gather_rows
 
 __all__ = ["ZephonSource"]
 
-# The flat keywords of how the data is opened, taken before SourceOptions (each now warns).
-_SOURCE_FLAT = frozenset({"storage_options", "cache", "decoded_cache"}) & set(FLAT)
+# The flat keywords taken before the option groups (each now warns).
+_FLAT = frozenset({"storage_options", "cache", "decoded_cache", "coalesce"}) & set(FLAT)
+# Decoded row groups queued ahead of a source indexed by Zephon's order (a fraction of the
+# decoded row groups a dataset keeps in memory, 256 MiB by default, so that what is queued
+# ahead does not push out what is being read).
+DEFAULT_DECODE_AHEAD_BYTES = 32 << 20
 
 # Decode threads for a batched read that touches several row groups (pyarrow decodes
 # without the GIL); a pool is made on first use, and never pickled.
@@ -76,8 +85,12 @@ class ZephonSource:
     positions exposed in that case (default: the source's samples, capped where a capped
     mixture source runs out; more spans several epochs); ``with_seq``: each record also holds ``_seq`` (the sample's id in
     its dataset) and, for a mixture, ``_source`` (the source's index); ``global_batch``:
-    the run's, which converts a mixture's stage starts given in steps; ``coalesce``: how
-    neighbouring row groups of a remote source merge into one GET; ``deny_list``: a takedown
+    the run's, which converts a mixture's stage starts given in steps; ``read_ahead``
+    (:class:`~zephon_store.load.options.ReadAheadOptions`): ``coalesce``, how neighbouring
+    row groups of a remote source merge into one GET, and ``decode_ahead_bytes``, the
+    decoded row groups queued ahead of the last read when indexed by Zephon's order (None:
+    32 MiB for a remote source, none for a local one; 0: none; the flat ``coalesce=`` still
+    works and warns); ``deny_list``: a takedown
     list, as the loaders take it (a file or ``DenyList``; a mixture's: a file or dict per
     source, :func:`~zephon_store.load.denylist.open_deny_list`): denied records are blanked
     and flagged in ``_masked``, and keep their index. ``run_log`` is refused: which index a
@@ -95,14 +108,15 @@ class ZephonSource:
     def __init__(self, dataset, *, columns: Sequence[str] | None = None,
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
-                 source: SourceOptions | None = None, coalesce: CoalesceOptions | None = None,
+                 source: SourceOptions | None = None, read_ahead: ReadAheadOptions | None = None,
                  deny_list=None, run_log: str | None = None, **deprecated) -> None:
         if run_log is not None:
             raise TypeError("ZephonSource keeps no run log: Grain's sampler decides which index "
                             "each step reads; log a run with "
                             "zephon_store.grain.ZephonIterDataset(run_log=...)")
-        source = grouped("ZephonSource", {"source": source}, deprecated,
-                         allowed=_SOURCE_FLAT)["source"]
+        groups = grouped("ZephonSource", {"source": source, "read_ahead": read_ahead},
+                         deprecated, allowed=_FLAT)
+        source, read_ahead = groups["source"], groups["read_ahead"]
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
             global_batch=global_batch, **source.open_kwargs()))
@@ -124,7 +138,8 @@ class ZephonSource:
         self._order = None if order is None else self.plan.order(order)
         self.columns = None if columns is None else list(columns)
         self.with_seq = with_seq
-        self.coalesce = coalesce
+        self.read_ahead = read_ahead
+        self.coalesce = read_ahead.coalesce
         self.deny_list = (None if deny_list is None
                           else open_deny_list(deny_list, self.plan.deny_ids()))
         n = self.source.num_samples
@@ -139,6 +154,19 @@ class ZephonSource:
         self._len = int(n)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._ahead = self._decode_ahead()
+
+    def _decode_ahead(self) -> _DecodeAhead | None:
+        """The decode-ahead of a source indexed by Zephon's order (None: by sample id, whose
+        next index is Grain's to choose, or a budget of 0). By default only a remote source
+        decodes ahead: there it hides each GET's latency; a local one gained nothing and
+        paid a little CPU (docs/benchmarks.md, "Grain's random-access source")."""
+        budget = self.read_ahead.decode_ahead_bytes
+        if budget is None:
+            budget = DEFAULT_DECODE_AHEAD_BYTES if self.source.cache is not None else 0
+        if self._order is None or budget <= 0:
+            return None
+        return _DecodeAhead(self.source, self._order, self._len, budget)
 
     # -- Grain's protocol ----------------------------------------------------------------
     def __len__(self) -> int:
@@ -211,6 +239,8 @@ class ZephonSource:
                              f"[0, {self._len})")
         ids = idx if self._order is None else self._order.sample_at(idx)
         table = self._take(ids)
+        if self._ahead is not None and idx.size:
+            self._ahead.after(int(idx.max()) + 1, self._threads())
         if self.columns is not None:
             table = table.select(self.columns)
         extra = self.plan.seq_fields(ids) if self.with_seq else {}
@@ -239,20 +269,23 @@ class ZephonSource:
     def _read(self, rgs: list[int]) -> list:
         if len(rgs) <= 1:
             return [self.source.read_row_group(r) for r in rgs]
+        return list(self._threads().map(self.source.read_row_group, rgs))
+
+    def _threads(self) -> ThreadPoolExecutor:
         with self._lock:   # Grain reads from several threads at once
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="zephon-grain")
-            pool = self._pool
-        return list(pool.map(self.source.read_row_group, rgs))
+            return self._pool
 
     # -- lifetime ------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        del state["_pool"], state["_lock"]
+        del state["_pool"], state["_lock"], state["_ahead"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _pool=None, _lock=threading.Lock())
+        self._ahead = self._decode_ahead()
 
     def close(self) -> None:
         """Stop this source's threads and close what it opened (usable again afterwards)."""
@@ -261,3 +294,53 @@ class ZephonSource:
         if pool is not None:
             pool.shutdown(wait=True)
         self.source.close()
+
+
+class _DecodeAhead:
+    """The row groups of the positions after the last read, decoded in the background into
+    the source's decoded row groups in memory: Zephon's order says which samples come next,
+    and Grain asks for them in order when it iterates (``to_iter_dataset``, batches of
+    consecutive indices). At most ``budget_bytes`` of decoded row groups are queued ahead;
+    a row group already queued is not queued again, and a read that jumps (Grain's own
+    shuffle over positions) only queues what follows it."""
+
+    def __init__(self, source, order, length: int, budget_bytes: int) -> None:
+        self.source, self.order, self.length = source, order, length
+        per_rg = max(1.0, float(source.decoded_row_group_bytes()))
+        self.row_groups = max(1, int(budget_bytes // per_rg))
+        t = source.row_group_table
+        rows = max(1.0, t.num_samples / max(1, t.num_row_groups))
+        # Positions whose row groups fill the budget read in order (a shuffled order's
+        # window spreads them over more row groups: the cap below still holds).
+        self.span = max(1, int(self.row_groups * rows))
+        self.queued_to = 0                       # positions below this were looked at
+        self.queued: OrderedDict[int, None] = OrderedDict()   # row groups queued lately
+
+    def after(self, end: int, pool: ThreadPoolExecutor) -> None:
+        """A read ended at position ``end`` (exclusive): queue the row groups of the
+        positions after it once half of what was queued ahead has been read (a read that
+        jumped, back or forward, starts afresh from where it ended)."""
+        q, span = self.queued_to, self.span
+        if q - span <= end < q - span // 2:
+            return     # more than half of what was queued is still ahead
+        lo = q if q - span <= end <= q else end
+        hi = self.queued_to = min(self.length, end + span)
+        if lo >= hi:
+            return
+        rgs = self.source.row_group_of(self.order.sample_at(np.arange(lo, hi)))
+        for rg in dict.fromkeys(rgs.tolist()):   # in order of first use
+            if rg in self.queued:
+                continue
+            self.queued[rg] = None
+            while len(self.queued) > 2 * self.row_groups:
+                self.queued.popitem(last=False)
+            pool.submit(_quietly, self.source.read_row_group, rg)
+
+
+def _quietly(read, rg: int) -> None:
+    """A decode ahead: an error here is the read's to raise when it asks for that row group
+    (it decodes it again and raises there, with the row group named)."""
+    try:
+        read(rg)
+    except Exception:  # noqa: BLE001 - raised again by the read that needs it
+        pass

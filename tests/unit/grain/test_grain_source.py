@@ -17,6 +17,7 @@ from zephon_store import (
     BatchOptions,
     IntegrityError,
     OrderOptions,
+    ReadAheadOptions,
     SourceOptions,
     StopOptions,
     Topology,
@@ -261,3 +262,63 @@ def test_grains_checkpoint_refuses_another_worker_count(url):
     other = iter(_grain_loader(src, 2))
     with pytest.raises(ValueError, match="[Ww]orker count"):
         other.set_state(it.get_state())
+
+
+def _spy_decodes(src, monkeypatch) -> list[tuple[int, str]]:
+    """Every row-group decode of ``src``'s dataset: (row group, the thread that ran it)."""
+    import threading
+
+    seen: list[tuple[int, str]] = []
+    rows = src.source.row_groups
+    real = rows._decode
+    monkeypatch.setattr(rows, "_decode", lambda rg: seen.append(
+        (rg, threading.current_thread().name)) or real(rg))
+    return seen
+
+
+def _drain(src) -> None:
+    """Wait for the decodes ``src`` queued ahead (its threads), keeping what they decoded
+    (``close`` would drop it)."""
+    pool, src._pool = src._pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+def test_indexed_by_order_the_next_row_groups_are_decoded_ahead(url, monkeypatch):
+    """In Zephon's order the source knows what comes next: after the first record its
+    threads decode the row groups of the following positions, each once; read in order,
+    the whole pass then decodes every row group once, and reads what a source without
+    decode-ahead reads."""
+    options = OrderOptions(seed=4, window_blocks=2, lanes=1)
+    src = ZephonSource(url, order=options, columns=["id"],
+                       read_ahead=ReadAheadOptions(decode_ahead_bytes=32 << 20))
+    seen = _spy_decodes(src, monkeypatch)
+    first = int(src[0]["id"])
+    _drain(src)
+    ahead = {rg for rg, thread in seen if thread.startswith("zephon-grain")}
+    nxt = set(src.source.row_group_of(src._order.sample_at(np.arange(1, 40))).tolist())
+    assert ahead and ahead <= set(range(src.source.row_group_table.num_row_groups))
+    assert nxt - {rg for rg, _ in seen} == set()      # the next positions' row groups
+    got = [first] + [int(src[p]["id"]) for p in range(1, N)]
+    _drain(src)
+    assert sorted(rg for rg, _ in seen) == list(range(src.source.row_group_table.num_row_groups))
+    plain_src = ZephonSource(url, order=options, columns=["id"],
+                             read_ahead=ReadAheadOptions(decode_ahead_bytes=0))
+    assert got == [int(plain_src[p]["id"]) for p in range(N)]
+
+
+def test_decode_ahead_is_bounded_and_can_be_turned_off(url, monkeypatch):
+    src = ZephonSource(url, order=OrderOptions(seed=4, lanes=1), columns=["id"],
+                       read_ahead=ReadAheadOptions(decode_ahead_bytes=1))
+    assert src._ahead.row_groups == 1                 # one row group's worth at most
+    off = ZephonSource(url, order=OrderOptions(seed=4, lanes=1),
+                       read_ahead=ReadAheadOptions(decode_ahead_bytes=0))
+    seen = _spy_decodes(off, monkeypatch)
+    off[0]
+    _drain(off)
+    assert off._ahead is None and len(seen) == 1      # only the row group asked for
+    by_id = ZephonSource(url)                         # by sample id: Grain picks what is next
+    assert by_id._ahead is None
+    # A local source does not decode ahead unless asked (it gained nothing, docs/benchmarks.md);
+    # a remote one does (tests/integration/test_grain_s3.py).
+    assert ZephonSource(url, order=OrderOptions(seed=4, lanes=1))._ahead is None
