@@ -1,6 +1,7 @@
 """``zephon``: convert, verify, info, get, plan, cache, gc.
 
-Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
+Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error, 141 stdout closed
+(``| head``).
 
 >>> main(["info", tiny_dataset, "--json"])
 {"url": "...", "dataset_id": "xxh3:...", "format_version": 5, "num_samples": 100, ...}
@@ -10,6 +11,7 @@ Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import (
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _refuse_mixture(args)
         return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # Before OSError below: a reader that went away (``| head -1``) is no error.
+        return _stdout_closed()
     except UsageError as exc:
         print(f"zephon {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -227,9 +232,40 @@ def _mixture_refused(args, url: str) -> None:
                      "plan --mixture, trace, where and audit")
 
 
+#: The exit status of a command whose stdout was closed: a process killed by SIGPIPE shows the
+#: shell 128 + 13, so ``set -o pipefail`` scripts see from ``zephon ... | head`` what they see
+#: from ``cat ... | head``.
+EXIT_PIPE_CLOSED = 141
+
+
+def _stdout_closed() -> int:
+    """Point stdout at /dev/null and return :data:`EXIT_PIPE_CLOSED`.
+
+    A closed pipe is caught as BrokenPipeError rather than by restoring SIGPIPE's default
+    action, which would kill the process mid-write and skip every ``finally`` (a convert's
+    lock and staging cleanup). What stdout still buffers would fail again at the
+    interpreter's flush at exit ("Exception ignored ... BrokenPipeError", status 120), so its
+    descriptor is pointed at /dev/null first, as the Python docs advise (signal module,
+    "Note on SIGPIPE").
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # no descriptor: a test's captured stdout
+        pass
+    return EXIT_PIPE_CLOSED
+
+
 def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point (also ``python -m zephon_store.cli``)."""
+    code = main()
+    try:
+        # Output smaller than the buffer reaches a closed pipe only here.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _stdout_closed()
+    sys.exit(code)
 
 
 def cmd_convert(args) -> int:
