@@ -6,7 +6,9 @@ with the totals; then, per shard (in parallel): present, right size, right xxh3,
 row group's and the footer's xxh3, the footer parses with the row counts and schema the
 manifest records (the storage schema: the logical ``schema`` with the manifest's
 ``storage`` encodings applied); with ``deep``, every row group decodes and converts to the
-logical schema.
+logical schema. A damaged format-v4 row-group chunk is a finding that stops nothing: every
+shard is still checked, its row groups in that chunk by the shard's own hash and footer only
+(a warning names them).
 """
 
 from __future__ import annotations
@@ -125,8 +127,10 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     except ManifestError as exc:
         add(Finding(None, "manifest", str(exc)))
         return report
-    if not _check_chunks(m, add):
-        return report
+    # A damaged chunk leaves its row groups' byte ranges and hashes unknown; every shard is
+    # still checked (its size, its hash, its footer, the other row groups): one report
+    # holds every finding.
+    bad_chunks = _check_chunks(m, add)
     try:
         m.check_counts()
         m.check_provenance(tables["provenance"])
@@ -137,7 +141,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
 
     per_shard: list[dict | None] = []
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = pool.map(lambda s: _check_shard(st, m, s, deep), shards)
+        results = pool.map(lambda s: _check_shard(st, m, s, deep, bad_chunks), shards)
         for found, codecs in tqdm(results, total=len(shards), desc="verify", unit="shard",
                                   disable=not progress, leave=False):
             report.findings.extend(found)
@@ -148,26 +152,27 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     return report
 
 
-def _check_chunks(m: Manifest, add) -> bool:
+def _check_chunks(m: Manifest, add) -> frozenset[int]:
     """Format v4: every row-group chunk present, matching its hash and checked (each one's
-    problem a finding), then every byte range across chunks. False when the shards cannot
-    be checked against them."""
+    problem a finding), then every byte range across chunks. Returns the chunks whose row
+    groups cannot be checked against the index (none for v1-v3)."""
     if m.details is None:
-        return True
-    ok = True
+        return frozenset()
+    bad = set()
     for c in range(m.details.num_chunks):
         try:
             m.details.ensure([c])
         except (ZephonError, OSError) as exc:
             add(Finding(None, "row_group_chunk", f"row-group chunk {c}: {exc}"))
-            ok = False
-    if ok:
+            bad.add(c)
+    if not bad:
+        # Across chunk borders: only when every chunk holds values to compare.
         try:
             m.check_row_group_details()
         except ManifestError as exc:
             add(Finding(None, "manifest", str(exc)))
-            ok = False
-    return ok
+            bad.update(range(m.details.num_chunks))
+    return frozenset(bad)
 
 
 def _check_auto_codecs(m: Manifest, per_shard: list[dict | None], murl: str, add) -> None:
@@ -236,10 +241,11 @@ def _load_tables(st: Storage, doc: dict, murl: str, add) -> dict | None:
     return tables if ok else None
 
 
-def _check_shard(st: Storage, m: Manifest, s: int,
-                 deep: bool) -> tuple[list[Finding], dict[str, set[str]] | None]:
+def _check_shard(st: Storage, m: Manifest, s: int, deep: bool, bad_chunks: frozenset[int] = (
+        frozenset())) -> tuple[list[Finding], dict[str, set[str]] | None]:
     """Shard ``s``'s findings, and the codecs its verified footer names per column (``None``
-    when the footer could not be read)."""
+    when the footer could not be read). Row groups of ``bad_chunks`` (damaged v4 index
+    chunks) are not checked against the index: a warning says so."""
     name = m.shard_name(s)
     try:
         rel = shard_path(name)
@@ -254,12 +260,13 @@ def _check_shard(st: Storage, m: Manifest, s: int,
     except OSError as exc:
         return [Finding(name, "read_error", f"{url}: {exc}")], None
     out: list[Finding] = []
-    sound = _check_shard_bytes(m, s, name, url, data, out)
+    unknown = _unknown_row_groups(m, s, name, url, bad_chunks, out)
+    sound = _check_shard_bytes(m, s, name, url, data, out, unknown)
     footer = _read_footer(m, s, name, url, data, out)
     if footer is None:
         return out, None
     md, schema = footer
-    _check_footer_counts(m, s, name, url, md, sound, out)
+    _check_footer_counts(m, s, name, url, md, sound, out, unknown)
     codecs = shard_codecs(md, schema)
     problem = (None if m.writer.get("compression") == "auto"
                else named_codec_problem(m.writer.get("compression"), codecs))
@@ -280,10 +287,42 @@ def _check_shard(st: Storage, m: Manifest, s: int,
     return out, codecs
 
 
+def _unknown_row_groups(m: Manifest, s: int, name: str, url: str, bad_chunks: frozenset[int],
+                        out: list[Finding]) -> set[int]:
+    """The row groups of shard ``s`` (local indices) in ``bad_chunks``, with a warning naming
+    them: the index's byte ranges and hashes for them cannot be trusted."""
+    if not bad_chunks:
+        return set()
+    first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
+    per_chunk = m.details.per_chunk
+    unknown = {local for local in range(n) if (first + local) // per_chunk in bad_chunks}
+    if unknown:
+        chunks = sorted({(first + local) // per_chunk for local in unknown})
+        out.append(Finding(name, "row_group_unchecked", (
+            f"{url}: row groups {_spans(sorted(unknown))} not checked against the index: their "
+            f"byte ranges and hashes are in damaged row-group chunk "
+            f"{', '.join(map(str, chunks))} (reported above); the shard's size, hash and footer "
+            "were checked"), severity="warning"))
+    return unknown
+
+
+def _spans(values: list[int]) -> str:
+    """Sorted ``values`` as runs: ``[0, 1, 2, 5]`` is ``0..2, 5``."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
 def _check_shard_bytes(m: Manifest, s: int, name: str, url: str, data: bytes,
-                       out: list[Finding]) -> set[int]:
-    """Shard ``s``'s size, its hash against its name and each row group's hash; returns the
-    row groups (local indices) whose bytes match their hash: the only ones decoded."""
+                       out: list[Finding], unknown: set[int] = frozenset()) -> set[int]:
+    """Shard ``s``'s size, its hash against its name and each row group's hash (but those of
+    ``unknown``: see :func:`_unknown_row_groups`); returns the row groups (local indices)
+    safe to decode: those whose bytes match their hash and, when the whole shard matches its
+    name (its bytes are the ones written), those of ``unknown`` too."""
     want_size = int(m.shard_bytes[s])
     if len(data) != want_size:
         out.append(Finding(name, "size_mismatch",
@@ -293,8 +332,10 @@ def _check_shard_bytes(m: Manifest, s: int, name: str, url: str, data: bytes,
     if actual != name:
         out.append(Finding(name, "hash_mismatch", f"{url}: xxh3 {actual} does not match its name"))
     first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
-    sound = set()
+    sound = set(unknown) if actual == name else set()
     for local in range(n):
+        if local in unknown:
+            continue
         rg = first + local
         off, length = int(m.rg_offset[rg]), int(m.rg_length[rg])
         h = xxh3_hex(data[off:off + length])
@@ -329,9 +370,11 @@ def _read_footer(m: Manifest, s: int, name: str, url: str, data: bytes,
 
 
 def _check_footer_counts(m: Manifest, s: int, name: str, url: str, md: pq.FileMetaData,
-                         sound: set[int], out: list[Finding]) -> None:
+                         sound: set[int], out: list[Finding],
+                         unknown: set[int] = frozenset()) -> None:
     """The footer's row and row-group counts and each column chunk's byte range against the
-    manifest; a row group whose chunks reach outside its range leaves ``sound``."""
+    manifest (not for ``unknown``: their ranges are not known); a row group whose chunks
+    reach outside its range leaves ``sound``."""
     first, n = int(m.shard_first_rg[s]), int(m.shard_num_rgs[s])
     if md.num_rows != int(m.shard_rows[s]):
         out.append(Finding(name, "row_count", f"{url}: footer holds {md.num_rows} rows, manifest "
@@ -345,6 +388,8 @@ def _check_footer_counts(m: Manifest, s: int, name: str, url: str, md: pq.FileMe
         if got != want:
             out.append(Finding(name, "row_count", f"{url}: row group {local} holds {got} rows,"
                                f" manifest says {want}"))
+        if local in unknown:
+            continue
         problem = chunk_range_problem(m, first + local, md.row_group(local))
         if problem is not None:
             out.append(Finding(name, "row_group_range", f"{url}: {problem}"))
