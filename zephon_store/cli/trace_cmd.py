@@ -12,6 +12,7 @@ See docs/audit.md.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import time
@@ -91,9 +92,20 @@ def _common_args(p, *, order: bool) -> None:
                    help="samples per step: without --log, places a mixture's stage starts "
                         "in steps (and trace's steps); with --log the log's is used, and "
                         "another is refused")
+    p.add_argument("--columns", type=_columns, default=None, metavar="A,B",
+                   help="the columns a shown record holds (trace --show); each source of a "
+                        "mixture gives those it has (default: all of its own)")
     if order:
         _order_args(p)
     add_storage_options(p)
+
+
+def _columns(text: str) -> list[str]:
+    """``--columns a,b``: the names, in order, none empty."""
+    names = [c.strip() for c in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of columns")
+    return names
 
 
 @contextlib.contextmanager
@@ -129,7 +141,7 @@ def _context(args):
                           shuffle=False if getattr(args, "no_shuffle", False) else None,
                           window_blocks=getattr(args, "window_blocks", None),
                           lanes=getattr(args, "lanes", None),
-                          storage_options=args.storage_options)
+                          storage_options=args.storage_options, columns=args.columns)
 
 
 def cmd_trace(args) -> int:

@@ -54,7 +54,8 @@ class RunContext:
     def __init__(self, dataset: str, log: str | None = None, *,
                  global_batch: int | None = None, seed: int | None = None,
                  shuffle: bool | None = None, window_blocks: int | None = None,
-                 lanes: int | str | None = None, storage_options: dict | None = None) -> None:
+                 lanes: int | str | None = None, storage_options: dict | None = None,
+                 columns: Sequence[str] | None = None) -> None:
         from ..load.runlog import read_run_log
         from ..load.source import open_source, plan_of
 
@@ -72,12 +73,15 @@ class RunContext:
             self.segments = read_run_log(log)
         self.global_batch = self._run_global_batch(global_batch)
         # The data as the loader opens it, and the plan it reads it by (load/plan.py). No
-        # disk cache: the accounting reads manifests, and records only when asked.
+        # disk cache: the accounting reads manifests, and records only when asked. No
+        # columns: the order never depends on them, and a mixture's sources may hold
+        # different ones (each record is read from its own source).
         self.plan = plan_of(open_source(
             dataset, storage_options=storage_options, global_batch=self.global_batch,
-            defer_stage_order=self.segments is not None, cache=False))
+            defer_stage_order=self.segments is not None, cache=False, columns=()))
         self.source = self.plan.source
         self.dataset_id = self.source.dataset_id
+        self.columns = self._check_columns(columns)
         if log:
             self._check_log()
             self._check_order_flags()
@@ -88,6 +92,19 @@ class RunContext:
         (a mixture's); None where the lines name one dataset, whose samples are plain ids."""
         entry = self.plan.state_entry()
         return None if entry is None else tuple(s["name"] for s in entry["sources"])
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """``columns`` when each is held by some source (a record shows those of them its
+        source has), else an :class:`AuditRequestError` naming what each source holds."""
+        if columns is None:
+            return None
+        held = {name: d.schema.names for name, d in self.source.parts()}
+        for c in columns:
+            if not any(c in names for names in held.values()):
+                raise AuditRequestError(
+                    f"column {c!r} is in no source: "
+                    + "; ".join(f"{n} has {names}" for n, names in held.items()))
+        return list(columns)
 
     def part(self, k: int | None):
         """Source ``k`` of a mixture (None: the dataset itself), an open dataset."""
@@ -304,10 +321,16 @@ class RunContext:
         (a deny list's mask) is true."""
         if sources is None:
             keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
-            got = iter(self.source.take(keep).to_pylist() if keep else [])
+            got = iter(self._columns_of(self.source.take(keep)).to_pylist() if keep else [])
             return [None if hide and hide[j] else next(got) for j in range(len(ids))]
-        return [self.part(self.source_index(src)).take([i]).to_pylist()[0]
+        return [self._columns_of(self.part(self.source_index(src)).take([i])).to_pylist()[0]
                 for i, src in zip(ids, sources)]
+
+    def _columns_of(self, table):
+        """``table`` with the chosen columns it holds (all without a choice)."""
+        if self.columns is None:
+            return table
+        return table.select([c for c in self.columns if c in table.schema.names])
 
     # The audit questions, with this context's orders and deny lists.
 

@@ -45,7 +45,9 @@ def _open(path: str, global_batch: int | None):
 
     parts = open_parts(path, as_mixture=True)
     try:
-        return parts, open_source(parts, global_batch=global_batch)
+        # No columns: a plan reads the order, never a record, so sources that hold
+        # different columns plan as they train.
+        return parts, open_source(parts, global_batch=global_batch, columns=())
     except MixtureError:
         if global_batch is not None or not any(st.unit == "steps" for st in parts.spec.stages):
             raise
