@@ -90,12 +90,12 @@ def cmd_cache(args) -> int:
 
     if args.action == "fill":
         if not args.url:
-            raise UsageError("zephon cache fill needs the dataset URL: zephon cache fill URL")
+            raise UsageError("cache fill needs the dataset URL: zephon cache fill URL")
         return cmd_fill(args)
     if args.url:
-        raise UsageError(f"zephon cache {args.action} takes no dataset URL (got {args.url!r})")
+        raise UsageError(f"cache {args.action} takes no dataset URL (got {args.url!r})")
     if args.budget is not None:
-        raise UsageError(f"zephon cache {args.action} takes no --budget (only fill does)")
+        raise UsageError(f"cache {args.action} takes no --budget (only fill does)")
 
     if args.action == "info":
         decoded = _decoded(args.dir).info()

@@ -33,9 +33,22 @@ from .common import (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, ``zephon <cmd>: error: <what>``, exit 2
+    (docs/cli.md): a 17-line usage block above a bad value buries the line that matters.
+    The commands' parsers are this class too (``add_subparsers`` builds its own kind)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def error_with_usage(self, message: str):
+        """An unknown flag: the usage lists the flags the command does take."""
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zephon", description="Content-hashed Parquet shards and an "
-                                "elastically deterministic loader.")
+    p = _Parser(prog="zephon", description="Content-hashed Parquet shards and an "
+                "elastically deterministic loader.")
     from .. import __version__
 
     p.add_argument("--version", action="version", version=f"zephon_store {__version__}")
@@ -168,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             # parse_args would report these with the top-level usage; the command's own
             # usage lists the flags it does take.
-            _subparser(parser, args.command).error(
+            _subparser(parser, args.command).error_with_usage(
                 f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
@@ -178,11 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # Before OSError below: a reader that went away (``| head -1``) is no error.
         return _stdout_closed()
-    except UsageError as exc:
-        print(f"zephon {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except (SeqOutOfRangeError, StorageOptionsError, DenyListError) as exc:
-        print(f"zephon {args.command}: {exc}", file=sys.stderr)
+    except (UsageError, SeqOutOfRangeError, StorageOptionsError, DenyListError) as exc:
+        print(f"zephon {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except (ZephonError, OSError, ValueError) as exc:
         print(f"zephon {args.command}: error: {exc}", file=sys.stderr)
@@ -191,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zephon {args.command}: interrupted; rerun the same command to resume",
               file=sys.stderr)
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    """A usage error's message on one line (a library message may wrap a long list)."""
+    return " ".join(str(exc).split("\n"))
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
