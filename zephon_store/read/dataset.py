@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import warnings
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +19,7 @@ import pyarrow as pa
 from .._util.arrow import i64
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE
 from .._util.to_numpy import array_view
-from ..errors import ManifestError
+from ..errors import ManifestError, SeqOutOfRangeError
 from ..format.index import Located, as_seqs, locate
 from ..format.manifest import Manifest, load_manifest
 from ..io.cache import ChunkCache
@@ -30,7 +30,12 @@ from .rowgroups import DEFAULT_MEMORY_CACHE_BYTES, RowGroups
 from .source import SourceBase
 
 __all__ = ["DEFAULT_MEMORY_CACHE_BYTES", "Dataset", "as_dataset", "check_dataset_id",
-           "gather_rows", "open_dataset"]
+           "columns_repr", "gather_rows", "open_dataset"]
+
+#: Columns a repr names before "... and N more": one screen for a wide schema.
+_REPR_COLUMNS = 10
+#: Characters of one column's type in a repr (a deep struct is cut with "...").
+_REPR_TYPE_CHARS = 40
 
 
 class Dataset(SourceBase):
@@ -201,16 +206,33 @@ class Dataset(SourceBase):
         return gather_rows(self.row_groups.read_many(rgs), inverse.reshape(-1),
                            loc.row_in_group)
 
-    def __getitem__(self, seq: int) -> dict:
-        """One record as a dict: ``ds[17]``.
+    @overload
+    def __getitem__(self, seq: int) -> dict: ...
+    @overload
+    def __getitem__(self, seq: slice) -> list[dict]: ...
+
+    def __getitem__(self, seq):
+        """One record as a dict, ``ds[17]``; a slice as a list of them, ``ds[10:20:2]``.
+
+        Indices follow Python's sequences: ``ds[-1]`` is the last record, a slice takes
+        any step and bounds past the ends are clipped. A slice is a list of records, each
+        as ``ds[i]`` gives it (Hugging Face's ``Dataset`` gives a dict of columns instead);
+        :meth:`take` gives the same rows as one Arrow table.
 
         Values are Python objects, except fixed-size lists of numbers (token windows),
         which come as a 1-D numpy array viewing the decoded row group (read-only), as in
         the loader's batches. The row group is decoded once and kept in the decoded LRU.
 
-        >>> open_dataset(tiny_dataset)[17]
-        {'id': 17, 'text': 'record 17'}
+        >>> ds = open_dataset(tiny_dataset)
+        >>> ds[17], ds[-1]
+        ({'id': 17, 'text': 'record 17'}, {'id': 99, 'text': 'record 99'})
+        >>> ds[98:]
+        [{'id': 98, 'text': 'record 98'}, {'id': 99, 'text': 'record 99'}]
+        >>> [r["id"] for r in ds[10:2:-3]]
+        [10, 7, 4]
         """
+        if isinstance(seq, slice):
+            return self._records(self.take(np.arange(*seq.indices(self.num_samples))))
         if isinstance(seq, (bool, np.bool_)):
             # operator.index(True) is 1: a mask or a flag passed by mistake must not read
             # sample 1 (take() rejects bools too).
@@ -218,16 +240,43 @@ class Dataset(SourceBase):
         try:
             s = operator.index(seq)
         except TypeError:
-            s = None
-        if s is None or not 0 <= s < self.num_samples:
             as_seqs([seq], self.num_samples)  # raises the precise error
-            raise TypeError(f"a sequence number must be an int, got {seq!r}")
+            raise TypeError(f"a sequence number must be an int or a slice, got {seq!r}"
+                            ) from None
+        n = self.num_samples
+        if not -n <= s < n:
+            raise SeqOutOfRangeError(
+                f"index {s} is out of range; valid indices are {-n}..{n - 1} (the dataset "
+                f"holds {n} samples; negative ones count from the end)")
+        s %= n
         m = self.manifest
         # One scalar search: locate() builds arrays for many ids, overhead a single row
         # does not need.
         rg = int(m.rg_row_start.searchsorted(s, "right")) - 1
         row = self.row_groups.read(rg).slice(s - int(m.rg_row_start[rg]), 1)
         return {name: _first_value(col) for name, col in zip(row.column_names, row.columns)}
+
+    @staticmethod
+    def _records(table: pa.Table) -> list[dict]:
+        """``table``'s rows as :meth:`__getitem__` gives one (token windows as numpy)."""
+        columns = {}
+        for name, col in zip(table.column_names, table.columns):
+            view = array_view(col) if pa.types.is_fixed_size_list(col.type) else None
+            columns[name] = list(view) if view is not None else col.to_pylist()
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+    def __repr__(self) -> str:
+        """What the dataset holds, on a few lines (at most ten columns named).
+
+        >>> print(repr(open_dataset(tiny_dataset)))  # doctest: +ELLIPSIS
+        Dataset(url='...ds',
+                dataset_id='xxh3:...', num_samples=100, num_shards=...,
+                columns={'id': int64, 'text': string})
+        """
+        indent = " " * len("Dataset(")
+        return (f"Dataset(url={self.url!r},\n{indent}dataset_id={self.dataset_id!r}, "
+                f"num_samples={self.num_samples}, num_shards={self.num_shards},\n{indent}"
+                f"columns={columns_repr(self.schema, indent=indent + ' ' * len('columns={'))})")
 
     def close(self) -> None:
         """Stop this dataset's I/O threads (waiting for them), close the prefetchers made
@@ -245,6 +294,33 @@ class Dataset(SourceBase):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def columns_repr(schema: pa.Schema, limit: int = _REPR_COLUMNS, *, indent: str = " ",
+                 width: int = 88) -> str:
+    """``{'name': type, ...}`` of ``schema``'s first ``limit`` columns, each type cut to
+    :data:`_REPR_TYPE_CHARS`, and how many more, in lines of about ``width`` characters
+    (the next ones starting with ``indent``): the columns of a repr.
+
+    >>> columns_repr(pa.schema({"id": pa.int64(), "text": pa.string()}))
+    "{'id': int64, 'text': string}"
+    >>> columns_repr(pa.schema({f"c{i}": pa.int8() for i in range(5)}), limit=2)
+    "{'c0': int8, 'c1': int8, ... and 3 more}"
+    """
+    def short(t: pa.DataType) -> str:
+        text = str(t)
+        return text if len(text) <= _REPR_TYPE_CHARS else text[:_REPR_TYPE_CHARS - 3] + "..."
+
+    parts = [f"{f.name!r}: {short(f.type)}" for f in list(schema)[:limit]]
+    if len(schema) > limit:
+        parts.append(f"... and {len(schema) - limit} more")
+    lines = [""]
+    for k, part in enumerate(parts):
+        part += "," if k + 1 < len(parts) else ""
+        if lines[-1] and len(indent) + len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += (" " if lines[-1] else "") + part
+    return "{" + ("\n" + indent).join(lines) + "}"
 
 
 def decoded_row_group_bytes(manifest) -> float:

@@ -114,7 +114,7 @@ def test_getitem_is_take_of_one(ds_and_records):
     for s in (0, 36, 37, 500, ds.num_samples - 1):
         assert ds[s] == records[s]
         assert ds[np.int64(s)] == records[s]
-    for bad in (-1, ds.num_samples):
+    for bad in (-ds.num_samples - 1, ds.num_samples):   # -1 is the last (issue 41)
         with pytest.raises(SeqOutOfRangeError, match="out of range"):
             ds[bad]
     with pytest.raises(TypeError):
