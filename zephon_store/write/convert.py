@@ -25,6 +25,7 @@ different dataset is replaced only with ``overwrite=True``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..errors import DiskFullError, InputError
+from ..errors import DiskFullError, InputError, OutputExistsError
 from ..format.encoding import ElementNullError
 from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
@@ -147,6 +148,32 @@ def convert(
 
     stages: dict[str, float] = {}
     out = Storage(output, storage_options=storage_options)
+    made = _check_local_output(out)
+    try:
+        return _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn,
+                               executor, progress, staging_dir, extra_manifest, restream,
+                               overwrite, stages, t0)
+    except BaseException:
+        if made:   # a failed convert leaves no folder behind that it made itself
+            with contextlib.suppress(OSError):
+                os.rmdir(out.root_url)
+        raise
+
+
+def _check_local_output(out: Storage) -> bool:
+    """Whether this convert makes a local output's folder (it does not exist yet); a local
+    output that is a file is an :class:`~zephon_store.errors.OutputExistsError`."""
+    if not out.local:
+        return False
+    if os.path.exists(out.root_url) and not os.path.isdir(out.root_url):
+        raise OutputExistsError(f"{out.root_url} is a file, not a dataset folder; pass as the "
+                                "output a new folder or one that holds a dataset")
+    return not os.path.exists(out.root_url)
+
+
+def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn, executor,
+                    progress, staging_dir, extra_manifest, restream, overwrite, stages, t0):
+    """:func:`convert` under the output's lock."""
     # First: a second convert (or an S3 output without credentials) fails before any work.
     with output_lock(out) as lock:
         files = expand_inputs(list(inputs), storage_options=in_so, options=input_options,
@@ -168,7 +195,9 @@ def convert(
             stages["publish"] = time.perf_counter() - t1
         except BaseException:
             if active is not None:
-                os.close(active)  # the staged work stays for a rerun
+                os.close(active)  # the staged work stays for a rerun ...
+            if area.local and not area.holds_work():
+                area.finish_job(None)   # ... unless there is none: no input was staged
             raise
         area.finish_job(active)
     return _result(output, result, files, metas, reuse, executor, stages, t0)

@@ -243,6 +243,14 @@ class StagingArea:
                 removed += 1
         return removed
 
+    def holds_work(self) -> bool:
+        """Whether an input was staged complete here (``parsed/<index>.json``): work a rerun
+        reuses. A job that staged none is not worth keeping after a failure."""
+        try:
+            return any(name.endswith(".json") for name in os.listdir(self.path("parsed")))
+        except OSError:
+            return False
+
     def finish_job(self, fd: int | None) -> None:
         """Remove the finished job (see :func:`finish_job`)."""
         if self.local:
