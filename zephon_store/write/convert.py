@@ -310,7 +310,8 @@ def _on_disk(path: str, fn):
 def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=not progress,
+    # Bytes scale (kB, MB); counts of shards stay whole numbers (scaled, tqdm prints 1.00/9.00).
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", disable=not progress,
                 leave=False, file=sys.stderr)
 
 
@@ -326,8 +327,10 @@ def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
             reused += was_reused
             bar.update(meta.input_bytes)
             parsed += 1
-            bar.set_postfix(inputs=f"{parsed}/{len(files)}", samples=rows, reused=reused,
-                            samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):.0f}")
+            # Strings: tqdm prints a number in its shortest form (30000 as 3e+4).
+            bar.set_postfix(inputs=f"{parsed}/{len(files)}", samples=f"{rows:,}",
+                            reused=str(reused),
+                            samples_per_s=f"{rows / max(time.perf_counter() - t0, 1e-9):,.0f}")
     return metas, reused
 
 
