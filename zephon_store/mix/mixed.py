@@ -52,6 +52,10 @@ _TAG_SOURCE = 0x736F75726365  # "source"
 MIXTURE_ID_PREFIX = "mix:"
 
 
+#: Sources a repr names before "... and N more": one screen for a wide mixture.
+_REPR_SOURCES = 10
+
+
 def source_order_options(options: OrderOptions, k: int) -> OrderOptions:
     """Order options of source ``k`` of a mixture: the mixture's, with a seed derived from
     ``(seed, k)``.
@@ -254,6 +258,32 @@ class MixedDataset(SourceBase):
         return "mixture(" + ", ".join(f"{n}={s.url}" for n, s in zip(self.names,
                                                                       self.sources)) + ")"
 
+    def __repr__(self) -> str:
+        """What the mixture mixes: its sources (name, samples, URL; the first ten), its
+        stages, its columns.
+
+        >>> from zephon_store import open_dataset
+        >>> ds = open_dataset(tiny_dataset)
+        >>> sched = MixtureSchedule([(0, [0.5, 0.5])], names=["a", "b"])
+        >>> print(repr(MixedDataset([ds, ds], sched, names=["a", "b"])))  # doctest: +ELLIPSIS
+        MixedDataset(dataset_id='mix:...', num_samples=200, stages=1,
+                     sources={'a': 100 samples at '...ds',
+                              'b': 100 samples at '...ds'},
+                     columns={'id': int64, 'text': string})
+        """
+        from ..read.dataset import columns_repr
+
+        indent = " " * len("MixedDataset(")
+        inner = indent + " " * len("sources={")
+        parts = [f"{n!r}: {s.num_samples} samples at {s.url!r}"
+                 for n, s in list(zip(self.names, self.sources))[:_REPR_SOURCES]]
+        if len(self.sources) > _REPR_SOURCES:
+            parts.append(f"... and {len(self.sources) - _REPR_SOURCES} more")
+        return (f"MixedDataset(dataset_id={self.dataset_id!r}, num_samples={self.num_samples}, "
+                f"stages={len(self.schedule.stages)},\n{indent}sources={{"
+                + (",\n" + inner).join(parts) + f"}},\n{indent}columns="
+                + columns_repr(self.schema, indent=indent + " " * len("columns={")) + ")")
+
     # -- virtual ids and row groups ------------------------------------------------------
     def split_ids(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Virtual ids -> (source index, the source's own sample id)."""
@@ -421,8 +451,10 @@ def open_sources(spec, *, cache=None, decoded_cache=None) -> list:
                 None if src.storage_options is None else dict(src.storage_options)),
                 cache=cache, decoded_cache=decoded_cache))
         except (OSError, ValueError) as exc:
+            # The message carries the cause's (what, where, what to do); its chain of
+            # storage, manifest and retry frames added 80 lines before it and nothing else.
             raise MixtureError(f"{spec.origin}: mixture source {src.name!r} at {src.url} "
-                               f"cannot be opened: {exc}") from exc
+                               f"cannot be opened: {exc}") from None
     return sources
 
 
