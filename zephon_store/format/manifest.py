@@ -882,6 +882,62 @@ def read_index_file(storage, xxh3: str, what: str, url: str, node_cache=None) ->
 READER_TABLES = ("shards", "row_groups")
 
 
+# What a conversion leaves in its output before it writes the manifest (last): its shards and
+# index, its lock, its staging folder (write/lock.py, write/staging.py; named here, not
+# imported: the format does not depend on the writer).
+_CONVERSION_SIGNS = ("shards", INDEX_DIR, ".zephon-staging", ".zephon-lock")
+
+
+def missing_manifest_message(storage, url: str, exc: BaseException) -> str:
+    """Why ``url`` (a dataset's ``manifest.json``) is not there, with the advice that fits:
+    a bucket or folder that does not exist, or one that holds no dataset, is a wrong URL;
+    only a root holding a conversion's shards, lock or staging folder is an unfinished
+    conversion that ``zephon convert`` finishes. Called on the error path only: the extra
+    listing costs nothing when the manifest is found."""
+    root = storage.url("")
+    if _no_such_bucket(exc):
+        bucket = root.split("://", 1)[-1].split("/", 1)[0]
+        return (f"{url} not found: the bucket {bucket!r} does not exist; check the dataset "
+                "URL (and the endpoint in --storage-options)")
+    try:
+        if getattr(storage, "local", False) and not os.path.isdir(root):
+            if os.path.exists(root):
+                return (f"{url} not found: {root} is a file, not a dataset folder; check the "
+                        "dataset path")
+            return f"{url} not found: {root} does not exist; check the dataset path"
+        names = {name.rsplit("/", 1)[-1] for name in storage.listdir("")}
+    except (ZephonError, OSError):
+        names = None
+    if names is None:   # the root could not be listed: say both causes, as before
+        return (f"{url} not found: not a zephon dataset, or its conversion has not finished "
+                "(the manifest is written last); check the dataset URL, or run "
+                "'zephon convert' again to finish it")
+    signs = [name for name in _CONVERSION_SIGNS if name in names]
+    if signs:
+        return (f"{url} not found: the conversion has not finished (the manifest is written "
+                f"last; {', '.join(signs)} {'is' if len(signs) == 1 else 'are'} there); run "
+                "'zephon convert' again to finish it")
+    if not names and not getattr(storage, "local", False):
+        return f"{url} not found: nothing is stored under {root}; check the dataset URL"
+    return (f"{url} not found: {root} is not a zephon dataset (no manifest.json, no shards); "
+            "check the dataset path")
+
+
+def _no_such_bucket(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or what it wraps is S3's NoSuchBucket (io/s3_get.py's S3NotFound and
+    botocore carry the code; s3fs keeps only the message)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)
+        error = response.get("Error") if isinstance(response, dict) else None
+        if (isinstance(error, dict) and error.get("Code") == "NoSuchBucket") or (
+                "specified bucket does not exist" in str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _read_manifest_doc(storage, url: str, node_cache) -> dict:
     """``manifest.json`` parsed: the node's recent copy when ``node_cache`` has one whose
     ``dataset_id`` is its content's hash, else one GET (published for the node's others).
@@ -894,10 +950,7 @@ def _read_manifest_doc(storage, url: str, node_cache) -> dict:
         try:
             raw = storage.read_file(MANIFEST_NAME)
         except FileNotFoundError as exc:
-            raise ManifestError(
-                f"{url} not found: not a zephon dataset, or its conversion has not finished "
-                "(the manifest is written last); run 'zephon convert' again to finish it"
-            ) from exc
+            raise ManifestError(missing_manifest_message(storage, url, exc)) from exc
         if node_cache is not None:
             _warm_side_tables(storage, raw, url, node_cache)
         return raw

@@ -267,6 +267,8 @@ def parse_mixture(text: str, *, fmt: str | None = None, origin: str = "<mixture>
                 d = tomllib.loads(text)
             except tomllib.TOMLDecodeError as exc:
                 raise MixtureError(f"{origin}: not valid TOML: {exc}") from None
+    except MixtureError:
+        raise   # a syntax error above, already naming the file: not wrapped again below
     except RecursionError:
         # The parsers recurse once per level: say where, from the text, instead.
         raise MixtureError(f"{origin}: at {_deep_key(text)}: nested more than {MAX_DEPTH} "
