@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import os
 
-from .common import UsageError, add_storage_options, emit
+from .common import UsageError, add_storage_options, emit, format_size
+
+
+def _is_size(key: str) -> bool:
+    """A ``cache info`` key that counts bytes: printed in units, kept as bytes in --json."""
+    return key in ("bytes", "budget") or key.endswith("_bytes")
 
 
 def _decoded_dir(directory: str | None) -> str | None:
@@ -105,8 +110,9 @@ def cmd_cache(args) -> int:
         if args.json:
             emit(info)
         else:
+            width = max(map(len, info)) + 2
             for k, v in info.items():
-                print(f"{k:14} {v}")
+                print(f"{k:{width}}{format_size(v) if _is_size(k) else v}")
         return 0
     freed = cache_clear(args.dir)
     decoded = _decoded(args.dir).clear()

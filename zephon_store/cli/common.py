@@ -36,6 +36,24 @@ def size_arg(text: str) -> int:
             "k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB powers of 1024") from exc
 
 
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")   # parse_size reads no PiB
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes in binary units, at most one decimal, in a spelling
+    :func:`~zephon_store._util.sizes.parse_size` reads back (a cache budget set as ``20GiB``
+    prints as it was written).
+
+    >>> format_size(0), format_size(1536), format_size(10 << 30)
+    ('0 B', '1.5 KiB', '10 GiB')
+    """
+    value, unit = float(n), 0
+    while abs(value) >= 1024 and unit < len(_BINARY_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    text = f"{value:.1f}".removesuffix(".0") if unit else str(int(n))
+    return f"{text} {_BINARY_UNITS[unit]}"
+
+
 def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
