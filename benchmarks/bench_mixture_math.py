@@ -33,8 +33,8 @@ def _schedules(k: int) -> tuple[MixtureSchedule, MixtureSchedule]:
     w1 = rng.integers(0, 1000, size=k)
     w1[0] += 1
     w1 = w1.tolist()
-    return (MixtureSchedule([(0, w0), (10**11, w1)], normalise=True),
-            MixtureSchedule([(0, w1)], normalise=True))
+    return (MixtureSchedule([(0, w0), (10**11, w1)], normalize=True),
+            MixtureSchedule([(0, w1)], normalize=True))
 
 
 def _median_seconds(fn, runs: int) -> float:

@@ -85,22 +85,22 @@ def _parse_text(value: str, where: str, error: type[Exception]) -> Fraction | No
         return None
 
 
-def check_weights(values: Sequence[object], *, normalise: bool = False,
+def check_weights(values: Sequence[object], *, normalize: bool = False,
                   where: str = "weights", names: Sequence[str] | None = None,
                   error: type[Exception] = ValueError) -> list[Fraction]:
     """Exact weights summing to exactly 1.
 
     A vector whose sum is off by more than :data:`SUM_TOLERANCE` is refused unless
-    ``normalise`` (then each weight is divided by the sum); nothing is renormalised silently.
+    ``normalize`` (then each weight is divided by the sum); nothing is renormalised silently.
 
     >>> check_weights([0.5, 0.3, 0.2])
     [Fraction(1, 2), Fraction(3, 10), Fraction(1, 5)]
-    >>> check_weights([1, 1, 2], normalise=True)
+    >>> check_weights([1, 1, 2], normalize=True)
     [Fraction(1, 4), Fraction(1, 4), Fraction(1, 2)]
     >>> check_weights([0.5, 0.3], where="stage 'main'")
     Traceback (most recent call last):
     ...
-    ValueError: stage 'main': weights sum to 0.8, not 1; fix them or ask for normalisation (normalise=True, or normalize = true in a mixture file)
+    ValueError: stage 'main': weights sum to 0.8, not 1; fix them or ask for normalisation (normalize=True, or normalize = true in a mixture file)
     """
     label = (lambda i: f"source {names[i]!r}") if names else (lambda i: f"source {i}")
     ws = [parse_weight(v, f"{where}, {label(i)}", error=error) for i, v in enumerate(values)]
@@ -110,10 +110,10 @@ def check_weights(values: Sequence[object], *, normalise: bool = False,
     if total == 0:
         raise error(f"{where}: every weight is 0; give at least one source a weight > 0")
     if total != 1:
-        if not normalise and abs(total - 1) > SUM_TOLERANCE:
+        if not normalize and abs(total - 1) > SUM_TOLERANCE:
             raise error(
                 f"{where}: weights sum to {float(total):.10g}, not 1; fix them or ask for "
-                "normalisation (normalise=True, or normalize = true in a mixture file)")
+                "normalisation (normalize=True, or normalize = true in a mixture file)")
         ws = [w / total for w in ws]
     return ws
 

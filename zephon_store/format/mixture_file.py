@@ -234,7 +234,7 @@ class MixtureSpec:
         per_stage = []
         for j, st in enumerate(stages):
             per_stage.append(_w.check_weights(
-                [row[j] for row in table], normalise=normalize, names=names,
+                [row[j] for row in table], normalize=normalize, names=names,
                 where=f"{origin}: stage {st.name!r}", error=MixtureError))
         sources = tuple(
             SourceSpec(name=s["name"], url=_resolve(s["url"], base_dir),

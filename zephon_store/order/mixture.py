@@ -96,7 +96,8 @@ class MixtureSchedule:
     ``stages`` is a sequence of ``(start, weights)``: ``start`` in mixture samples (the first
     stage starts at 0, starts strictly increase), ``weights`` one per source (numbers or
     fraction strings such as ``"1/3"``; a mapping by name when ``names`` are given, absent
-    names weighing 0). Weights must sum to 1 (within 1e-9) unless ``normalise``.
+    names weighing 0). Weights must sum to 1 (within 1e-9) unless ``normalize`` (the mixture
+file's ``normalize = true``; the old spelling ``normalise=`` still works and warns).
 
     Optional caps: ``max_epochs[k]`` (None = uncapped) with ``epoch_sizes[k]`` (samples in
     one epoch of source ``k``); when a capped source runs out, ``policy="error"`` ends the
@@ -120,7 +121,9 @@ class MixtureSchedule:
                  stage_names: Sequence[str | None] | None = None,
                  max_epochs: Sequence[int | None] | None = None,
                  epoch_sizes: Sequence[int | None] | None = None,
-                 policy: str = "error", normalise: bool = False) -> None:
+                 policy: str = "error", normalize: bool = False,
+                 normalise: bool | None = None) -> None:
+        normalize = _normalize(normalize, normalise, "MixtureSchedule")
         try:
             stages = [tuple(st) for st in stages]
         except TypeError:
@@ -161,7 +164,7 @@ class MixtureSchedule:
             except (TypeError, ValueError):
                 raise MixtureError(f"stage {j} must be a pair (start, weights), got "
                                    f"{stage!r}") from None
-            self._add_stage(j, start, weights, normalise=normalise)
+            self._add_stage(j, start, weights, normalize=normalize)
         self._build()
 
     # --- construction -------------------------------------------------------------------
@@ -197,7 +200,7 @@ class MixtureSchedule:
                                    f"got {v!r}")
         return tuple(None if v is None else int(v) for v in values)
 
-    def _weight_vector(self, j: int, weights, normalise: bool) -> tuple[Fraction, ...]:
+    def _weight_vector(self, j: int, weights, normalize: bool) -> tuple[Fraction, ...]:
         where = self._stage_label(j)
         if isinstance(weights, Mapping):
             weights = self._by_name(weights, f"{where}: weights", 0)
@@ -207,11 +210,11 @@ class MixtureSchedule:
         weights = list(weights)
         if len(weights) != self._k:
             raise MixtureError(f"{where}: {len(weights)} weights for {self._k} sources")
-        exact = _check_weights(weights, normalise=normalise, where=where, names=self._names)
+        exact = _check_weights(weights, normalize=normalize, where=where, names=self._names)
         nums, den = _integer_weights(exact, where=where, names=self._names)
         return tuple(Fraction(m, den) for m in nums)
 
-    def _add_stage(self, j: int, start: object, weights, *, normalise: bool) -> None:
+    def _add_stage(self, j: int, start: object, weights, *, normalize: bool) -> None:
         if not _is_int(start) or not 0 <= start < _MAX_POSITION:
             raise MixtureError(f"{self._stage_label(j)}: start must be an int >= 0 (mixture "
                                f"samples) and below 2**62, got {start!r}")
@@ -223,7 +226,7 @@ class MixtureSchedule:
             raise MixtureError(
                 f"{self._stage_label(j)} starts at {start}, not after the previous stage's "
                 f"start {self._starts[-1]}; stage starts must strictly increase")
-        self._weights.append(self._weight_vector(j, weights, normalise))
+        self._weights.append(self._weight_vector(j, weights, normalize))
         self._starts.append(start)
 
     def _build(self) -> None:
@@ -486,9 +489,9 @@ class MixtureSchedule:
     # --- stages, caps and summaries -------------------------------------------------------
     def append_stage(self, start: int, weights: Sequence[object] | Mapping[str, object], *,
                      cursor: int | None = None, name: str | None = None,
-                     normalise: bool = False,
-                     epoch_sizes: Sequence[int | None] | Mapping[str, int | None] | None = None
-                     ) -> MixtureSchedule:
+                     normalize: bool = False,
+                     epoch_sizes: Sequence[int | None] | Mapping[str, int | None] | None = None,
+                     normalise: bool | None = None) -> MixtureSchedule:
         """A new schedule with one more stage from ``start`` (e.g. a resume cursor).
 
         Positions before ``start`` keep their samples; every source continues from its
@@ -539,7 +542,8 @@ class MixtureSchedule:
         new._epoch_sizes = new._per_source([*self._epoch_sizes, *added], "epoch_sizes")
         new._starts = list(self._starts)
         new._weights = [(*w, *pad) for w in self._weights]
-        new._add_stage(len(new._starts), start, weights, normalise=normalise)
+        new._add_stage(len(new._starts), start, weights,
+                       normalize=_normalize(normalize, normalise, "append_stage"))
         new._build()
         return new
 
@@ -731,3 +735,14 @@ def sample_weights(weights: Sequence[object], mean_size: Sequence[float]) -> lis
         scaled.append(w / size)
     total = sum(scaled, Fraction(0))
     return [s / total for s in scaled]
+
+
+def _normalize(normalize: bool, normalise: bool | None, where: str) -> bool:
+    """``normalize``, or the old spelling ``normalise`` (one release, with a warning)."""
+    if normalise is None:
+        return normalize
+    import warnings
+
+    warnings.warn(f"{where}(normalise=...) is now normalize=, as the mixture file spells it; "
+                  "the old spelling goes in the next release", DeprecationWarning, stacklevel=3)
+    return bool(normalise) or normalize

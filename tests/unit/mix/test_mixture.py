@@ -23,7 +23,7 @@ int_weights = st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_s
 
 
 def schedule(*stages, **kw) -> MixtureSchedule:
-    return MixtureSchedule(list(stages), normalise=True, **kw)
+    return MixtureSchedule(list(stages), normalize=True, **kw)
 
 
 def replay_counts(src: np.ndarray, k: int) -> np.ndarray:
@@ -164,14 +164,14 @@ def test_appending_a_stage_at_resume_neither_repeats_nor_skips(w0, w1, cursor, g
         w1[-1] = 1
     base = schedule((0, w0))
     start = cursor + gap
-    grown = base.append_stage(start, w1, cursor=cursor, normalise=True)
+    grown = base.append_stage(start, w1, cursor=cursor, normalize=True)
     assert grown.num_sources == k0 + extra
     total = start + 1200
     before_src, before_idx = base.locate(np.arange(start))
     src, idx = grown.locate(np.arange(total))
     assert np.array_equal(src[:start], before_src) and np.array_equal(idx[:start], before_idx)
     assert np.array_equal(grown.consumed(start)[:k0], base.consumed(start))
-    planned = MixtureSchedule([(0, w0 + [0] * extra), (start, w1)], normalise=True)
+    planned = MixtureSchedule([(0, w0 + [0] * extra), (start, w1)], normalize=True)
     ps, pi = planned.locate(np.arange(total))
     assert np.array_equal(ps, src) and np.array_equal(pi, idx)
     # exposures of each source's samples through its own order: per epoch exactly once
@@ -237,7 +237,7 @@ def test_renormalize_serves_each_capped_source_exactly_its_cap(w, caps, sizes) -
     if all(c is not None for c in caps):
         caps[0] = None      # keep one source endless so the mixture never ends
     s = MixtureSchedule([(0, w), (150, w[::-1])], max_epochs=caps, epoch_sizes=sizes,
-                        policy="renormalize", normalise=True)
+                        policy="renormalize", normalize=True)
     n = 3000
     src, idx = s.locate(np.arange(n))
     check_sources_exactly_once(src, idx, k)
@@ -303,7 +303,7 @@ def test_golden_positions() -> None:
     ([(0, [0.5, 0.4])], {}, "sum to 0.9, not 1"),
     ([(0, [0.5, -0.5, 1.0])], {}, "source 1: weight -0.5 is negative"),
     ([(0, [float("nan"), 1.0])], {}, "not a finite number"),
-    ([(0, [0.0, 0.0])], {"normalise": True}, "every weight is 0"),
+    ([(0, [0.0, 0.0])], {"normalize": True}, "every weight is 0"),
     ([(0, ["x", 1])], {}, "not a number"),
     ([(5, [1.0])], {}, "must start at 0"),
     ([(0, [1.0]), (10, [1.0]), (10, [1.0])], {}, "stage 2 starts at 10, not after"),
@@ -355,10 +355,10 @@ def test_token_weights_become_sample_weights() -> None:
 def test_appending_to_a_capped_schedule_keeps_the_past_and_each_cap(w, cap, cursor, policy):
     k = len(w)
     s = MixtureSchedule([(0, w)], max_epochs=[None] * (k - 1) + [1],
-                        epoch_sizes=[None] * (k - 1) + [cap], policy=policy, normalise=True)
+                        epoch_sizes=[None] * (k - 1) + [cap], policy=policy, normalize=True)
     if s.end is not None and cursor >= s.end:
         cursor = s.end
-    t = s.append_stage(cursor, w[::-1], cursor=cursor, normalise=True)
+    t = s.append_stage(cursor, w[::-1], cursor=cursor, normalize=True)
     n = cursor + 500 if t.end is None else t.end
     src, idx = t.locate(np.arange(n))
     assert np.array_equal(src[:cursor], s.locate(np.arange(cursor))[0])
@@ -404,3 +404,15 @@ def test_a_stage_start_past_2_62_is_a_mixture_error() -> None:
     d["stages"][1]["start"] = 2**64
     with pytest.raises(MixtureError, match="below 2"):
         MixtureSchedule.from_dict(d)
+
+
+def test_normalize_has_one_spelling_and_the_old_one_warns() -> None:
+    """``normalize``, as the mixture file spells it (issue 41 item 7); ``normalise=`` still
+    works for one release, with a DeprecationWarning."""
+    new = MixtureSchedule([(0, [1, 3])], normalize=True)
+    with pytest.warns(DeprecationWarning, match="normalize="):
+        old = MixtureSchedule([(0, [1, 3])], normalise=True)
+    assert old.stages == new.stages
+    with pytest.warns(DeprecationWarning, match="normalize="):
+        grown = new.append_stage(10, [2, 2], normalise=True)
+    assert grown.stages == new.append_stage(10, [2, 2], normalize=True).stages
