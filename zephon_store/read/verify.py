@@ -33,6 +33,7 @@ from ..format.manifest import (
     check_table_path,
     compute_dataset_id,
     is_dataset_file_name,
+    missing_manifest_message,
     parse_manifest_json,
     read_index_file,
     require_regular_file,
@@ -95,9 +96,9 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     try:
         require_regular_file(st, MANIFEST_NAME, error=ManifestError)
         doc = parse_manifest_json(st.read_file(MANIFEST_NAME), murl)
-    except FileNotFoundError:
-        add(Finding(None, "missing_manifest", f"{murl} not found: not a zephon dataset, or its "
-                    "conversion has not finished; run 'zephon convert' again"))
+    except FileNotFoundError as exc:
+        # The advice that fits the cause: a wrong path, or an unfinished conversion.
+        add(Finding(None, "missing_manifest", missing_manifest_message(st, murl, exc)))
         return report
     except ManifestError as exc:
         add(Finding(None, "manifest_json", str(exc)))

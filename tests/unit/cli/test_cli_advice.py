@@ -101,3 +101,13 @@ def test_a_mixture_syntax_error_names_the_file_once(tmp_path, name, text, says, 
     assert main(["info", str(path)]) == 1
     err = _error_line(capsys)
     assert err.count(str(path)) == 1 and err.count(says) == 1, err
+
+
+def test_verify_of_a_typo_is_told_to_check_the_path(ds_path, capsys):
+    """verify reports a missing manifest as a finding, with the same advice as the other
+    commands: a wrong path is not an unfinished conversion."""
+    url = ds_path + "-typo"
+    assert main(["verify", url]) == 1
+    out = capsys.readouterr().out
+    assert f"{url} does not exist" in out and "check the dataset path" in out, out
+    assert RERUN not in out
