@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
+DEMO_STAMP := $(VENV)/.zephon-demo
 
 .PHONY: env demo test test-titan-main lint bench bench-peers bench-start bench-format clean
 
@@ -19,7 +20,16 @@ $(STAMP): pyproject.toml
 
 env: $(STAMP)
 
-demo: $(STAMP)
+# The demo needs only s3, torch and the local S3 server (the demo extra): not the test suite's
+# extras (TorchTitan, Ray, torchft, triton...). After `make test` this installs nothing.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[s3,torch,demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) scripts/demo.py
 
 test: $(STAMP)
