@@ -279,6 +279,11 @@ def parse_mixture(text: str, *, fmt: str | None = None, origin: str = "<mixture>
         raise MixtureError(f"{origin}: {_long_int_where(text)}: an integer of more than "
                            f"{_INT_DIGITS} digits; no mixture key takes one") from None
     _check_depth(d, origin)
+    if isinstance(d, dict) and "dataset_id" in d and "sources" not in d:
+        # A dataset's manifest.json passed where a dataset goes: its folder is the dataset.
+        folder = os.path.dirname(os.path.abspath(origin)) if base_dir is not None else "its folder"
+        raise MixtureError(f"{origin} is a dataset's manifest, not a mixture file; pass the "
+                           f"dataset's folder ({folder})")
     return MixtureSpec.from_dict(d, origin=origin, base_dir=base_dir)
 
 

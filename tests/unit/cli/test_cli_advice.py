@@ -111,3 +111,12 @@ def test_verify_of_a_typo_is_told_to_check_the_path(ds_path, capsys):
     out = capsys.readouterr().out
     assert f"{url} does not exist" in out and "check the dataset path" in out, out
     assert RERUN not in out
+
+
+def test_a_datasets_manifest_json_is_told_to_pass_its_folder(ds_path, capsys):
+    """``zephon info ds/manifest.json`` (a .json path reads as a mixture file) names the
+    mistake instead of the mixture schema's errors."""
+    path = os.path.join(ds_path, "manifest.json")
+    assert main(["info", path]) == 1
+    err = _error_line(capsys)
+    assert "is a dataset's manifest, not a mixture file" in err and ds_path in err, err
