@@ -77,7 +77,7 @@ def cmd_fill(args) -> int:
           + (f", {report.dropped} damaged or misplaced entries replaced"
              if report.dropped else "") + ")")
     if cached < n:
-        print(f"stopped at 90% of the budget ({report.budget} bytes): the rest "
+        print(f"stopped at 90% of the budget ({format_size(report.budget)}): the rest "
               "would evict what was filled; pass a larger --budget")
     print("a job reads it only with "
           + " ".join(f"{k}={v}" for k, v in report.job_env.items())
@@ -121,14 +121,14 @@ def cmd_cache(args) -> int:
     if args.json:
         emit({"cleared_bytes": freed, "cleared_decoded_bytes": decoded, **staged, **scratch})
     else:
-        print(f"cleared {freed} bytes of cached row groups")
-        print(f"cleared {decoded} bytes of decoded row groups")
+        print(f"cleared {format_size(freed)} of cached row groups")
+        print(f"cleared {format_size(decoded)} of decoded row groups")
         print(f"cleared {staged['cleared_staging_jobs']} staged conversion(s), "
-              f"{staged['cleared_staging_bytes']} bytes"
+              f"{format_size(staged['cleared_staging_bytes'])}"
               + (f" ({staged['staging_in_use']} in use by a running convert, kept)"
                  if staged["staging_in_use"] else ""))
         print(f"cleared {scratch['cleared_scratch_files']} scratch file(s) of stopped "
-              f"conversions, {scratch['cleared_scratch_bytes']} bytes"
+              f"conversions, {format_size(scratch['cleared_scratch_bytes'])}"
               + (f" ({scratch['scratch_in_use']} in use by a running convert, kept)"
                  if scratch["scratch_in_use"] else ""))
     return 0

@@ -38,3 +38,14 @@ def test_cache_info_prints_sizes_in_units_and_aligned(tmp_path, monkeypatch, cap
     assert main(["cache", "info", "--dir", str(tmp_path / "c"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["budget"] == 10 << 30 and info["bytes"] == 3000
+
+
+def test_cache_clear_prints_sizes_in_units(tmp_path, capsys):
+    from zephon_store._util.hashing import xxh3_hex
+    from zephon_store.io.cache import ChunkCache
+
+    ChunkCache(str(tmp_path / "c")).put(xxh3_hex(b"abc" * 1000), b"abc" * 1000)
+    assert main(["cache", "clear", "--dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "cleared 2.9 KiB of cached row groups" in out, out
+    assert " bytes" not in out, out
