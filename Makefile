@@ -9,10 +9,15 @@ DEMO_STAMP := $(VENV)/.zephon-demo
 
 .PHONY: env demo test test-titan-main lint bench bench-peers bench-start bench-format clean
 
-$(STAMP): pyproject.toml
+# The venv with the CPU torch wheel, before the project (so pip never resolves a CUDA torch).
+define venv_with_torch
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
+endef
+
+$(STAMP): pyproject.toml
+	$(venv_with_torch)
 	# One resolver run for everything: torchtitan 0.3.0 pulls datasets, which caps fsspec, and
 	# s3fs must match that fsspec; separate installs would leave them inconsistent.
 	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan,ray,live,grain]'
@@ -23,9 +28,7 @@ env: $(STAMP)
 # The demo needs only s3, torch and the local S3 server (the demo extra): not the test suite's
 # extras (TorchTitan, Ray, torchft, triton...). After `make test` this installs nothing.
 $(DEMO_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(venv_with_torch)
 	$(PY) -m pip install -q -e '.[s3,torch,demo]'
 	touch $(DEMO_STAMP)
 
