@@ -86,7 +86,8 @@ class ZephonIterDataset(grain.IterDataset):
                  order: OrderOptions | None = None, batch: BatchOptions | None = None,
                  read_ahead: ReadAheadOptions | None = None, stop: StopOptions | None = None,
                  workers: WorkerOptions | None = None, source: SourceOptions | None = None,
-                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
+                 run_log: str | None = None, deny_list=None, observe=None,
+                 **deprecated) -> None:
         super().__init__()
         source = grouped("ZephonIterDataset", {"source": source}, deprecated,
                          allowed=_SOURCE_FLAT)["source"]
@@ -98,7 +99,7 @@ class ZephonIterDataset(grain.IterDataset):
         self._options: dict = dict(
             topology=topology, seed=seed, order=order, batch=batch, read_ahead=read_ahead,
             stop=stop, workers=GrainProcesses(workers), source=source, run_log=run_log,
-            deny_list=deny_list)
+            deny_list=deny_list, observe=observe)
         self._dataset = dataset
         # Opened now, so a wrong URL, option or mixture fails here and not at the first
         # batch; each iterator starts from this loader's options.
@@ -147,6 +148,11 @@ class ZephonDatasetIterator(grain.DatasetIterator):
         if self._batches is None:
             self._batches = iter(self._loader)
         return next(self._batches)
+
+    def stats(self) -> dict[str, float]:
+        """The loader's account (:meth:`~zephon_store.load.loader.Loader.stats`): the wait
+        in ``next()`` by cause and this host's counters."""
+        return self._loader.stats()
 
     def get_state(self) -> dict:
         """``{version, dataset_id, seed, order, cursor, step}`` (+ ``mixture``): the same on

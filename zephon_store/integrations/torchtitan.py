@@ -355,6 +355,12 @@ class ZephonDataLoader(BaseDataLoader):
                 inputs, labels = _ignore_rows(inputs, labels, masked)
             yield inputs, labels
 
+    def stats(self) -> dict[str, float]:
+        """The loader's account (:meth:`~zephon_store.load.loader.Loader.stats`): the wait
+        in ``next()`` by cause and this rank's counters, for the trainer's metric logger.
+        The step log: ``$ZEPHON_STEP_LOG`` (docs/observe.md)."""
+        return self._loader.stats()
+
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{version, dataset_id, seed, order, cursor, step}``: the same on every rank."""

@@ -41,6 +41,7 @@ from .._util.hashing import is_hex_hash, xxh3_hex
 from .._util.process import process_alive
 from .._util.sizes import parse_size
 from ..errors import IntegrityError
+from ..observe import causes
 
 _log = logging.getLogger(__name__)
 
@@ -120,6 +121,16 @@ def _try_flock(path: str) -> int | None:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _leave_why(fd: int) -> None:
+    """Write the causes of this thread's work so far into the lock file ``fd`` it is about to
+    let go of: a process that waited on the lock reads them, and counts its wait as theirs
+    (a neighbour's fetch that was throttled is a throttle, not a lock)."""
+    tally = causes.current()
+    if tally is not None and tally.total() > 0:
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, tally.encode(), 0)
 
 
 def _unlink_quiet(path: str) -> None:
@@ -236,6 +247,8 @@ class ChunkCache:
         """
         self._ensure_dirs()
         path = os.path.join(self._locks, key + ".lock")
+        t0 = time.perf_counter()
+        why = None
         while True:
             fd = _flock(path)
             try:
@@ -244,10 +257,15 @@ class ChunkCache:
                 same = False
             if same:
                 break
+            # A holder let go of this file: the causes of its work, which this one waited
+            # for (observe/causes.py), are in it.
+            why = causes.Tally.decode(os.pread(fd, 256, 0)) or why
             os.close(fd)
+        causes.waited(time.perf_counter() - t0, why, "cache_lock")
         try:
             yield
         finally:
+            _leave_why(fd)
             _unlink_quiet(path)
             os.close(fd)
 
@@ -255,6 +273,9 @@ class ChunkCache:
         with self._mutex:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
+        for name in ("hits", "misses"):
+            if name in deltas:
+                causes.count("cache_" + name, deltas[name])
 
     def _bypass(self, op: str, exc: OSError) -> None:
         """The disk failed under ``op``: count it, warn once, and let the caller go on
@@ -593,6 +614,7 @@ class ChunkCache:
             yield claimed
         finally:
             for path, fd in held.values():
+                _leave_why(fd)
                 _unlink_quiet(path)
                 os.close(fd)
 

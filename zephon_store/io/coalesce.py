@@ -30,6 +30,7 @@ import numpy as np
 
 from .._util.hashing import xxh3_hex
 from ..errors import RetriesExhaustedError
+from ..observe import causes
 
 # 8 MiB ranges, 4 at a time: far fewer requests than one GET per row group (measured in
 # docs/benchmarks.md, S3); S3 itself recommends 8-16 MiB ranged GETs.
@@ -131,6 +132,7 @@ class _Task:
         self._fn = fn
         self._started = False
         self._lock = threading.Lock()
+        self.tally: causes.Tally | None = None   # where its time went (observe/causes.py)
 
     def run(self) -> None:
         with self._lock:
@@ -139,15 +141,20 @@ class _Task:
             self._started = True
         if not self.future.set_running_or_notify_cancel():
             return  # cancelled before anyone started it
-        try:
-            self.future.set_result(self._fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            self.future.set_exception(exc)
+        with causes.collect() as self.tally:
+            try:
+                result = self._fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                self.future.set_exception(exc)
+                return
+        self.future.set_result(result)
 
     def result(self) -> dict:
-        """Run the task here if nobody started it yet, else wait for it."""
+        """Run the task here if nobody started it yet, else wait for it (a wait counted
+        in the proportions of the task's own causes: a prefetch thread's fetch)."""
         self.run()
-        return self.future.result()
+        with causes.waiting_on(lambda: self.tally, "fetch"):
+            return self.future.result()
 
 
 class RangeFetcher:

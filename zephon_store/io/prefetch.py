@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..observe import causes
 from .cache import ChunkCache
 from .coalesce import RangeFetcher
 from .throttle import background
@@ -150,6 +151,7 @@ class Prefetcher:
                    and (self.num_batches is None or self._next < self.num_batches)):
                 self._ahead[self._next] = self._queue_step(self._next)
                 self._next += 1
+            causes.gauge("prefetch_lead_steps", self._next - i - 1)
             # Wait for a range's worth unless queueing reached the end of the stream or
             # the pending row groups are about to be read. (Stopping at the horizon is no
             # reason: over a small dataset that would submit every new step alone.)

@@ -41,6 +41,8 @@ import weakref
 import zlib
 from typing import Any
 
+from ..observe import causes
+
 # Storage options this client honours; the values of the nested dicts are checked below.
 _PLAIN_KEYS = frozenset({"key", "secret", "token", "endpoint_url", "anon", "profile",
                          "use_listings_cache", "listings_expiry_time", "max_paths",
@@ -319,7 +321,11 @@ class LeanS3:
                 conn.close()
                 if reused is None:
                     raise
-                continue   # the server had closed the idle connection: once more, fresh
+                # The server had closed the idle connection: once more, fresh. The request
+                # went out, so it counts (observe/causes.py), as a reconnect, not a retry.
+                causes.count("requests.get_range" if start is not None else "requests.get")
+                causes.count("reconnects")
+                continue
             except BaseException:
                 conn.close()
                 raise

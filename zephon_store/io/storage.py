@@ -38,6 +38,7 @@ from ..errors import (
     ZephonError,
     require,
 )
+from ..observe import causes
 from . import s3_get
 from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle
 from .throttle import NodeThrottle
@@ -83,6 +84,40 @@ class StorageStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def _request_kind(op: str) -> str:
+    """The counter of a request: ``requests.get_range``, ``requests.get``, ``requests.head``..."""
+    if op.startswith("GET bytes"):
+        return "requests.get_range"
+    return "requests." + op.split(" ", 1)[0].lower()
+
+
+class _InFlight:
+    """Wall time during which this process had at least one storage request on the wire
+    (the counter ``fetch_busy_s``): bytes over it is the rate storage delivers while asked,
+    which the stall forecast needs (observe/stall.py); bytes over the run's time would
+    count the idle time of a prefetcher that is ahead."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if not self._n:
+                self._since = time.perf_counter()
+            self._n += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._n -= 1
+            if not self._n:
+                causes.count("fetch_busy_s", time.perf_counter() - self._since)
+
+
+_IN_FLIGHT = _InFlight()
 
 
 def is_local_url(url: str) -> bool:
@@ -517,17 +552,31 @@ class Storage:
         of one read share its retry deadline instead of each getting a fresh one."""
         throttle = None if self.local else self.throttle
 
+        kind = _request_kind(op)
+        backoff = ["retry"]   # the cause of the next back-off sleep (observe/causes.py)
+
         def attempt() -> T:
             if throttle is not None:
-                throttle.wait()   # the node is throttled: no process adds to it meanwhile
+                with causes.timed("throttle"):
+                    throttle.wait()   # the node is throttled: no process adds to it meanwhile
             self._count(requests=1)
-            return fn()
+            causes.count(kind)
+            with causes.timed("fetch"), _IN_FLIGHT:
+                return fn()
+
+        def sleep(seconds: float) -> None:
+            with causes.timed(backoff[0]):
+                time.sleep(seconds)
 
         first = time.monotonic() if start is None else start
         warned = []
 
         def on_retry(attempts: int, exc: BaseException, _delay: float) -> None:
             self._count(retries=1)
+            causes.count("retries")
+            backoff[0] = "throttle" if is_throttle(exc) else "retry"
+            if is_throttle(exc):
+                causes.count("refusals")
             if throttle is not None and is_throttle(exc):
                 throttle.report()
             # Retrying quietly for a minute looks like a hang; say so once per operation.
@@ -540,7 +589,7 @@ class Storage:
 
         try:
             return call_with_retry(attempt, self.retry, what=f"{op} {url}", url=url,
-                                   start=first, on_retry=on_retry)
+                                   start=first, on_retry=on_retry, sleep=sleep)
         except ZephonError:
             raise
         except FileNotFoundError as exc:
@@ -592,6 +641,7 @@ class Storage:
                 self._count(integrity_failures=1)
                 continue
             self._count(bytes_fetched=len(data))
+            causes.count("bytes." + _request_kind(op).partition(".")[2], len(data))
             length_ok = expected_len is None or len(data) == expected_len
             if expected_xxh3 is None and length_ok:
                 return data

@@ -29,6 +29,9 @@ from collections.abc import Iterator
 
 from .._util.exit_close import close_at_exit
 from ..errors import StateMismatchError
+from ..observe.account import StepAccount
+from ..observe.options import ObserveOptions
+from ..observe.stall import forecast_of
 from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
@@ -73,7 +76,9 @@ class Loader:
     torch's or Grain's process workers, which their front ends hand over) or the
     :class:`~zephon_store.load.options.WorkerOptions` of threads; ``run_log``: rank 0
     appends one line per segment; ``deny_list``: a file or a ``DenyList`` (a mixture's: a
-    dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`). Each
+    dict or file per source, :func:`~zephon_store.load.denylist.open_deny_list`);
+    ``observe``: the step log and the stall warning
+    (:class:`~zephon_store.observe.options.ObserveOptions`; :meth:`stats` is always on). Each
     keyword is described in :class:`~zephon_store.torch.ZephonLoader`'s docstring; the flat
     keywords of before the groups (``storage_options=``, ``cache=``, ``decoded_cache=``,
     ``expect_dataset_id=``, ``collate=``) still work and warn
@@ -84,7 +89,8 @@ class Loader:
                  order: OrderOptions | None = None, source: SourceOptions | None = None,
                  batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
                  stop: StopOptions | None = None, workers: WorkerOptions | Workers | None = None,
-                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
+                 run_log: str | None = None, deny_list=None,
+                 observe: ObserveOptions | None = None, **deprecated) -> None:
         groups = grouped(type(self).__name__, {"source": source, "batch": batch}, deprecated,
                          allowed=LOADER_FLAT)
         source, batch = groups["source"], groups["batch"]
@@ -137,6 +143,20 @@ class Loader:
             self.batch_options = self.batch_options.with_deny_list(deny_list)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
+        # The per-step account of the loop's waits and this rank's counters (stats()).
+        self.observe = observe or ObserveOptions()
+        self.account = StepAccount(rank=topology.rank,
+                                   step_log=self.observe.step_log_path(topology.rank),
+                                   horizon=self.observe.stall_horizon)
+
+    def stats(self) -> dict[str, float]:
+        """A snapshot of this rank's data account, flat and numeric, to log in one line
+        (``wandb.log(loader.stats(), step=step)``): the last step's wait in ``next()`` and
+        its split by cause (``wait_s``, ``wait_s/fetch``, ...), the totals so far
+        (``wait_total_s``, ``wait_total_s/CAUSE``) and the counters (requests and bytes by
+        kind, retries, refusals, cache and decoded-cache hits, the prefetch lead in steps);
+        see docs/observe.md."""
+        return self.account.stats()
 
     @property
     def dataset(self):
@@ -322,12 +342,22 @@ class Loader:
 
     def _batches(self, start: int, loads: int) -> Iterator:
         self._warn_dropped(start)
-        batches = self.worker_part.batches(self._reader(start))
+        reader = self._reader(start)
+        batches = self.worker_part.batches(reader)
         b = self.topology.global_batch
         end = self._end if self._end is not None else MAX_CURSOR
         first_step = self.step
+        account = self.account
+        account.forecast = forecast_of(reader, self.read_ahead.prefetch_bytes, first_step)
         with contextlib.closing(batches):
-            for i, batch in batches:
+            while True:
+                # The loop's wait for this step, by cause (observe/account.py); the
+                # collation is part of it.
+                try:
+                    i, batch = account.next(batches, self.step, self.collate)
+                except StopIteration:
+                    account.flush()
+                    return
                 if self._loads != loads:
                     return   # a state was loaded since this iterator began: it is over
                 if i == 0 and self.run_log and self._logged_loads != loads:
@@ -338,7 +368,7 @@ class Loader:
                 # state_dict() taken right after this batch resumes with the next one. A
                 # short last step (drop_last=False) ends the cursor exactly at the end.
                 self.cursor = min(step_cursor(start, i + 1, b), end)
-                yield self.collate(batch) if self.collate is not None else batch
+                yield batch
 
     def _log_segment(self, cursor: int, first_step: int, *, live: bool = False,
                      participants: int | None = None) -> None:

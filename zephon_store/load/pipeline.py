@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +44,7 @@ import pyarrow as pa
 from .._util.arrow import gather_pylist, is_flat_binary
 from .._util.exit_close import close_at_exit
 from .._util.to_numpy import array_type, array_view, column_to_numpy, table_to_numpy
+from ..observe import causes
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY, DenyListError, blank_denied
@@ -76,6 +78,9 @@ class _Decoded:
     # Text columns of the row group as Python lists, made at their first gather (see
     # BatchPipeline._assemble).
     lists: dict[str, list] = field(default_factory=dict)
+    # Where its decode's time went (fetch, cache lock, decode...): a step that waits for
+    # this row group waits for those causes (observe/causes.py).
+    tally: causes.Tally | None = None
 
     def pylist(self, name: str) -> list:
         got = self.lists.get(name)
@@ -396,6 +401,12 @@ class BatchPipeline:
             fut.cancel()
 
     def _decode(self, rg: int) -> _Decoded:
+        with causes.collect() as tally, causes.timed("decode"):
+            decoded = self._decode_views(rg)
+        decoded.tally = tally
+        return decoded
+
+    def _decode_views(self, rg: int) -> _Decoded:
         table = self.stream.select(self.dataset.read_row_group(rg, keep=False))
         # Numbers and token windows become zero-copy numpy views here, in the decode
         # threads; batches are cut from them with numpy. Text stays Arrow until a batch takes
@@ -478,7 +489,7 @@ class BatchPipeline:
                     run.decode_first(step)
                     if self.stop.is_set():
                         break      # cancelled meanwhile: its other decodes were skipped
-                decoded = [run.slots[rg].future.result() for rg in step.row_groups]
+                decoded = [_result(run.slots[rg].future) for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
                 whole = [not first and 2 * run.slots[rg].rows >= int(rg_rows[rg])
@@ -517,10 +528,25 @@ class BatchPipeline:
     def _handed_out(self, sub: dict):
         """One step's batch as the caller gets it: denied rows blanked, then transformed."""
         if self.deny_list is not None:
-            sub = blank_denied(sub, sub[MASK_KEY], self._payload)
+            with causes.timed("blank"):
+                sub = blank_denied(sub, sub[MASK_KEY], self._payload)
         if self.transform is not None:
-            sub = self._transformed(sub)
+            with causes.timed("transform"):
+                sub = self._transformed(sub)
         return sub
+
+
+def _result(fut: Future) -> _Decoded:
+    """A decode's result; a wait for one still running counts in that decode's causes."""
+    if fut.done():
+        return fut.result()
+    t0 = perf_counter()
+    try:
+        return fut.result()
+    finally:
+        done = fut.done() and not fut.cancelled() and fut.exception() is None
+        causes.waited(perf_counter() - t0, fut.result().tally if done else None,
+                      "decode")
 
 
 class _Pass:

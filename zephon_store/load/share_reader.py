@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from ..io.prefetch import Prefetcher
 from ..io.storage import Storage
+from ..observe.account import with_notes
 from ..order.assign import batches_for_worker, step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
@@ -122,11 +123,21 @@ class ShareReader:
         return pipeline
 
     def batches(self, worker: int = 0, workers: int = 0) -> Iterator[tuple[int, dict]]:
-        """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote.
+        """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote;
+        ``(i, batch, note)`` in a worker (``workers > 0``), the note its account of the
+        batch (:func:`~zephon_store.observe.account.with_notes`).
 
         The prefetcher learns what was consumed from the share's own count of batches, so
         it never runs more than its budget ahead of the consumer.
         """
+        if workers:
+            # In a worker process: each batch goes with the worker's account of it
+            # (observe/account.py), so the loader can split the wait across the hand-over.
+            yield from with_notes(self._batches(worker, workers), worker)
+            return
+        yield from self._batches(worker, workers)
+
+    def _batches(self, worker: int, workers: int) -> Iterator[tuple[int, dict]]:
         pipeline = self.pipeline(worker, workers)
         if self.dataset.cache is None:
             try:

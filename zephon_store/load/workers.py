@@ -22,8 +22,10 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
+from time import perf_counter
 from typing import Protocol, runtime_checkable
 
+from ..observe import causes
 from .options import WorkerOptions
 from .share_reader import ShareReader
 
@@ -120,8 +122,14 @@ def threaded_batches(reader: ShareReader, prefetch: int) -> Iterator[tuple[int, 
 
     def produce() -> None:
         try:
-            for item in pipeline:
-                if not offer(item):
+            items = iter(pipeline)
+            while True:
+                # Each batch goes with this thread's account of it (observe/causes.py).
+                with causes.collect() as tally:
+                    item = next(items, _DONE)
+                if item is _DONE:
+                    break
+                if not offer((item, tally)):
                     return
         except BaseException as exc:  # handed to the consumer, raised there
             offer(_Failed(exc))
@@ -132,11 +140,14 @@ def threaded_batches(reader: ShareReader, prefetch: int) -> Iterator[tuple[int, 
     producer.start()
     try:
         while True:
-            item = ready.get()
-            if item is _DONE:
+            t0 = perf_counter()
+            got = ready.get()
+            if got is _DONE:
                 return
-            if isinstance(item, _Failed):
-                raise item.exc
+            if isinstance(got, _Failed):
+                raise got.exc
+            item, tally = got
+            causes.waited(perf_counter() - t0, tally)
             if pre is not None:
                 pre.consumed(item[0])
             yield item

@@ -65,6 +65,7 @@ import xxhash
 from .._util.hashing import xxh3_hex
 from .._util.sizes import parse_size
 from ..io.cache import ChunkCache, default_cache_dir
+from ..observe import causes
 
 _log = logging.getLogger(__name__)
 
@@ -172,6 +173,9 @@ class DecodedDiskCache:
         with self._mutex:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
+        for name in ("hits", "misses"):
+            if name in deltas:
+                causes.count("decoded_cache_" + name, deltas[name])
 
     @property
     def budget_bytes(self) -> int:

@@ -42,6 +42,7 @@ from ..io.cache import ChunkCache
 from ..io.coalesce import CoalesceOptions, RangeFetcher
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher
 from ..io.storage import Storage
+from ..observe.profile import named_range
 from .decode import decode_row_group
 from .decoded_disk import DecodedDiskCache, decoded_key, schema_fingerprint
 from .footers import Footers
@@ -135,10 +136,12 @@ class RowGroups:
     def _fetch(self, shard: int, start: int, end: int, xxh3: str, what: str) -> bytes:
         rel = self.manifest.shard_path(shard)
         require_regular_file(self.storage, rel)
-        if self.cache is None:
-            return self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what)
-        return self.cache.get_or_fetch(
-            xxh3, lambda: self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what))
+        with named_range(f"zephon: {what} (fetch)"):
+            if self.cache is None:
+                return self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what)
+            return self.cache.get_or_fetch(
+                xxh3,
+                lambda: self.storage.read_range(rel, start, end, expected_xxh3=xxh3, what=what))
 
     def fetch_alone(self, rg: int) -> bytes:
         """Row group ``rg`` by its own ranged GET (through the disk cache if any), verified."""

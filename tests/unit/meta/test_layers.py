@@ -2,7 +2,7 @@
 
 Layers, bottom to top (docs/design.md):
 
-    errors, _util  <  format, order  <  io  <  ingest, read  <  mix  <  write, load
+    errors, _util  <  observe  <  format, order  <  io  <  ingest, read  <  mix  <  write, load
                    <  runs, torch, grain  <  cli, integrations, testing
 
 A module may import from its own folder and from any lower layer; never from a higher or a
@@ -23,6 +23,7 @@ PKG = pathlib.Path(ROOT) / "zephon_store"
 
 RANK = {
     "errors": 0, "_util": 0,
+    "observe": 0.5,
     "format": 1, "order": 1,
     "io": 2,
     "ingest": 3, "read": 3,

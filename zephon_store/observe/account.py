@@ -1,0 +1,243 @@
+"""The per-step account: how long the training loop waited in ``next()`` for each step, and
+why, plus this rank's counters; the stall forecast's warning; the run's step log.
+
+:class:`StepAccount` is owned by the :class:`~zephon_store.load.loader.Loader` (so every
+front end has it) and wraps each ``next()`` of its batches. The wait is measured where the
+loop waits, in the loop's thread (not in a worker: a worker's own time says nothing about
+whether the loop waited for it). It is then split by cause:
+
+- made in this process (threads): the causes this thread ran itself (a decode, a transform,
+  the collation) and those of the jobs it waited for (a pool thread's decode, a prefetch
+  thread's fetch), each in that job's proportions (:mod:`.causes`);
+- made by a worker process: the worker sends its account of the batch with it (a
+  :class:`Note`: its causes and when the batch was ready); the part of the wait before the
+  batch was ready is split in the worker's proportions, the rest is ``handover`` (the
+  batch in the queue and being unpickled). The note also carries the worker's counters
+  since its previous note, so this process's counters are the rank's.
+
+:meth:`StepAccount.stats` is a flat dict of numbers, for ``wandb.log(loader.stats())`` or a
+``SummaryWriter`` loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from time import perf_counter
+from typing import NamedTuple
+
+from . import causes
+from .causes import CAUSES, Tally
+from .profile import step_range
+from .stall import Stall, stall_message
+
+__all__ = ["Note", "StepAccount", "note_for", "with_notes"]
+
+log = logging.getLogger("zephon_store")
+
+# Steps between two looks at the coming steps' bytes (the forecast reads the cache's index).
+FORECAST_EVERY = 4
+# Steps of the loop's own pace whose median is its time per step: few, so that a loop that
+# speeds up is seen before the lead it had runs out.
+PACE_STEPS = 4
+# Per-step records buffered before a step-log line is written.
+STEP_LOG_LINES = 50
+
+
+class Note(NamedTuple):
+    """A worker process's account of one batch, sent with it across the hand-over."""
+
+    worker: int
+    seconds: tuple          # its causes, in CAUSES order
+    ready: float            # time.time() when the batch left the worker's code
+    counts: dict            # its counters since its previous note
+
+
+def with_notes(items, worker: int):
+    """``(i, batch, Note)`` for each ``(i, batch)`` of ``items``, made in worker process
+    ``worker``: what :class:`StepAccount` needs from the other side of the hand-over."""
+    last = causes.counters()
+    it = iter(items)
+    while True:
+        with causes.collect() as tally:
+            try:
+                i, batch = next(it)
+            except StopIteration:
+                return
+        now = causes.counters()
+        yield i, batch, Note(worker, tuple(tally.seconds), time.time(), note_for(last, now))
+        last = now
+
+
+def note_for(before: dict, after: dict) -> dict:
+    """The counters that changed from ``before`` to ``after`` (gauges: their last value)."""
+    out = {}
+    for k, v in after.items():
+        if k.startswith("gauge."):
+            out[k] = v
+        elif v != before.get(k, 0):
+            out[k] = v - before.get(k, 0)
+    return out
+
+
+class StepAccount:
+    """This rank's account of its steps (see the module docstring).
+
+    ``rank``: this process's rank (for the step log); ``step_log``: a JSONL file this rank
+    appends its steps to (None: none); ``forecast``: a callable ``(step) -> (need, lead,
+    budget)`` giving the bytes each coming step must fetch, or None (no warning);
+    ``horizon``: steps the forecast looks ahead.
+    """
+
+    def __init__(self, *, rank: int = 0, step_log: str | None = None, forecast=None,
+                 horizon: int = 32) -> None:
+        self.rank = rank
+        self.step_log = step_log
+        self.forecast = forecast
+        self.horizon = horizon
+        self._base = causes.counters()
+        self._workers: dict[str, float] = {}
+        self._worker_rates: dict[int, list[float]] = {}
+        self.total = Tally()
+        self.last = Tally()
+        self.last_wait = 0.0
+        self.wait_total = 0.0
+        self.steps = 0
+        self.step = 0
+        self._pace: deque[float] = deque(maxlen=PACE_STEPS)
+        self._handed_at: float | None = None
+        self._lines: list[tuple[int, float, tuple]] = []
+        self.warned: Stall | None = None
+
+    # -- one step ------------------------------------------------------------------------
+    def next(self, it, step: int, collate=None):
+        """``next(it)``'s ``(i, batch)``, the batch collated by ``collate``, with the wait
+        accounted as global step ``step``; StopIteration at the end."""
+        called = time.time()
+        t0 = perf_counter()
+        if self._handed_at is not None:
+            self._pace.append(t0 - self._handed_at)   # the loop's own time on the last step
+        with step_range(step), causes.collect() as tally:
+            item = next(it)
+            if collate is not None:
+                with causes.timed("collate"):
+                    item = (item[0], collate(item[1])) + tuple(item[2:])
+        wait = perf_counter() - t0
+        if len(item) == 3:
+            tally = self._across(item[2], tally, called, wait)
+        tally.add("other", max(0.0, wait - tally.total()))
+        self._record(step, wait, tally)
+        self._handed_at = perf_counter()
+        return item[0], item[1]
+
+    def _across(self, note: Note, here: Tally, called: float, wait: float) -> Tally:
+        """The tally of a batch a worker made: the wait until it was ready in the worker's
+        proportions, the rest hand-over; this thread's collation kept."""
+        out = Tally()
+        collate = here.seconds[CAUSES.index("collate")]
+        waited = max(0.0, wait - collate)
+        made = min(waited, max(0.0, note.ready - called))
+        worker = Tally(note.seconds)
+        if worker.total() > 0:
+            out.merge(worker, made / worker.total())
+        else:
+            out.add("other", made)
+        out.add("handover", waited - made)
+        out.add("collate", collate)
+        for k, v in note.counts.items():
+            if k.startswith("gauge."):
+                self._workers[k] = v
+            else:
+                self._workers[k] = self._workers.get(k, 0) + v
+        rate = self._worker_rates.setdefault(note.worker, [0.0, 0.0])
+        rate[0] += note.counts.get("bytes.get_range", 0) + note.counts.get("bytes.get", 0)
+        rate[1] += note.counts.get("fetch_busy_s", 0)
+        return out
+
+    def _record(self, step: int, wait: float, tally: Tally) -> None:
+        self.step, self.last, self.last_wait = step, tally, wait
+        self.steps += 1
+        self.wait_total += wait
+        self.total.merge(tally)
+        if self.step_log is not None:
+            self._lines.append((step, wait, tuple(tally.seconds)))
+            if len(self._lines) >= STEP_LOG_LINES:
+                self.flush()
+        if (self.forecast is not None and self.warned is None
+                and self.steps % FORECAST_EVERY == 0 and len(self._pace) >= 2):
+            self._look_ahead(step)
+
+    # -- the forecast --------------------------------------------------------------------
+    def fetch_rate(self) -> float:
+        """Bytes per second storage delivered while this rank had requests on the wire
+        (its worker processes' rates summed); 0 before any fetch."""
+        c = self._local()
+        rate = 0.0
+        busy = c.get("fetch_busy_s", 0)
+        if busy > 0:
+            rate += (c.get("bytes.get_range", 0) + c.get("bytes.get", 0)) / busy
+        for got, busy in self._worker_rates.values():
+            if busy > 0:
+                rate += got / busy
+        return rate
+
+    def _look_ahead(self, step: int) -> None:
+        rate = self.fetch_rate()
+        if rate <= 0:
+            return
+        need, lead, budget = self.forecast(step + 1, self.horizon)
+        pace = sorted(self._pace)[len(self._pace) // 2]   # the median: robust to one hiccup
+        stall = Stall.first(need, rate=rate, step_s=pace, budget=budget, start_step=step + 1,
+                            lead_bytes=lead)
+        if stall is not None:
+            self.warned = stall
+            log.warning(stall_message(stall))
+
+    # -- what users read -----------------------------------------------------------------
+    def _local(self) -> dict:
+        now = causes.counters()
+        return {k: (v if k.startswith("gauge.") else v - self._base.get(k, 0))
+                for k, v in now.items()}
+
+    def counters(self) -> dict[str, float]:
+        """This rank's counters since the loader began: this process's and its workers'."""
+        out = self._local()
+        for k, v in self._workers.items():
+            out[k] = v if k.startswith("gauge.") else out.get(k, 0) + v
+        return {k.removeprefix("gauge."): v for k, v in out.items()}
+
+    def stats(self) -> dict[str, float]:
+        """A snapshot, flat and numeric: ``step``, ``wait_s`` (the last step's wait) and
+        ``wait_s/CAUSE``, ``wait_total_s`` and ``wait_total_s/CAUSE`` (all steps so far),
+        and the counters (``requests.get_range``, ``bytes.get_range``, ``retries``,
+        ``refusals``, ``cache_hits``, ``decoded_cache_hits``, ``prefetch_lead_steps``, ...).
+
+        >>> acct = StepAccount()
+        >>> sorted(acct.stats())[:3]
+        ['fetch_MBps', 'step', 'steps']
+        """
+        out: dict[str, float] = {"step": self.step, "steps": self.steps,
+                                 "wait_s": self.last_wait, "wait_total_s": self.wait_total}
+        for c, last, total in zip(CAUSES, self.last.seconds, self.total.seconds):
+            out[f"wait_s/{c}"] = last
+            out[f"wait_total_s/{c}"] = total
+        out.update(self.counters())
+        out["fetch_MBps"] = self.fetch_rate() / 1e6
+        return out
+
+    def flush(self) -> None:
+        """Append the buffered steps to the step log, one compact line (milliseconds)."""
+        lines, self._lines = self._lines, []
+        if not lines or self.step_log is None:
+            return
+        rec = {"kind": "zephon-steps", "version": 1, "rank": self.rank,
+               "causes": list(CAUSES),
+               "steps": [[s, round(w * 1e3, 2), [round(x * 1e3, 2) for x in t]]
+                         for s, w, t in lines]}
+        parent = os.path.dirname(os.path.abspath(self.step_log))
+        os.makedirs(parent, exist_ok=True)
+        with open(self.step_log, "a") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
