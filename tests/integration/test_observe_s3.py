@@ -186,3 +186,63 @@ def test_the_stall_warning_fires_before_the_first_slow_step_and_only_then(
     else:
         assert not slow, waits
         assert warnings == []
+
+
+# -- the same account through TorchTitan and Grain ---------------------------------------
+SEQ_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from tests.integration.torchtitan_worker import make_packed_dataset
+
+    return make_packed_dataset(str(tmp_path_factory.mktemp("packed")), seq_len=SEQ_LEN,
+                               windows=400)
+
+
+def _front(front, url, so, cache, workers):
+    """A TorchTitan or Grain loader over ``url`` (one rank, 24 windows a step); ``stats``:
+    its account."""
+    if front == "titan":
+        import json
+
+        from zephon_store.integrations.torchtitan import ZephonDataLoader
+
+        return ZephonDataLoader.Config(
+            dataset=url, storage_options=json.dumps(so), cache_dir=str(cache),
+            num_workers=workers, seed=1, infinite=False).build(
+            dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=24)
+    from zephon_store.grain import ZephonIterDataset
+
+    return ZephonIterDataset(url, topology=Topology(24), order=OrderOptions(seed=1),
+                             source=SourceOptions(storage_options=so,
+                                                  cache=ChunkCache(str(cache))),
+                             stop=StopOptions(max_steps=16),
+                             workers=WorkerOptions(num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("front", ["titan", "grain"])
+def test_titan_and_grain_attribute_latency_to_fetch_and_count_what_the_proxy_does(
+        packed, s3_bucket, tmp_path, front, workers):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options, skip_instance_cache=True)
+    fs.put(packed.rstrip("/") + "/", f"{s3_bucket.name}/ds/", recursive=True)
+    url = f"{s3_bucket.url}/ds"
+    port = int(s3_bucket.server.endpoint_url.rsplit(":", 1)[1])
+    with FaultProxy(port) as proxy:
+        so = s3_bucket.options_via(proxy.endpoint_url, read_timeout=2.0, connect_timeout=1.0)
+        loader = _front(front, url, so, tmp_path / "cache", workers)
+        proxy.reset_counters()
+        proxy.latency(0.15)
+        it = iter(loader)
+        for _ in it:
+            pass
+        st = (it if front == "grain" else loader).stats()
+    assert st["steps"] == 16      # 400 windows, 24 a step: one epoch
+    assert _largest(st) == "fetch", {c: round(st[f"wait_total_s/{c}"], 3) for c in CAUSES}
+    requests = sum(v for k, v in st.items() if k.startswith("requests."))
+    fetched = sum(v for k, v in st.items() if k.startswith("bytes."))
+    assert requests == proxy.requests > 0
+    assert fetched == proxy.bytes_down

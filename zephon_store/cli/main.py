@@ -1,4 +1,4 @@
-"""``zephon``: convert, verify, info, get, plan, cache, gc.
+"""``zephon``: convert, verify, info, get, plan, cache, gc, stats.
 
 Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error, 141 stdout closed
 (``| head``).
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parsers(sub)
     add_cache_parser(sub)
     add_gc_parser(sub)
+    from .stats_cmd import add_stats_parser
+
+    add_stats_parser(sub)
     return p
 
 
@@ -479,9 +482,15 @@ def _cmd_cache(args) -> int:
     return cmd_cache(args)
 
 
+def _cmd_stats(args) -> int:
+    from .stats_cmd import cmd_stats
+
+    return cmd_stats(args)
+
+
 COMMANDS = {"convert": cmd_convert, "verify": cmd_verify, "info": cmd_info, "get": cmd_get,
             "plan": _cmd_plan, "trace": _cmd_trace, "where": _cmd_where, "audit": _cmd_audit,
-            "cache": _cmd_cache, "gc": _cmd_gc}
+            "cache": _cmd_cache, "gc": _cmd_gc, "stats": _cmd_stats}
 
 if __name__ == "__main__":  # pragma: no cover
     entry()

@@ -9,7 +9,7 @@ import argparse
 
 import numpy as np
 
-from .common import UsageError, build_options, emit, positive_int
+from .common import UsageError, build_options, emit, positive_int, size_arg
 
 # AWS S3's documented floor per partitioned prefix (GET/HEAD per second); beyond it S3 answers
 # 503 SlowDown while it repartitions. Content-hashed shard keys spread over partitions only
@@ -73,6 +73,13 @@ def add_plan_parser(sub) -> None:
                    help="also estimate the fleet's start: the requests every node makes for "
                         "its first batch (metadata, footers, coalesced row-group GETs), in "
                         "total, and the request rate if every node starts within SECONDS")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="MBPS",
+                   help="also predict the first step rank 0 will wait for data if storage "
+                        "delivers MBPS MB/s to it (the loader's stall forecast, before launch)")
+    p.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+                   help="with --bandwidth: the training loop's own time per step (required)")
+    p.add_argument("--prefetch-bytes", type=size_arg, default=None, metavar="SIZE",
+                   help="with --bandwidth: the loader's prefetch_bytes (default 64MiB)")
     p.add_argument("--json", action="store_true")
     from .common import add_storage_options
 
@@ -130,6 +137,8 @@ def cmd_plan(args) -> int:
            "world_size": args.world_size, "global_batch": args.global_batch,
            "num_workers": args.workers, "ranks_per_node": topology.ranks_per_node,
            "order": options.to_dict(), "lanes_requested": requested, "steps": steps, **sim}
+    if args.bandwidth is not None:
+        out["bandwidth"] = bandwidth_forecast(args, options, topology)
     if args.json:
         emit(out)
         return 0
@@ -147,7 +156,59 @@ def cmd_plan(args) -> int:
           f"cache footprint {sim['cache_footprint_bytes_max'] / 1e6:.1f} MB")
     if "start" in sim:
         _print_start(sim["start"])
+    if "bandwidth" in out:
+        print(out["bandwidth"]["message"])
     return 0
+
+
+def rank0_need(ds, options, topology, *, cursor: int, steps: int) -> list[float]:
+    """The bytes each of rank 0's first ``steps`` steps from ``cursor`` fetch, with nothing
+    on the node yet: the loader's own count (:func:`~zephon_store.observe.stall.step_need`
+    over its :class:`~zephon_store.load.share_reader.ShareReader`)."""
+    from ..load.share_reader import ShareReader
+    from ..observe.stall import step_need
+    from ..order.topology import Topology
+
+    rank0 = Topology(topology.global_batch, topology.world_size, 0, topology.ranks_per_node)
+    reader = ShareReader(ds, options, rank0, start_cursor=cursor)
+    return step_need(reader.step_row_groups, ds.manifest.rg_length, range(steps))
+
+
+def bandwidth_forecast(args, options, topology) -> dict:
+    """``zephon plan --bandwidth``: rank 0's coming steps, from ``--cursor``, with nothing on
+    the node yet, through the loader's own forecast (:mod:`zephon_store.observe.stall`):
+    the first step's wait (the start) and the first later step that waits."""
+    from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+    from ..observe.stall import Stall, stall_message
+    from ..read.dataset import open_dataset
+
+    if not args.bandwidth > 0:
+        raise UsageError(f"--bandwidth must be > 0 MB/s, got {args.bandwidth}")
+    if args.step_time is None or not args.step_time > 0:
+        raise UsageError("--bandwidth needs --step-time SECONDS > 0: the training loop's own "
+                         "time per step (measure a few steps, or take it from a profile)")
+    budget = DEFAULT_PREFETCH_BYTES if args.prefetch_bytes is None else args.prefetch_bytes
+    steps = args.simulate_steps or 2000
+    with open_dataset(args.url, storage_options=args.storage_options) as ds:
+        need = rank0_need(ds, options, topology, cursor=args.cursor, steps=steps)
+    rate = args.bandwidth * 1e6
+    stall = Stall.first(need, rate=rate, step_s=args.step_time, budget=budget)
+    out = {"mbps": args.bandwidth, "step_time_s": args.step_time, "prefetch_bytes": budget,
+           "steps_forecast": len(need), "first_step_wait_s": round(need[0] / rate, 3),
+           "need_mbps": round(sum(need) / (len(need) * args.step_time) / 1e6, 2),
+           "stall": None}
+    if stall is None:
+        msg = (f"at {args.bandwidth:g} MB/s and {args.step_time:g} s a step, rank 0 waits "
+               f"~{out['first_step_wait_s']:.2g} s for its first step and then keeps up over "
+               f"{len(need)} steps (they need {out['need_mbps']:g} MB/s on average)")
+    else:
+        out["stall"] = {"step": stall.step, "wait_s": round(stall.wait_s, 3),
+                        "need_mbps": round(stall.need_bps / 1e6, 2)}
+        msg = (f"rank 0 waits ~{out['first_step_wait_s']:.2g} s for its first step; then "
+               + stall_message(stall).removeprefix(
+                   "zephon: "))
+    out["message"] = msg
+    return out
 
 
 def start_requests(manifest, ids_per_rank, ranks_per_node: int, *, window: float) -> dict:

@@ -79,12 +79,14 @@ class Tally:
         if len(raw) != struct.calcsize(_FORMAT):
             return None
         values = struct.unpack(_FORMAT, raw)
-        if not all(v >= 0 for v in values):   # NaN too
+        if not all(0 <= v < _MAX_SECONDS for v in values):   # NaN too
             return None
         return cls(values)
 
 
 _FORMAT = f"<{len(CAUSES)}d"
+# More seconds than a job takes: the bytes are not a tally (a lock file's leftovers).
+_MAX_SECONDS = 1e7
 
 
 def current() -> Tally | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Stall", "stall_message"]
+__all__ = ["Stall", "forecast_of", "stall_message", "step_need"]
 
 # A wait shorter than this is noise, not a stall worth a warning.
 MIN_WAIT_S = 0.05
@@ -90,34 +90,52 @@ def _mbps(bps: float) -> str:
     return f"{mb:.0f} MB/s" if mb >= 10 else f"{mb:.2g} MB/s"
 
 
+def step_need(step_row_groups, lengths, steps, *, cached=None) -> list[float]:
+    """The bytes each of ``steps`` (local batch indices) must fetch: the byte length
+    (``lengths[rg]``) of each row group ``step_row_groups(i)`` names, counted at its first
+    use among these steps, unless ``cached(rg)``. The loader's forecast and ``zephon plan
+    --bandwidth`` both count by it.
+
+    >>> step_need(lambda i: [i // 2], [100, 200, 300], range(4))
+    [100.0, 0.0, 200.0, 0.0]
+    """
+    need, seen = [], set()
+    for i in steps:
+        b = 0
+        for rg in (int(r) for r in step_row_groups(i)):
+            if rg in seen:
+                continue
+            seen.add(rg)
+            if cached is None or not cached(rg):
+                b += int(lengths[rg])
+        need.append(float(b))
+    return need
+
+
 def forecast_of(reader, prefetch_bytes: int, first_step: int):
     """The forecast input of a loader's ``reader`` (a
     :class:`~zephon_store.load.share_reader.ShareReader` whose batch ``i`` is global step
     ``first_step + i``): a callable ``(step, horizon) -> (need, lead, budget)``, ``need``
     the bytes each of the ``horizon`` steps from ``step`` must still fetch (row groups not
-    in the node's disk cache, each counted at its first use); None for data read in place
-    (a local dataset) or a mixture (its parts have their own caches)."""
+    in the node's disk cache, :func:`step_need`); None for data read in place (a local
+    dataset) or a mixture (its parts have their own caches)."""
     dataset = reader.dataset
     cache = getattr(dataset, "cache", None)
     manifest = getattr(dataset, "manifest", None)
     if cache is None or manifest is None or prefetch_bytes <= 0:
         return None
-    lengths = manifest.rg_length
+
+    def cached(rg: int) -> bool:
+        key = manifest.known_rg_xxh3(rg)
+        return key is not None and cache.contains(key)
 
     def forecast(step: int, horizon: int):
-        need, seen = [], set()
-        for j in range(step - first_step, step - first_step + horizon):
-            if reader.num_batches is not None and j >= reader.num_batches:
-                break
-            b = 0
-            for rg in reader.step_row_groups(j).tolist():
-                if rg in seen:
-                    continue
-                seen.add(rg)
-                key = manifest.known_rg_xxh3(rg)
-                if key is None or not cache.contains(key):
-                    b += int(lengths[rg])
-            need.append(float(b))
+        first = step - first_step
+        last = first + horizon
+        if reader.num_batches is not None:
+            last = min(last, reader.num_batches)
+        need = step_need(reader.step_row_groups, manifest.rg_length, range(first, last),
+                         cached=cached)
         return need, 0.0, float(prefetch_bytes)
 
     return forecast

@@ -1,0 +1,77 @@
+"""The per-step account through ZephonLoader on a local dataset: a slow transform is the
+cause in threads and in worker processes (whose batches cross a hand-over), the step log is
+written and read back by ``zephon stats`` (text, JSON, PNG), and a torch profile shows the
+loader's ranges."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from zephon_store import BatchOptions, StopOptions, WorkerOptions
+from zephon_store.cli.main import main
+from zephon_store.observe.causes import CAUSES
+from zephon_store.observe.options import ObserveOptions
+from zephon_store.order import OrderOptions, Topology
+
+torch = pytest.importorskip("torch")
+from zephon_store.torch import ZephonLoader  # noqa: E402
+
+
+def _slow(batch):
+    time.sleep(0.03)
+    return batch
+
+
+def _loader(ds, workers, **kw):
+    return ZephonLoader(ds, topology=Topology(16), order=OrderOptions(seed=3),
+                        batch=BatchOptions(transform=_slow), stop=StopOptions(max_steps=12),
+                        workers=WorkerOptions(num_workers=workers), **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_transform_is_the_cause_and_the_step_log_reads_back(ds, tmp_path, workers,
+                                                                    capsys):
+    log = tmp_path / "steps-{rank}.jsonl"
+    loader = _loader(ds, workers, observe=ObserveOptions(step_log=str(log)))
+    for _ in loader:
+        pass
+    st = loader.stats()
+    assert st["steps"] == 12 and st["step"] == 11
+    total = st["wait_total_s"]
+    assert max(CAUSES, key=lambda c: st[f"wait_total_s/{c}"]) == "transform"
+    assert sum(st[f"wait_total_s/{c}"] for c in CAUSES) == pytest.approx(total, rel=1e-6)
+    if workers:
+        assert st["wait_total_s/handover"] > 0
+    path = str(tmp_path / "steps-0.jsonl")
+    png = str(tmp_path / "waits.png")
+    assert main(["stats", path, "--json", "--png", png]) == 0
+    got = json.loads(capsys.readouterr().out)["ranks"]["0"]
+    assert got["steps"] == 12
+    assert got["wait_s"] == pytest.approx(total, abs=0.02)
+    assert max(got["causes"], key=got["causes"].get) == "transform"
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert main(["stats", path]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("rank 0: 12 steps, waited ") and "transform" in text
+
+
+def test_stats_refuses_a_file_that_is_not_a_step_log(tmp_path, capsys):
+    bad = tmp_path / "run.jsonl"
+    bad.write_text('{"kind": "zephon-runlog"}\n')
+    assert main(["stats", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "line 1" in err and "step log" in err and "\n" not in err.rstrip("\n")
+
+
+def test_a_profile_shows_the_wait_for_each_step(ds):
+    loader = ZephonLoader(ds, topology=Topology(16), order=OrderOptions(seed=3),
+                          stop=StopOptions(max_steps=3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in loader:
+            pass
+    names = {e.key for e in prof.key_averages()}
+    assert {"zephon: waiting for step 0", "zephon: waiting for step 2"} <= names
