@@ -246,3 +246,21 @@ def test_titan_and_grain_attribute_latency_to_fetch_and_count_what_the_proxy_doe
     fetched = sum(v for k, v in st.items() if k.startswith("bytes."))
     assert requests == proxy.requests > 0
     assert fetched == proxy.bytes_down
+
+
+def test_a_profile_names_the_waits_and_the_fetches_of_the_loops_thread(remote, tmp_path):
+    """torch's profiler records the ranges of the thread it runs in: the loop's wait per
+    step, its waits for row groups decoding elsewhere, and what it fetches itself (the first
+    step's footers and row groups)."""
+    url, bucket, proxy = remote
+    so = bucket.options_via(proxy.endpoint_url, read_timeout=2.0, connect_timeout=1.0)
+    loader = _loader(url, so, tmp_path / "cache", steps=4)
+    proxy.latency(0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in loader:
+            pass
+    names = {e.key for e in prof.key_averages()}
+    assert {f"zephon: waiting for step {s}" for s in range(4)} <= names
+    fetched = [n for n in names if n.startswith("zephon: shard ") and n.endswith(" (fetch)")]
+    waits = [n for n in names if n.startswith("zephon: waiting for row group ")]
+    assert fetched and waits, sorted(names)

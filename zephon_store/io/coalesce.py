@@ -31,6 +31,7 @@ import numpy as np
 from .._util.hashing import xxh3_hex
 from ..errors import RetriesExhaustedError
 from ..observe import causes
+from ..observe.profile import named_range
 
 # 8 MiB ranges, 4 at a time: far fewer requests than one GET per row group (measured in
 # docs/benchmarks.md, S3); S3 itself recommends 8-16 MiB ranged GETs.
@@ -122,6 +123,14 @@ def coalesce_ranges(spans: Iterable[RowGroupSpan], *, max_bytes: int = DEFAULT_M
               for g in groups]
     ranges.sort(key=lambda t: t[0])
     return [r for _, r in ranges]
+
+
+def _range_name(manifest, r: ByteRange) -> str:
+    """A profiler range's name for the ranged GET ``r``: its shard and row groups."""
+    first, last = manifest.rg_local_index(r.row_groups[0]), manifest.rg_local_index(
+        r.row_groups[-1])
+    groups = f"row group {first}" if first == last else f"row groups {first}-{last}"
+    return f"zephon: shard {manifest.shard_name(r.shard)} {groups} (fetch)"
 
 
 class _Task:
@@ -314,7 +323,8 @@ class RangeFetcher:
                         if keys[rg] in claimed and not cache.contains(keys[rg])]
                 for sub in coalesce_ranges(self.spans(mine), max_bytes=max(r.nbytes, 1),
                                        max_gap=self.options.max_gap):
-                    got, failed = self._read_split(sub, keys)
+                    with named_range(_range_name(m, sub)):
+                        got, failed = self._read_split(sub, keys)
                     out.update(got)
                     bad += failed
                     cache.put_many((keys[rg], data) for rg, data in got.items())

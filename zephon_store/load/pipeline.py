@@ -45,6 +45,7 @@ from .._util.arrow import gather_pylist, is_flat_binary
 from .._util.exit_close import close_at_exit
 from .._util.to_numpy import array_type, array_view, column_to_numpy, table_to_numpy
 from ..observe import causes
+from ..observe.profile import named_range
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY, DenyListError, blank_denied
@@ -489,7 +490,7 @@ class BatchPipeline:
                     run.decode_first(step)
                     if self.stop.is_set():
                         break      # cancelled meanwhile: its other decodes were skipped
-                decoded = [_result(run.slots[rg].future) for rg in step.row_groups]
+                decoded = [_result(run.slots[rg].future, rg) for rg in step.row_groups]
                 # Whole-row-group text conversion pays when this pipeline reads most of a
                 # row group (one rank, one worker); a rank of 8 reads an eighth of it.
                 whole = [not first and 2 * run.slots[rg].rows >= int(rg_rows[rg])
@@ -536,13 +537,15 @@ class BatchPipeline:
         return sub
 
 
-def _result(fut: Future) -> _Decoded:
-    """A decode's result; a wait for one still running counts in that decode's causes."""
+def _result(fut: Future, rg: int) -> _Decoded:
+    """Row group ``rg``'s decode; a wait for one still running counts in that decode's
+    causes, and a torch profile shows it (observe/profile.py)."""
     if fut.done():
         return fut.result()
     t0 = perf_counter()
     try:
-        return fut.result()
+        with named_range(f"zephon: waiting for row group {rg}"):
+            return fut.result()
     finally:
         done = fut.done() and not fut.cancelled() and fut.exception() is None
         causes.waited(perf_counter() - t0, fut.result().tally if done else None,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections import deque
 from time import perf_counter
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 from . import causes
 from .causes import CAUSES, Tally
-from .profile import step_range
+from .profile import recording
 from .stall import Stall, stall_message
 
 __all__ = ["Note", "StepAccount", "note_for", "with_notes"]
@@ -45,6 +46,8 @@ FORECAST_EVERY = 4
 PACE_STEPS = 4
 # Per-step records buffered before a step-log line is written.
 STEP_LOG_LINES = 50
+_COLLATE, _OTHER = CAUSES.index("collate"), CAUSES.index("other")
+_TORCH = "torch"   # profiler ranges only once torch is imported (observe/profile.py)
 
 
 class Note(NamedTuple):
@@ -101,14 +104,17 @@ class StepAccount:
         self._base = causes.counters()
         self._workers: dict[str, float] = {}
         self._worker_rates: dict[int, list[float]] = {}
+        # The causes of every step so far, added up in place: this thread's tally while a
+        # next() runs (causes.activate), so a step costs a copy of its ten numbers, not a
+        # tally of its own (docs/benchmarks.md, "The per-step account").
         self.total = Tally()
-        self.last = Tally()
+        self._before: list[float] = self.total.seconds[:]   # the total before the last step
         self.last_wait = 0.0
         self.wait_total = 0.0
         self.steps = 0
         self.step = 0
         self._pace: deque[float] = deque(maxlen=PACE_STEPS)
-        self._handed_at: float | None = None
+        self._handed_at = 0.0
         self._lines: list[tuple[int, float, tuple]] = []
         self.warned: Stall | None = None
 
@@ -116,37 +122,58 @@ class StepAccount:
     def next(self, it, step: int, collate=None):
         """``next(it)``'s ``(i, batch)``, the batch collated by ``collate``, with the wait
         accounted as global step ``step``; StopIteration at the end."""
-        called = time.time()
+        # Per step: two clock reads, a copy of ten numbers and this thread's tally swapped
+        # in and out; the split is computed when asked (stats(), the step log).
         t0 = perf_counter()
-        if self._handed_at is not None:
+        if self._handed_at:
             self._pace.append(t0 - self._handed_at)   # the loop's own time on the last step
-        with step_range(step), causes.collect() as tally:
-            item = next(it)
+        total = self.total
+        before = total.seconds[:]
+        local = causes._local
+        saved = local.__dict__.get("tally"), local.__dict__.get("frames")
+        local.tally, local.frames = total, []
+        try:
+            record = recording() if _TORCH in sys.modules else None
+            if record is None:
+                item = next(it)
+            else:
+                with record(f"zephon: waiting for step {step}"):
+                    item = next(it)
             if collate is not None:
                 with causes.timed("collate"):
                     item = (item[0], collate(item[1])) + tuple(item[2:])
-        wait = perf_counter() - t0
+        finally:
+            local.tally, local.frames = saved
+        now = perf_counter()
+        wait = now - t0
         if len(item) == 3:
-            tally = self._across(item[2], tally, called, wait)
-        tally.add("other", max(0.0, wait - tally.total()))
-        self._record(step, wait, tally)
-        self._handed_at = perf_counter()
+            self._across(item[2], before, time.time() - wait, wait)
+        self.step, self.last_wait, self._before = step, wait, before
+        self.steps += 1
+        self.wait_total += wait
+        if self.step_log is not None or (self.forecast is not None and self.warned is None
+                                         and not self.steps % FORECAST_EVERY):
+            self._record(step, wait, before)
+        self._handed_at = now
         return item[0], item[1]
 
-    def _across(self, note: Note, here: Tally, called: float, wait: float) -> Tally:
-        """The tally of a batch a worker made: the wait until it was ready in the worker's
-        proportions, the rest hand-over; this thread's collation kept."""
-        out = Tally()
-        collate = here.seconds[CAUSES.index("collate")]
+    def _across(self, note: Note, before: list[float], called: float, wait: float) -> None:
+        """A batch a worker made: the wait until it was ready counts in the worker's
+        proportions, the rest as hand-over (this thread's own causes of the step, the
+        collation, are kept; what it spent inside the DataLoader is that hand-over)."""
+        total = self.total
+        here = [a - b for a, b in zip(total.seconds, before)]
+        collate = here[_COLLATE]
+        total.seconds[:] = before
+        total.seconds[_COLLATE] += collate
         waited = max(0.0, wait - collate)
         made = min(waited, max(0.0, note.ready - called))
         worker = Tally(note.seconds)
         if worker.total() > 0:
-            out.merge(worker, made / worker.total())
+            total.merge(worker, made / worker.total())
         else:
-            out.add("other", made)
-        out.add("handover", waited - made)
-        out.add("collate", collate)
+            total.add("other", made)
+        total.add("handover", waited - made)
         for k, v in note.counts.items():
             if k.startswith("gauge."):
                 self._workers[k] = v
@@ -155,20 +182,23 @@ class StepAccount:
         rate = self._worker_rates.setdefault(note.worker, [0.0, 0.0])
         rate[0] += note.counts.get("bytes.get_range", 0) + note.counts.get("bytes.get", 0)
         rate[1] += note.counts.get("fetch_busy_s", 0)
-        return out
 
-    def _record(self, step: int, wait: float, tally: Tally) -> None:
-        self.step, self.last, self.last_wait = step, tally, wait
-        self.steps += 1
-        self.wait_total += wait
-        self.total.merge(tally)
+    def _record(self, step: int, wait: float, before: list[float]) -> None:
+        """The step log's line and the forecast, when either is due."""
         if self.step_log is not None:
-            self._lines.append((step, wait, tuple(tally.seconds)))
+            self._lines.append((step, wait, tuple(self._split(wait, before))))
             if len(self._lines) >= STEP_LOG_LINES:
                 self.flush()
         if (self.forecast is not None and self.warned is None
                 and self.steps % FORECAST_EVERY == 0 and len(self._pace) >= 2):
             self._look_ahead(step)
+
+    def _split(self, wait: float, before: list[float]) -> list[float]:
+        """The last step's seconds by cause: what the total gained, and the rest of its wait
+        as ``other`` (planning and cutting batches: no mark covers it)."""
+        got = [a - b for a, b in zip(self.total.seconds, before)]
+        got[_OTHER] += max(0.0, wait - sum(got))
+        return got
 
     # -- the forecast --------------------------------------------------------------------
     def fetch_rate(self) -> float:
@@ -221,9 +251,13 @@ class StepAccount:
         """
         out: dict[str, float] = {"step": self.step, "steps": self.steps,
                                  "wait_s": self.last_wait, "wait_total_s": self.wait_total}
-        for c, last, total in zip(CAUSES, self.last.seconds, self.total.seconds):
-            out[f"wait_s/{c}"] = last
-            out[f"wait_total_s/{c}"] = total
+        last = self._split(self.last_wait, self._before)
+        totals = self.total.seconds[:]
+        # Each step's rest is "other"; the total's is what the marks did not cover.
+        totals[_OTHER] += max(0.0, self.wait_total - sum(totals))
+        for c, one, every in zip(CAUSES, last, totals):
+            out[f"wait_s/{c}"] = one
+            out[f"wait_total_s/{c}"] = every
         out.update(self.counters())
         out["fetch_MBps"] = self.fetch_rate() / 1e6
         return out

@@ -26,8 +26,8 @@ import struct
 import threading
 from time import perf_counter
 
-__all__ = ["CAUSES", "Tally", "collect", "count", "counters", "current", "gauge", "timed",
-           "waited", "waiting_on"]
+__all__ = ["CAUSES", "Tally", "activate", "collect", "count", "counters", "current", "gauge",
+           "restore", "timed", "waited", "waiting_on"]
 
 # Why a step waited. fetch: a storage request on the wire (S3 latency); throttle: waiting
 # for the node's send slot or backing off after a 503 SlowDown; retry: backing off after any
@@ -92,6 +92,19 @@ _MAX_SECONDS = 1e7
 def current() -> Tally | None:
     """This thread's active tally (inside :func:`collect`), or None."""
     return getattr(_local, "tally", None)
+
+
+def activate(tally: Tally) -> tuple:
+    """Make ``tally`` this thread's active one (a long-lived tally that adds up many jobs,
+    cheaper per job than :func:`collect`); returns what :func:`restore` puts back."""
+    saved = (getattr(_local, "tally", None), getattr(_local, "frames", None))
+    _local.tally, _local.frames = tally, []
+    return saved
+
+
+def restore(saved: tuple) -> None:
+    """Undo :func:`activate`."""
+    _local.tally, _local.frames = saved
 
 
 class _Collect:

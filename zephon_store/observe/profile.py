@@ -9,30 +9,34 @@ from __future__ import annotations
 import contextlib
 import sys
 
-__all__ = ["named_range", "step_range"]
+__all__ = ["named_range", "recording", "step_range"]
 
 _NULL = contextlib.nullcontext()
 
 
-def _recording():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    autograd = getattr(torch, "autograd", None)
-    profiler = getattr(autograd, "profiler", None) if autograd is not None else None
-    enabled = getattr(torch.autograd, "_profiler_enabled", None) if profiler else None
-    if enabled is None or not enabled():
-        return None
-    return torch.profiler.record_function
+_enabled = None   # torch.autograd._profiler_enabled, once torch is imported
+
+
+def recording():
+    """``torch.profiler.record_function`` while a torch profiler records, else None."""
+    global _enabled
+    if _enabled is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        _enabled = getattr(getattr(torch, "autograd", None), "_profiler_enabled", None)
+        if _enabled is None:
+            return None
+    return sys.modules["torch"].profiler.record_function if _enabled() else None
 
 
 def named_range(name: str):
     """A ``record_function(name)`` while a torch profiler records, else a no-op context."""
-    record = _recording()
+    record = recording()
     return _NULL if record is None else record(name)
 
 
 def step_range(step: int):
     """The range around the loop's wait for global step ``step``."""
-    record = _recording()
+    record = recording()
     return _NULL if record is None else record(f"zephon: waiting for step {step}")
