@@ -16,31 +16,21 @@ import urllib.request
 
 import pytest
 
+import zephon_store as z
 from tests.helpers import write_jsonl_corpus
 from tests.helpers.faultproxy import FaultProxy
-from zephon_store import (
-    BatchOptions,
-    ReadAheadOptions,
-    SourceOptions,
-    StopOptions,
-    WorkerOptions,
-    convert,
-)
-from zephon_store.io.cache import ChunkCache
 from zephon_store.observe.causes import CAUSES
-from zephon_store.order import OrderOptions, Topology
-from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch")
 from zephon_store.torch import ZephonLoader  # noqa: E402
 
-OPTS = WriteOptions(target_shard_bytes=40 << 10, row_group_bytes=6 << 10)
-B = 16
+B = 16   # samples a step
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """2,400 JSONL records (about 150 steps of 16)."""
     d = tmp_path_factory.mktemp("observe")
     write_jsonl_corpus(d / "src", files=4, records=600, seed=3)
     return d
@@ -49,7 +39,8 @@ def corpus(tmp_path_factory):
 @pytest.fixture()
 def remote(corpus, s3_bucket):
     url = f"{s3_bucket.url}/ds"
-    convert([str(corpus / "src")], url, options=OPTS, storage_options=s3_bucket.storage_options)
+    z.convert([str(corpus / "src")], url, storage_options=s3_bucket.storage_options,
+            options=z.WriteOptions(target_shard_bytes=40 << 10, row_group_bytes=6 << 10))
     port = int(s3_bucket.server.endpoint_url.rsplit(":", 1)[1])
     with FaultProxy(port) as proxy:
         yield url, s3_bucket, proxy
@@ -63,13 +54,13 @@ def _slow(batch):
 def _loader(url, so, cache, *, workers=0, steps=12, transform=None, prefetch_bytes=None,
             order=None, **kw):
     # A small budget also bounds the decode-ahead, which fetches what it decodes.
-    read_ahead = ReadAheadOptions() if prefetch_bytes is None else ReadAheadOptions(
+    read_ahead = z.ReadAheadOptions() if prefetch_bytes is None else z.ReadAheadOptions(
         prefetch_bytes=prefetch_bytes, decode_ahead_bytes=2 * prefetch_bytes)
-    return ZephonLoader(url, topology=Topology(B), order=order or OrderOptions(seed=1),
-                        source=SourceOptions(storage_options=so, cache=ChunkCache(str(cache))),
-                        batch=BatchOptions(transform=transform), read_ahead=read_ahead,
-                        stop=StopOptions(max_steps=steps),
-                        workers=WorkerOptions(num_workers=workers), **kw)
+    return ZephonLoader(url, topology=z.Topology(B), order=order or z.OrderOptions(seed=1),
+                        source=z.SourceOptions(storage_options=so, cache=z.ChunkCache(str(cache))),
+                        batch=z.BatchOptions(transform=transform), read_ahead=read_ahead,
+                        stop=z.StopOptions(max_steps=steps),
+                        workers=z.WorkerOptions(num_workers=workers), **kw)
 
 
 def _largest(stats) -> str:
@@ -166,7 +157,7 @@ def test_the_stall_warning_fires_before_the_first_slow_step_and_only_then(
     url, bucket, proxy = remote
     so = bucket.options_via(proxy.endpoint_url, read_timeout=5.0, connect_timeout=1.0)
     loader = _loader(url, so, tmp_path / "cache", steps=SLOW_STEPS + 100,
-                     prefetch_bytes=32 << 10, order=OrderOptions(seed=0, shuffle=False))
+                     prefetch_bytes=32 << 10, order=z.OrderOptions(seed=0, shuffle=False))
     proxy.latency(latency)
     waits = []
     warned_at = None
@@ -214,11 +205,11 @@ def _front(front, url, so, cache, workers):
             dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=24)
     from zephon_store.grain import ZephonIterDataset
 
-    return ZephonIterDataset(url, topology=Topology(24), order=OrderOptions(seed=1),
-                             source=SourceOptions(storage_options=so,
-                                                  cache=ChunkCache(str(cache))),
-                             stop=StopOptions(max_steps=16),
-                             workers=WorkerOptions(num_workers=workers))
+    return ZephonIterDataset(url, topology=z.Topology(24), order=z.OrderOptions(seed=1),
+                             source=z.SourceOptions(storage_options=so,
+                                                  cache=z.ChunkCache(str(cache))),
+                             stop=z.StopOptions(max_steps=16),
+                             workers=z.WorkerOptions(num_workers=workers))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
