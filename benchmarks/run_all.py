@@ -129,6 +129,8 @@ def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
     if before:
         plan["ab_loader"] = ("ab_loader", ["--before", before,
                                            *pick(["--runs", "5"], ["--mb", "60", "--runs", "1"])])
+        plan["ab_account"] = ("ab_account", ["--before", before,
+                                             *pick(["--runs", "5"], ["--mb", "5", "--runs", "1"])])
     return plan
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import sys
 import time
 from collections import deque
@@ -47,21 +48,39 @@ PACE_STEPS = 4
 # Per-step records buffered before a step-log line is written.
 STEP_LOG_LINES = 50
 _COLLATE, _OTHER = CAUSES.index("collate"), CAUSES.index("other")
+_HANDOVER = CAUSES.index("handover")
 _TORCH = "torch"   # profiler ranges only once torch is imported (observe/profile.py)
 
 
 class Note(NamedTuple):
-    """A worker process's account of one batch, sent with it across the hand-over."""
+    """A worker process's account of one batch, sent with it across the hand-over as a
+    plain tuple (:meth:`pack`: a NamedTuple pickles by reference to its class, and a batch
+    of a few small documents pays for every microsecond)."""
 
     worker: int
     seconds: tuple          # its causes, in CAUSES order
     ready: float            # time.time() when the batch left the worker's code
-    counts: dict            # its counters since its previous note
+    counts: dict            # its counters since its previous note (gauges that changed)
+
+    def pack(self) -> tuple:
+        """``(worker, bytes, counts or None)``: the causes and ``ready`` as 11 doubles."""
+        return (self.worker, _NOTE.pack(*self.seconds, self.ready), self.counts or None)
+
+    @classmethod
+    def unpack(cls, packed: tuple) -> Note:
+        """The note :meth:`pack` made."""
+        worker, raw, counts = packed
+        *seconds, ready = _NOTE.unpack(raw)
+        return cls(worker, tuple(seconds), ready, counts or {})
+
+
+_NOTE = struct.Struct(f"<{len(CAUSES) + 1}d")
 
 
 def with_notes(items, worker: int):
-    """``(i, batch, Note)`` for each ``(i, batch)`` of ``items``, made in worker process
-    ``worker``: what :class:`StepAccount` needs from the other side of the hand-over."""
+    """``(i, batch, note)`` for each ``(i, batch)`` of ``items``, made in worker process
+    ``worker`` (the note :meth:`Note.pack`-ed): what :class:`StepAccount` needs from the
+    other side of the hand-over."""
     last = causes.counters()
     it = iter(items)
     while True:
@@ -71,18 +90,17 @@ def with_notes(items, worker: int):
             except StopIteration:
                 return
         now = causes.counters()
-        yield i, batch, Note(worker, tuple(tally.seconds), time.time(), note_for(last, now))
+        yield i, batch, Note(worker, tuple(tally.seconds), time.time(),
+                             note_for(last, now)).pack()
         last = now
 
 
 def note_for(before: dict, after: dict) -> dict:
-    """The counters that changed from ``before`` to ``after`` (gauges: their last value)."""
+    """The counters that changed from ``before`` to ``after`` (a gauge: its new value)."""
     out = {}
     for k, v in after.items():
-        if k.startswith("gauge."):
-            out[k] = v
-        elif v != before.get(k, 0):
-            out[k] = v - before.get(k, 0)
+        if v != before.get(k, 0):
+            out[k] = v if k.startswith("gauge.") else v - before.get(k, 0)
     return out
 
 
@@ -147,7 +165,7 @@ class StepAccount:
         now = perf_counter()
         wait = now - t0
         if len(item) == 3:
-            self._across(item[2], before, time.time() - wait, wait)
+            self._across(Note.unpack(item[2]), before, time.time() - wait, wait)
         self.step, self.last_wait, self._before = step, wait, before
         self.steps += 1
         self.wait_total += wait
@@ -161,19 +179,26 @@ class StepAccount:
         """A batch a worker made: the wait until it was ready counts in the worker's
         proportions, the rest as hand-over (this thread's own causes of the step, the
         collation, are kept; what it spent inside the DataLoader is that hand-over)."""
-        total = self.total
-        here = [a - b for a, b in zip(total.seconds, before)]
-        collate = here[_COLLATE]
-        total.seconds[:] = before
-        total.seconds[_COLLATE] += collate
+        seconds = self.total.seconds
+        collate = seconds[_COLLATE] - before[_COLLATE]
+        seconds[:] = before
+        seconds[_COLLATE] += collate
         waited = max(0.0, wait - collate)
         made = min(waited, max(0.0, note.ready - called))
-        worker = Tally(note.seconds)
-        if worker.total() > 0:
-            total.merge(worker, made / worker.total())
+        spent = sum(note.seconds)
+        if spent > 0:
+            scale = made / spent
+            for k, v in enumerate(note.seconds):
+                if v:
+                    seconds[k] += v * scale
         else:
-            total.add("other", made)
-        total.add("handover", waited - made)
+            seconds[_OTHER] += made
+        seconds[_HANDOVER] += waited - made
+        if note.counts:
+            self._add_counts(note)
+
+    def _add_counts(self, note: Note) -> None:
+        """A worker's counters since its last note, added to the rank's."""
         for k, v in note.counts.items():
             if k.startswith("gauge."):
                 self._workers[k] = v
