@@ -54,7 +54,9 @@ class _ShareIterator(grain.DatasetIterator):
 
     def __next__(self):
         if self._batches is None:
-            self._batches = self._share.reader.batches(self._share.worker, self._share.workers)
+            # Each batch with this worker's account of it, for the loader's (observe/).
+            self._batches = self._share.reader.batches(self._share.worker, self._share.workers,
+                                                       notes=bool(self._share.workers))
         item = next(self._batches)
         self._made += 1
         return item

@@ -400,7 +400,9 @@ class _Run:
         self._counted = 0
 
     def next(self) -> dict:
-        i, out = next(self._it)
+        # A process worker's batch comes with its note (observe/account.py), which a live
+        # run does not account yet.
+        i, out, *_ = next(self._it)
         assert self.reader.start_cursor + i * self.global_batch == self.next_cursor
         self.next_cursor += self.global_batch
         return out

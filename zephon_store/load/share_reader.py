@@ -122,15 +122,16 @@ class ShareReader:
         self._pipelines.append(pipeline)
         return pipeline
 
-    def batches(self, worker: int = 0, workers: int = 0) -> Iterator[tuple[int, dict]]:
+    def batches(self, worker: int = 0, workers: int = 0, *,
+                notes: bool = False) -> Iterator[tuple[int, dict]]:
         """``(i, batch)`` of the share, with the share's bytes fetched ahead when remote;
-        ``(i, batch, note)`` in a worker (``workers > 0``), the note its account of the
-        batch (:func:`~zephon_store.observe.account.with_notes`).
+        with ``notes``, ``(i, batch, note)``: a loader's worker process sends its account of
+        each batch with it (:func:`~zephon_store.observe.account.with_notes`).
 
         The prefetcher learns what was consumed from the share's own count of batches, so
         it never runs more than its budget ahead of the consumer.
         """
-        if workers:
+        if notes:
             # In a worker process: each batch goes with the worker's account of it
             # (observe/account.py), so the loader can split the wait across the hand-over.
             yield from with_notes(self._batches(worker, workers), worker)

@@ -44,6 +44,7 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
                                         decode_ahead_bytes=decode_ahead_bytes,
                                         coalesce=coalesce),
             start_cursor=start_cursor, num_batches=num_batches, end=end)
+        self.notes = False
 
     @classmethod
     def over(cls, reader: ShareReader) -> ZephonIterableDataset:
@@ -51,6 +52,9 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         self = cls.__new__(cls)
         torch.utils.data.IterableDataset.__init__(self)
         self.reader = reader
+        # The loader's own workers send their account of each batch with it
+        # (observe/account.py); a DataLoader a user builds gets plain (i, batch).
+        self.notes = True
         return self
 
     @staticmethod
@@ -76,4 +80,5 @@ class ZephonIterableDataset(torch.utils.data.IterableDataset):
         # a parent thread may have held. A copy goes through __getstate__/__setstate__
         # and gets fresh ones; the manifest is shared, not reloaded.
         self.reader.stream.dataset = copy.copy(self.reader.stream.dataset)
-        yield from self.reader.batches(info.id, info.num_workers)
+        yield from self.reader.batches(info.id, info.num_workers,
+                                       notes=getattr(self, "notes", False))

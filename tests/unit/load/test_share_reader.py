@@ -36,7 +36,7 @@ def test_worker_shares_partition_the_rank_and_hold_the_ordered_ids(ds, workers) 
                          start_cursor=24, num_batches=10)
     got = {}
     for w in range(max(1, workers)):
-        for i, batch, *_ in reader.batches(w, workers):
+        for i, batch in reader.batches(w, workers):
             assert i not in got
             got[i] = batch["_seq"].tolist()
     assert sorted(got) == list(range(10))

@@ -75,3 +75,18 @@ def test_a_profile_shows_the_wait_for_each_step(ds):
             pass
     names = {e.key for e in prof.key_averages()}
     assert {"zephon: waiting for step 0", "zephon: waiting for step 2"} <= names
+
+
+def test_a_users_own_dataloader_over_the_iterable_dataset_still_gets_pairs(ds):
+    """Only the loader's own workers send a note with each batch; ZephonIterableDataset in
+    a DataLoader a user builds yields ``(i, batch)`` as documented."""
+    from torch.utils.data import DataLoader
+
+    from zephon_store import open_dataset
+    from zephon_store.torch import ZephonIterableDataset
+
+    it = ZephonIterableDataset(open_dataset(ds), order=OrderOptions(seed=3), topology=Topology(16),
+                               num_batches=4)
+    got = list(DataLoader(it, batch_size=None, num_workers=2, collate_fn=lambda x: x))
+    assert sorted(i for i, _ in got) == [0, 1, 2, 3]
+    assert all(len(item) == 2 for item in got)
