@@ -159,6 +159,20 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     """
     if sum(row_group_rows) != table.num_rows:
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
+    table, writer_options, codecs = _storage_table(table, options)
+    with pq.ParquetWriter(path, table.schema, **writer_options) as writer:
+        start = 0
+        for n in row_group_rows:
+            writer.write_table(table.slice(start, n), row_group_size=n)
+            start += n
+    info = describe_shard(path)
+    info.codecs = codecs
+    return info
+
+
+def _storage_table(table: pa.Table, options: WriteOptions) -> tuple[pa.Table, dict, dict]:
+    """``table`` in its storage types, the ``pq.ParquetWriter`` keyword arguments that write
+    it as ``options`` say, and the codecs ``compression="auto"`` chose (else empty)."""
     encodings = storage_encodings(table.schema, options.fixed_size_lists, options.compression)
     table = to_storage(table, encodings)
     codecs: dict[str, str] = {}
@@ -173,19 +187,11 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
         use_dictionary = dictionary_columns(table, exclude=encodings)
     elif use_dictionary and encodings:
         use_dictionary = [p for p in _leaf_paths(table.schema) if p not in encodings]
-    with pq.ParquetWriter(
-        path, table.schema, compression=compression, compression_level=level,
-        use_dictionary=use_dictionary, write_statistics=options.write_statistics,
-        data_page_size=options.data_page_size, version=options.parquet_version,
-        store_schema=True, write_page_index=False,
-    ) as writer:
-        start = 0
-        for n in row_group_rows:
-            writer.write_table(table.slice(start, n), row_group_size=n)
-            start += n
-    info = describe_shard(path)
-    info.codecs = codecs
-    return info
+    kwargs = dict(compression=compression, compression_level=level,
+                  use_dictionary=use_dictionary, write_statistics=options.write_statistics,
+                  data_page_size=options.data_page_size, version=options.parquet_version,
+                  store_schema=True, write_page_index=False)
+    return table, kwargs, codecs
 
 
 #: ``compression="auto"``, per top-level column of each shard (formats/SPEC.md, "Compression";
