@@ -142,6 +142,8 @@ def test_ray_with_1_and_3_workers_writes_the_local_bytes(cluster, corpora, local
         assert (res.engine, res.workers) == ("ray", workers)
         assert res.dataset_id == ref.dataset_id and tree_digest(out) == ref_tree
         assert set(res.stages) >= {"plan", "parse", "cut", "write", "publish"}
+        # Timed inside the Ray tasks and sent back with their results (issue 43 item 5).
+        assert res.work_seconds["read"] > 0 and res.work_seconds["compress"] > 0
     assert verify(str(out), deep=True).ok
 
 

@@ -157,8 +157,10 @@ def _add_convert_parser(sub) -> None:
                    help="packing: put the tokenizer's EOS token after each document")
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
     c.add_argument("--verbose", "-v", action="store_true",
-                   help="--engine ray: show Ray's own log lines and the workers' output "
-                        "(default: Ray's errors only)")
+                   help="print where the time went (each phase's wall time, and the seconds "
+                        "of each kind of work summed over the tasks); with --engine ray also "
+                        "show Ray's own log lines and the workers' output (default: Ray's "
+                        "errors only)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset already at --output (what only its "
                         "manifest references is removed after the new one is published)")
@@ -339,7 +341,20 @@ def cmd_convert(args) -> int:
             print(f"skipped (--on-error skip): {counts}")
             for example in result.skip_examples:
                 print(f"  e.g. {example}")
+        if args.verbose:
+            print(_convert_times(result))
     return 0
+
+
+def _convert_times(result) -> str:
+    """``convert --verbose``: each phase's wall time, then the seconds of each kind of work
+    summed over the tasks (zephon_store.write.stage_times)."""
+    def line(seconds: dict) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+
+    across = f"{_count(result.workers, 'worker')} ({result.engine})"
+    return (f"time {result.seconds:.2f} s: {line(result.stages)}\n"
+            f"work, s summed over the tasks of {across}: {line(result.work_seconds)}")
 
 
 def cmd_verify(args) -> int:

@@ -46,6 +46,7 @@ import pyarrow as pa
 from .._util.hashing import xxh3_file
 from ..errors import InputError, InputNotFoundError, require
 from ..format.manifest import schema_to_base64
+from .stage_times import stage
 from .staged import StagedInput, arrow_batch_rows, read_staged
 from .staging import StagingArea
 
@@ -281,7 +282,9 @@ class TokenizeDocuments:
             row += batch.num_rows
             for i in range(0, len(texts), _ENCODE_DOCS):
                 docs = texts[i:i + _ENCODE_DOCS]
-                yield self._to_batch([e.ids for e in encode(docs, add_special_tokens=False)])
+                with stage("tokenize"):
+                    batch = self._to_batch([e.ids for e in encode(docs, add_special_tokens=False)])
+                yield batch
 
     def _texts(self, f, batch: pa.RecordBatch, options, stats, row0: int) -> list[str]:
         names = batch.schema.names

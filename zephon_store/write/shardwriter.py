@@ -24,6 +24,7 @@ from .._util.hashing import xxh3_ranges
 from .._util.sizes import parse_size
 from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
 from ..format.footer import row_group_byte_range
+from .stage_times import stage
 
 #: ``WriteOptions.compression`` values; ``"lz4"`` is Parquet's LZ4_RAW (pyarrow's name for it).
 COMPRESSIONS = ("auto", "zstd", "lz4", "snappy", "gzip", "brotli", "none")
@@ -159,13 +160,15 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     """
     if sum(row_group_rows) != table.num_rows:
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
-    table, writer_options, codecs = _storage_table(table, options)
-    with pq.ParquetWriter(path, table.schema, **writer_options) as writer:
+    with stage("encode"):
+        table, writer_options, codecs = _storage_table(table, options)
+    with stage("compress"), pq.ParquetWriter(path, table.schema, **writer_options) as writer:
         start = 0
         for n in row_group_rows:
             writer.write_table(table.slice(start, n), row_group_size=n)
             start += n
-    info = describe_shard(path)
+    with stage("hash"):
+        info = describe_shard(path)
     info.codecs = codecs
     return info
 
