@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -36,6 +35,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
+from .._util.progress import progress_bar
 from ..errors import DiskFullError, InputError, OutputExistsError
 from ..format.encoding import ElementNullError
 from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
@@ -147,8 +147,6 @@ def convert(
         inputs = [inputs]
     in_so = storage_options if input_storage_options is None else input_storage_options
     parse_fn = parse_fn or _default_parse
-    if progress is None:
-        progress = sys.stderr.isatty()
 
     stages: dict[str, float] = {}
     work = StageTimes()
@@ -316,20 +314,12 @@ def _on_disk(path: str, fn):
         raise
 
 
-def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
-    from tqdm import tqdm
-
-    # Bytes scale (kB, MB); counts of shards stay whole numbers (scaled, tqdm prints 1.00/9.00).
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", disable=not progress,
-                leave=False, file=sys.stderr)
-
-
 # -- phase 1: parse ------------------------------------------------------------------------
 def _parse_all(files, area, input_options, so, parse_fn, executor, progress, work):
     tasks = [(i, f, area, input_options, so, parse_fn) for i, f in enumerate(files)]
     metas: list[StagedInput | None] = [None] * len(files)
     t0, rows, parsed, reused = time.perf_counter(), 0, 0, 0
-    with _bar(progress, sum(f.size for f in files), "parse") as bar:
+    with progress_bar(progress, sum(f.size for f in files), "parse") as bar:
         for meta, was_reused, seconds in executor.map(_parse_one, tasks, name="parse"):
             metas[meta.index] = meta
             work.merge(seconds)
@@ -480,7 +470,7 @@ def _write_all(cuts, metas, area, schema, options, out, executor, progress, work
         tasks.append((p, pieces, area, {i: metas[i] for i, _, _ in pieces}, schema_b64,
                       options, out))
     reused = written = 0
-    with _bar(progress, len(cuts), "write", unit="shard") as bar:
+    with progress_bar(progress, len(cuts), "write", unit="shard") as bar:
         for index, info, was_reused, seconds in executor.map(_write_one, tasks, name="write"):
             infos[index] = info
             work.merge(seconds)
