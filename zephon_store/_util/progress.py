@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["progress_bar", "show_progress"]
+__all__ = ["progress_bar", "progress_note", "show_progress"]
 
 
 def show_progress(progress: bool | None) -> bool:
@@ -29,4 +29,13 @@ def progress_bar(progress: bool | None, total: int | None, desc: str, unit: str 
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B",
+                disable=not show_progress(progress), leave=False, file=sys.stderr)
+
+
+def progress_note(progress: bool | None, desc: str):
+    """One line on stderr while a step that has nothing to count runs (starting Ray
+    takes seconds), cleared when it ends; shown as :func:`show_progress` says."""
+    from tqdm import tqdm
+
+    return tqdm(total=None, desc=desc, bar_format="{desc} ...",
                 disable=not show_progress(progress), leave=False, file=sys.stderr)

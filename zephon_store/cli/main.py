@@ -361,7 +361,7 @@ def cmd_verify(args) -> int:
     from ..read.verify import verify
 
     report = verify(args.url, deep=args.deep, storage_options=args.storage_options,
-                    workers=args.workers, progress=not args.json and sys.stderr.isatty())
+                    workers=args.workers, progress=False if args.json else None)
     if args.json:
         emit(report.to_dict())
     else:

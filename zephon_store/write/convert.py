@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
-from .._util.progress import progress_bar
+from .._util.progress import progress_bar, progress_note
 from ..errors import DiskFullError, InputError, OutputExistsError
 from ..format.encoding import ElementNullError
 from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
@@ -241,7 +241,9 @@ def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, 
         stages[name] = now - t
         t = now
 
-    with executor:
+    with contextlib.ExitStack() as running:
+        with progress_note(progress, f"start: {_engine_name(executor)} workers"):
+            running.enter_context(executor)
         lap("start")  # starting workers (a local Ray instance takes seconds)
         metas, inputs_reused = _parse_all(files, area, input_options, in_so, parse_fn, executor,
                                           progress, work)
