@@ -128,7 +128,7 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--engine ray: the cluster to join (e.g. 127.0.0.1:6379 or auto); "
                         "default: start a local Ray instance")
-    c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
+    c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv", "arrow"], default=None,
                    help="input format (default: from each file name)")
     c.add_argument("--text-mode", choices=["file", "line"], default="file",
                    help="plain text: one sample per file or per line")
