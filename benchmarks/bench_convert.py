@@ -10,16 +10,18 @@ run to run):
   (read, and token windows put in byte planes, before the clock), then one
   ``pq.write_table`` with Zephon's codecs (``benchmarks/peers/sys_pyarrow.py``: text zstd
   level 6, the planes as ``fixed_size_binary`` at LZ4, no dictionary, ~1 MiB row groups).
-  No parsing, byte planes, staging, hashing or manifest. The run checks that this file and Zephon's first
-  shard hold the same codec and physical type per column (``layout_same``);
+  No parsing, byte planes, staging, hashing or manifest. The run checks that this file and
+  Zephon's first shard hold the same codec and physical type per column (``layout_same``);
 - ``zephon``: ``zephon_store.convert([input], out, workers=1)`` from the files, default
   options: parse, size rows, stage, cut, encode, compress, hash, publish;
+- ``zephon_arrow``: from the same table in memory as raw pyarrow: written as an Arrow IPC
+  file, then converted, both inside the clock (``benchmarks/peers/sys_zephonarrow.py``);
 - ``zephon_before`` with ``--before TREE``: the same with another checkout's zephon_store.
 
-Reported per corpus: seconds (median, min-max), the ratio raw / Zephon per run and its
-median (>= 1 means Zephon is faster), Zephon's phases (wall) and its work by kind
-(``ConvertResult.work_seconds``: summed over its two threads, so it can exceed the wall),
-medians over the runs. Usage::
+Reported per corpus: seconds (median, min-max), the ratios raw / Zephon and raw /
+Zephon-from-the-table per run and their medians (>= 1 means Zephon is faster), Zephon's
+phases (wall) and its work by kind (``ConvertResult.work_seconds``: summed over its two
+threads, so it can exceed the wall), medians over the runs. Usage::
 
     python -m benchmarks.bench_convert --mb 300 --runs 5 --json
     python -m benchmarks.bench_convert --mb 300 --runs 5 --before /tmp/before
@@ -67,7 +69,8 @@ def _medians(dicts: list[dict]) -> dict:
 def bench_kind(kind: str, mb: int, runs: int, before: str | None, timeout: float) -> dict:
     meta = corpus_mod.ensure(kind, mb, log=log)
     work = os.path.join(meta["dir"], "work", "bench_convert")
-    cases = {"raw": ("pyarrow", ROOT), "zephon": ("zephon", ROOT)}
+    cases = {"raw": ("pyarrow", ROOT), "zephon": ("zephon", ROOT),
+             "zephon_arrow": ("zephonarrow", ROOT)}
     if before:
         cases["zephon_before"] = ("zephon", before)
     got: dict[str, list[dict]] = {c: [] for c in cases}
@@ -98,13 +101,18 @@ def bench_kind(kind: str, mb: int, runs: int, before: str | None, timeout: float
     mb_payload = meta["payload_bytes"] / 1e6
     secs = {c: [x["seconds"] for x in got[c]] for c in cases}
     ratios = [round(a / b, 3) for a, b in zip(secs["raw"], secs["zephon"])]
+    from_table = [round(a / b, 3) for a, b in zip(secs["raw"], secs["zephon_arrow"])]
     row = {
         "payload_MB": round(mb_payload, 1), "layout_same": layout_same,
         "seconds": {c: _summary(v) for c, v in secs.items()},
         "MB_per_s": {c: round(mb_payload / statistics.median(v), 1) for c, v in secs.items()},
         "ratio_raw_over_zephon": {"per_run": ratios, "median": statistics.median(ratios)},
+        "ratio_raw_over_zephon_arrow": {"per_run": from_table,
+                                        "median": statistics.median(from_table)},
         "zephon_stages": _medians([x["stages"] for x in got["zephon"]]),
         "zephon_work": _medians([x["work"] for x in got["zephon"]]),
+        "zephon_arrow_stages": _medians([x["stages"] for x in got["zephon_arrow"]]),
+        "zephon_arrow_work": _medians([x["work"] for x in got["zephon_arrow"]]),
     }
     if before:
         row["ratio_before_over_after"] = [round(b / a, 3) for a, b in

@@ -29,7 +29,7 @@ def _preimport(system: str) -> None:
     # pyarrow's first to_numpy() imports pandas (~0.25 s here): an import, not work.
     pa.array([1]).to_numpy()
 
-    if system in ZEPHONS or system == "zephoncache":
+    if system in ZEPHONS or system in ("zephoncache", "zephonarrow"):
         import zephon_store.load.stream  # noqa: F401
         import zephon_store.torch  # noqa: F401
     elif system == "mosaic":
