@@ -49,6 +49,7 @@ import pyarrow as pa
 
 from .._util.to_numpy import table_to_numpy
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
+from ..load.documents import DocumentColumns, add_document_fields
 from ..load.options import FLAT, ReadAheadOptions, SourceOptions, grouped
 from ..load.source import open_source, plan_of
 from ..order.order import OrderOptions
@@ -93,7 +94,9 @@ class ZephonSource:
     works and warns); ``deny_list``: a takedown
     list, as the loaders take it (a file or ``DenyList``; a mixture's: a file or dict per
     source, :func:`~zephon_store.load.denylist.open_deny_list`): denied records are blanked
-    and flagged in ``_masked``, and keep their index. ``run_log`` is refused: which index a
+    and flagged in ``_masked``, and keep their index; ``documents``: each record (packed
+    windows only) adds ``position_ids``, ``cu_seqlens``, ``max_seqlen`` and ``loss_mask``,
+    the loaders' ``BatchOptions(documents=True)`` fields (docs/packing.md). ``run_log`` is refused: which index a
     step reads is Grain's sampler's (``ZephonIterDataset`` logs a run).
 
     A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
@@ -109,7 +112,8 @@ class ZephonSource:
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
                  source: SourceOptions | None = None, read_ahead: ReadAheadOptions | None = None,
-                 deny_list=None, run_log: str | None = None, **deprecated) -> None:
+                 deny_list=None, documents: bool = False, run_log: str | None = None,
+                 **deprecated) -> None:
         if run_log is not None:
             raise TypeError("ZephonSource keeps no run log: Grain's sampler decides which index "
                             "each step reads; log a run with "
@@ -117,10 +121,13 @@ class ZephonSource:
         groups = grouped("ZephonSource", {"source": source, "read_ahead": read_ahead},
                          deprecated, allowed=_FLAT)
         source, read_ahead = groups["source"], groups["read_ahead"]
+        if documents and columns is not None:   # the document fields are made from these
+            columns = list(columns) + [c for c in DocumentColumns().names if c not in columns]
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
             global_batch=global_batch, **source.open_kwargs()))
         self.source = self.plan.source
+        self.documents = DocumentColumns.of(self.source) if documents else None
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:
             raise ValueError(f"columns {missing} are not in {self.source.url}; it has "
@@ -222,10 +229,13 @@ class ZephonSource:
         rows blanked before anything else sees them (as the loaders' pipeline does)."""
         table, extra, ids = self._rows(indices)
         cols = {**table_to_numpy(table), **extra}
+        masked = None
         if self.deny_list is not None:
             masked = self.deny_list.masked(ids)
             cols = blank_denied(cols, masked, dict(zip(table.schema.names, table.schema.types)))
             cols[MASK_KEY] = masked
+        if self.documents is not None:
+            cols = add_document_fields(cols, self.documents, masked)
         return table, cols
 
     def _rows(self, indices: Sequence[int]):

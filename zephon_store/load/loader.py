@@ -33,6 +33,7 @@ from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .denylist import open_deny_list, save_logged_copy
+from .documents import DocumentColumns
 from .options import (
     BatchOptions,
     ReadAheadOptions,
@@ -104,7 +105,7 @@ class Loader:
         self.run_log = run_log
         self.read_ahead = read_ahead or ReadAheadOptions()
         self.topology = topology
-        columns = self.batch_options.columns
+        columns = self.batch_options.read_columns()
         if self.workers.num_workers:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
             prepare_workers_soon(dataset, self.workers.multiprocessing_context,
@@ -115,6 +116,8 @@ class Loader:
             dataset, columns=None if columns is None else list(columns),
             global_batch=topology.global_batch, defer_stage_order=True,
             **source.open_kwargs()))
+        if self.batch_options.documents:
+            DocumentColumns.of(self.plan.source)     # refused here, in one line, if not packed
         # The plan's seed rule (a mixture file's seed applies unless one is given).
         order = order.replace(seed=self.plan.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,

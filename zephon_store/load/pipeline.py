@@ -46,6 +46,7 @@ from .._util.to_numpy import array_type, array_view, column_to_numpy, table_to_n
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY, DenyListError, blank_denied
+from .documents import DocumentColumns, add_document_fields
 
 # Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
@@ -350,7 +351,7 @@ class BatchPipeline:
                  transform: Callable[[dict], dict] | None = None,
                  ahead_bytes: int | None = None, decode_threads: int | None = None,
                  stop: threading.Event | None = None, deny_list=None,
-                 group: int | None = None) -> None:
+                 documents: DocumentColumns | None = None, group: int | None = None) -> None:
         self.stream = stream
         self.dataset = stream.dataset
         self.start_cursor = int(start_cursor)
@@ -362,6 +363,9 @@ class BatchPipeline:
         self.deny_list = deny_list
         self._payload = None if deny_list is None else {
             f.name: f.type for f in stream.select(self.dataset.schema.empty_table()).schema}
+        # Per-document attention data (load/documents.py), added after the blanking, so a
+        # denied window is one blank segment, and before the transform.
+        self.documents = documents
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(self.dataset.decoded_row_group_bytes())
@@ -515,9 +519,12 @@ class BatchPipeline:
             table_to_numpy(self.stream.select(self.dataset.schema.empty_table())), step)
 
     def _handed_out(self, sub: dict):
-        """One step's batch as the caller gets it: denied rows blanked, then transformed."""
+        """One step's batch as the caller gets it: denied rows blanked, the document fields
+        added (``documents``), then transformed."""
         if self.deny_list is not None:
             sub = blank_denied(sub, sub[MASK_KEY], self._payload)
+        if self.documents is not None:
+            sub = add_document_fields(sub, self.documents, sub.get(MASK_KEY))
         if self.transform is not None:
             sub = self._transformed(sub)
         return sub
