@@ -79,6 +79,12 @@ def add_trace_parsers(sub) -> None:
     _end_step_arg(a, "the step the run reached (the log records where segments start, not "
                      "where the last one stopped; default: audit up to the last segment's "
                      "first step)")
+    summary = {"--summary": "the consumption report (Markdown; JSON with --json): samples, "
+                              "tokens, documents and epochs per group, from the audit's count",
+               "--by": "with --summary: group by source, input and/or columns the conversion "
+                       "kept (url: by domain); default source,input"}
+    a.add_argument("--summary", action="store_true", help=summary["--summary"])
+    a.add_argument("--by", type=_columns, default=None, metavar="DIM,...", help=summary["--by"])
     _common_args(a, order=False)
 
 
@@ -294,7 +300,11 @@ def _step_span(d: dict) -> str:
 
 
 def cmd_audit(args) -> int:
+    if args.by is not None and not args.summary:
+        raise UsageError("--by groups the consumption report: pass --summary with it")
     ctx = _context(args)
+    if args.summary:
+        return _summary(ctx, args)
     t0 = time.perf_counter()
     with _answers(args.log):
         report = ctx.audit(end_step=args.end_step)
@@ -329,3 +339,17 @@ def cmd_audit(args) -> int:
         print("OK: every sample exactly once per epoch" if report.ok
               else "FAIL: the run is not exactly-once", file=sys.stdout)
     return 0 if report.ok else 1
+
+
+def _summary(ctx, args) -> int:
+    """``zephon audit --summary``: the consumption report (runs/consumption.py)."""
+    from ..runs.consumption import consumption
+
+    with _answers(args.log):
+        report = consumption(ctx, end_step=args.end_step,
+                             by=tuple(args.by or ("source", "input")))
+    if args.json:
+        emit(report.to_dict())
+    else:
+        sys.stdout.write(report.to_markdown())
+    return 0 if report.audit.ok else 1

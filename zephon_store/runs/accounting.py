@@ -334,13 +334,15 @@ class RunContext:
 
     # The audit questions, with this context's orders and deny lists.
 
-    def audit(self, end_step: int | None = None):
-        """:func:`~zephon_store.runs.audit.audit_run` of the log (what ``zephon audit`` runs)."""
+    def audit(self, end_step: int | None = None, *, tallies=None):
+        """:func:`~zephon_store.runs.audit.audit_run` of the log (what ``zephon audit`` runs);
+        ``tallies``: one :class:`~zephon_store.runs.audit.ExposureTally` per source, filled
+        by the same count (``zephon audit --summary``)."""
         from .audit import audit_run
 
         return audit_run(self.segments, self.order_for, end_step=end_step,
                          dataset_id=self.dataset_id if self.source_names is None else None,
-                         deny_for=self.deny_for)
+                         deny_for=self.deny_for, tallies=tallies)
 
     def trace(self, steps: Iterable[int], *, rank: int | None = None,
               end_step: int | None = None, segments: Sequence[Any] | None = None):
