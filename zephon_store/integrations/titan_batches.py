@@ -4,7 +4,9 @@ A packed window ``w`` of ``L + 1`` tokens gives ``input = w[:-1]`` and ``labels 
 ``positions`` restart at 0 where a document begins (``doc_starts``) and at the start of every
 window, exactly like TorchTitan 0.3.0's own ``HuggingFaceTextDataset`` (a document continued
 from the previous window counts from 0 again). Without ``doc_starts`` a window is one
-segment: ``positions = 0..L-1``.
+segment: ``positions = 0..L-1``. Best-fit windows (``num_tokens``, docs/packing.md) end in padding:
+label ``j`` (the token at ``j + 1``) is :data:`IGNORE_INDEX` when ``j + 1 >= num_tokens``, so
+padding is never a label; real tokens never attend to it (it comes after them).
 
 Two layouts, chosen by the trainer's build arguments:
 
@@ -26,6 +28,8 @@ import numpy as np
 import torch
 
 NUM_VALID_TOKENS = "num_valid_tokens"
+# TorchTitan's cross-entropy skips labels equal to this (components/loss.py).
+IGNORE_INDEX = -100
 
 
 class TitanInputs(dict):
@@ -83,12 +87,16 @@ def window_positions(rows: int, seq_len: int, doc_starts: list | None = None) ->
 
 
 def rows_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
-               positions: bool = True) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """TorchTitan 0.3.0 batch from ``[B, L+1]`` windows: ``({"input", "positions"}, labels)``.
+               positions: bool = True, num_tokens: np.ndarray | None = None,
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """TorchTitan 0.3.0 batch from ``[B, L+1]`` windows: ``({"input", "positions"}, labels)``;
+    with ``num_tokens`` (best-fit), labels of padding are :data:`IGNORE_INDEX`.
 
     >>> x, y = rows_batch(np.array([[5, 6, 7, 8]]), [[0, 2]])
     >>> x["input"].tolist(), x["positions"].tolist(), y.tolist()
     ([[5, 6, 7]], [[0, 1, 0]], [[6, 7, 8]])
+    >>> rows_batch(np.array([[5, 6, 0, 0]]), num_tokens=np.array([2]))[1].tolist()
+    [[6, -100, -100]]
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or tokens.shape[1] < 2:
@@ -99,19 +107,24 @@ def rows_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
     if positions:
         b, w = tokens.shape
         inputs["positions"] = torch.from_numpy(window_positions(b, w - 1, doc_starts))
-    return inputs, t[:, 1:].contiguous()
+    labels = t[:, 1:].contiguous()
+    if num_tokens is not None:
+        pad = np.arange(1, tokens.shape[1])[None, :] >= np.asarray(num_tokens)[:, None]
+        labels[torch.from_numpy(pad)] = IGNORE_INDEX
+    return inputs, labels
 
 
 def flat_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
-               positions: bool = True) -> tuple[TitanInputs, torch.Tensor]:
+               positions: bool = True, num_tokens: np.ndarray | None = None,
+               ) -> tuple[TitanInputs, torch.Tensor]:
     """TorchTitan main batch: the windows' inputs/labels/positions as one 1-D token stream.
 
     >>> x, y = flat_batch(np.array([[5, 6, 7], [8, 9, 10]]))
     >>> x["input"].tolist(), x["positions"].tolist(), y.tolist(), x.num_valid_tokens
     ([5, 6, 8, 9], [0, 1, 0, 1], [6, 7, 9, 10], 4)
     """
-    inputs, labels = rows_batch(tokens, doc_starts, positions=positions)
+    inputs, labels = rows_batch(tokens, doc_starts, positions=positions, num_tokens=num_tokens)
     flat = {k: v.reshape(-1) for k, v in inputs.items()}
     labels = labels.reshape(-1)
-    # Packed windows have no padding: every label is a real next token.
-    return TitanInputs(flat, num_valid_tokens=int(labels.numel())), labels
+    # Concatenated windows have no padding; best-fit's is ignored (IGNORE_INDEX).
+    return TitanInputs(flat, num_valid_tokens=int((labels != IGNORE_INDEX).sum())), labels

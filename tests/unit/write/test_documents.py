@@ -272,3 +272,34 @@ def _v5_packed(tmp_path):
     doc["dataset_id"] = compute_dataset_id(doc)
     (tmp_path / "v5" / "manifest.json").write_text(json.dumps(doc))
     return open_documents(str(tmp_path / "v5"))
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best-fit"])
+def test_cli_convert_packing_and_info_report_the_documents(corpus, tmp_path, capsys, strategy):
+    from zephon_store.cli.main import main
+
+    tok_path, src, docs = corpus
+    out = str(tmp_path / "ds")
+    assert main(["convert", str(src), "-o", out, "--tokenizer", tok_path, "--seq-len",
+                 str(SEQ_LEN), "--packing", strategy, "--buffer-windows", "8", "--json"]) == 0
+    p = open_dataset(out).manifest.packing
+    assert p["strategy"] == strategy and p["num_documents"] == len(docs)
+    assert p["buffer_windows"] == (8 if strategy == "best-fit" else None)
+    capsys.readouterr()
+    assert main(["info", out]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("documents"))
+    assert line == (f"documents {len(docs)} ({p['documents_split']} split into "
+                    f"{p['split_pieces']} pieces), {p['num_tokens']} tokens in "
+                    f"{p['num_windows']} windows; padded {p['padded_tokens']} tokens, dropped a "
+                    f"tail of {p['dropped_tail_tokens']} tokens ({strategy})")
+    assert (p["padded_tokens"] > 0) == (strategy == "best-fit")
+    assert (p["dropped_tail_tokens"] > 0) == (strategy == "concat")
+
+
+def test_cli_packing_needs_a_tokenizer(corpus, tmp_path, capsys):
+    from zephon_store.cli.main import main
+
+    _, src, _ = corpus
+    assert main(["convert", str(src), "-o", str(tmp_path / "x"), "--packing", "best-fit"]) == 2
+    assert "--packing and --buffer-windows need --tokenizer and --seq-len" in \
+        capsys.readouterr().err
