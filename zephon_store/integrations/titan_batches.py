@@ -9,7 +9,11 @@ implementation every front end uses; with ``--dataloader.documents`` the batch's
 fields are taken as they are (``position_ids`` as ``positions``, labels of blank tokens set
 to -100) and ``cu_seqlens``/``max_seqlen`` ride on the input dict as attributes, never as
 keys: TorchTitan passes every key but ``input`` to the model's ``forward``, which takes
-``positions`` and builds its varlen/Flex masks from them itself.
+``positions`` and builds its varlen/Flex masks from them itself. Best-fit windows
+(``num_tokens``, docs/packing.md) end in padding: label ``j`` (the token at ``j + 1``) is
+:data:`IGNORE_INDEX` when ``j + 1 >= num_tokens``, so padding is never a label; real tokens
+never attend to it (it comes after them). With documents on, the padding is also its own
+segment (``loss_mask`` 0 there).
 
 Two layouts, chosen by the trainer's build arguments:
 
@@ -32,7 +36,7 @@ import torch
 from ..load.documents import flat_cu_seqlens, window_positions
 
 NUM_VALID_TOKENS = "num_valid_tokens"
-# TorchTitan's (and torch's cross-entropy's) ignore index: a label that is not trained.
+# TorchTitan's cross-entropy skips labels equal to this (components/loss.py).
 IGNORE_INDEX = -100
 
 
@@ -74,9 +78,11 @@ def _rebuild_inputs(inputs: dict, num_valid_tokens: int, cu_seqlens=None,
 
 
 def rows_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
-               positions: bool = True, documents: dict | None = None,
+               positions: bool = True, num_tokens: np.ndarray | None = None,
+               documents: dict | None = None,
                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """TorchTitan 0.3.0 batch from ``[B, L+1]`` windows: ``({"input", "positions"}, labels)``.
+    """TorchTitan 0.3.0 batch from ``[B, L+1]`` windows: ``({"input", "positions"}, labels)``;
+    with ``num_tokens`` (best-fit), labels of padding are :data:`IGNORE_INDEX`.
 
     ``documents``: the batch's document fields (:func:`~zephon_store.load.documents.
     document_fields`): ``positions`` are its ``position_ids``, a label whose ``loss_mask``
@@ -86,6 +92,8 @@ def rows_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
     >>> x, y = rows_batch(np.array([[5, 6, 7, 8]]), [[0, 2]])
     >>> x["input"].tolist(), x["positions"].tolist(), y.tolist()
     ([[5, 6, 7]], [[0, 1, 0]], [[6, 7, 8]])
+    >>> rows_batch(np.array([[5, 6, 0, 0]]), num_tokens=np.array([2]))[1].tolist()
+    [[6, -100, -100]]
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or tokens.shape[1] < 2:
@@ -103,11 +111,15 @@ def rows_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
     if positions:
         b, w = tokens.shape
         inputs["positions"] = torch.from_numpy(window_positions(b, w - 1, doc_starts))
+    if num_tokens is not None:
+        pad = np.arange(1, tokens.shape[1])[None, :] >= np.asarray(num_tokens)[:, None]
+        labels[torch.from_numpy(pad)] = IGNORE_INDEX
     return inputs, labels
 
 
 def flat_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
-               positions: bool = True, documents: dict | None = None,
+               positions: bool = True, num_tokens: np.ndarray | None = None,
+               documents: dict | None = None,
                ) -> tuple[TitanInputs, torch.Tensor]:
     """TorchTitan main batch: the windows' inputs/labels/positions as one 1-D token stream.
 
@@ -119,12 +131,13 @@ def flat_batch(tokens: np.ndarray, doc_starts: list | None = None, *,
     >>> x["input"].tolist(), x["positions"].tolist(), y.tolist(), x.num_valid_tokens
     ([5, 6, 8, 9], [0, 1, 0, 1], [6, 7, 9, 10], 4)
     """
-    inputs, labels = rows_batch(tokens, doc_starts, positions=positions, documents=documents)
+    inputs, labels = rows_batch(tokens, doc_starts, positions=positions, num_tokens=num_tokens,
+                                documents=documents)
     flat = {k: v.reshape(-1) for k, v in inputs.items()}
     labels = labels.reshape(-1)
     if documents is not None:
         cu = torch.from_numpy(flat_cu_seqlens(np.asarray(documents["cu_seqlens"])))
         return TitanInputs(flat, num_valid_tokens=inputs.num_valid_tokens, cu_seqlens=cu,
                            max_seqlen=inputs.max_seqlen), labels
-    # Packed windows have no padding: every label is a real next token.
-    return TitanInputs(flat, num_valid_tokens=int(labels.numel())), labels
+    # Concatenated windows have no padding; best-fit's is ignored (IGNORE_INDEX).
+    return TitanInputs(flat, num_valid_tokens=int((labels != IGNORE_INDEX).sum())), labels

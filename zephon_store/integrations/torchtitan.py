@@ -73,7 +73,7 @@ from ..order.order import OrderOptions  # noqa: E402
 from ..order.topology import Topology  # noqa: E402
 from ..read.dataset import Dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
-from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
+from ..write.packing import DOC_STARTS_COLUMN, NUM_TOKENS_COLUMN, TOKENS_COLUMN  # noqa: E402
 from .titan_batches import IGNORE_INDEX, TitanInputs, flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
@@ -84,7 +84,6 @@ log = logging.getLogger("zephon_store")
 # exported variable reaches every torchrun rank.
 DATASET_ENV = "ZEPHON_DATASET"
 _DEFAULT_ORDER = OrderOptions()
-# TorchTitan's cross-entropy skips labels equal to this (components/loss.py).
 
 
 def dataset_seq_len(dataset: Source | MixtureParts) -> int:
@@ -282,6 +281,7 @@ class ZephonDataLoader(BaseDataLoader):
         columns = [TOKENS_COLUMN]
         if config.positions and all(DOC_STARTS_COLUMN in d.schema.names for d in self._datasets):
             columns.append(DOC_STARTS_COLUMN)
+        columns += _padding_column(self._datasets)
         # Config.seed's default 0 means "not given": a mixture file's seed then applies, by
         # the source's own seed rule (the loader's); another seed is refused.
         order = config.order_options().replace(seed=seed_of(opened, config.seed or None))
@@ -357,7 +357,8 @@ class ZephonDataLoader(BaseDataLoader):
         documents = self.config.documents
         for batch in self._loader:
             inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
-                                   positions=positions, documents=batch if documents else None)
+                                   positions=positions, num_tokens=batch.get(NUM_TOKENS_COLUMN),
+                                   documents=batch if documents else None)
             masked = batch.get(MASK_KEY)
             if not documents and masked is not None and masked.any():
                 inputs, labels = _ignore_rows(inputs, labels, masked)
@@ -400,6 +401,19 @@ def _global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
+
+
+def _padding_column(datasets) -> list[str]:
+    """``[num_tokens]`` when the data is best-fit packed (its padding is then never a label),
+    ``[]`` when no source is; a mixture of both kinds is refused."""
+    padded = [NUM_TOKENS_COLUMN in d.schema.names for d in datasets]
+    if all(padded):
+        return [NUM_TOKENS_COLUMN]
+    if any(padded):
+        raise ValueError("the mixture mixes best-fit packed sources (with padding, a "
+                         "num_tokens column) and concatenated ones; convert every source with "
+                         "the same --packing")
+    return []
 
 
 def _ignore_rows(inputs, labels, masked):

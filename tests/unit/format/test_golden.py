@@ -107,7 +107,7 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path, monkeyp
     if exp["pyarrow"] != pa.__version__:
         pytest.skip(f"goldens written by pyarrow {exp['pyarrow']}, running {pa.__version__}")
     from zephon_store import convert
-    from zephon_store.testing.golden import DATASETS
+    from zephon_store.testing.golden import DATASETS, golden_convert_kwargs
 
     make_inputs, wopts, iopts = DATASETS[name]
     if version != f"v{FORMAT_VERSION}":
@@ -118,7 +118,7 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path, monkeyp
     src = tmp_path / "src"
     src.mkdir()
     res = convert(make_inputs(str(src)), str(tmp_path / "out"), options=wopts,
-                  input_options=iopts)
+                  input_options=iopts, **golden_convert_kwargs(name, str(src)))
     if version == f"v{FORMAT_VERSION}":
         assert res.dataset_id == exp["datasets"][name]["dataset_id"]
     else:

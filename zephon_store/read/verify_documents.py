@@ -1,0 +1,63 @@
+"""``verify``'s checks of a format-v6 document table (formats/SPEC.md 4.2).
+
+Like the row-group index: its two side tables present, matching their hashes and schemas and
+consistent with each other; every chunk present, matching its xxh3 and its index row (each
+damaged chunk one ``document_chunk`` finding, the others still checked); then, over the whole
+table, the totals the manifest's ``packing`` entry records, and no window covered by more
+spans than it holds tokens (one int32 per window in memory).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ZephonError
+from ..format.manifest import Manifest
+
+__all__ = ["check_documents"]
+
+
+def check_documents(m: Manifest, add) -> None:
+    """Add a finding (``add(Finding)``) for every problem of ``m``'s document table; nothing
+    for a dataset without one."""
+    from .documents import DocumentTable
+    from .verify import Finding
+
+    if not m.has_documents:
+        return
+    try:
+        table = DocumentTable(m)
+    except (ZephonError, OSError, KeyError, ValueError) as exc:
+        add(Finding(None, "document_table", f"document table: {exc}"))
+        return
+    covered = np.zeros(table.num_windows, dtype=np.int32)
+    tokens = spans_total = split = pieces = 0
+    damaged = 0
+    for c in range(table.num_chunks):
+        try:
+            ch = table.chunk(c)
+        except (ZephonError, OSError) as exc:
+            add(Finding(None, "document_chunk", f"document chunk {c}: {exc}"))
+            damaged += 1
+            continue
+        np.add.at(covered, ch.window, ch.length.astype(np.int32))
+        per_doc = np.diff(ch.span_offsets)
+        tokens += int(ch.tokens.sum())
+        spans_total += int(ch.length.sum())
+        split += int((per_doc > 1).sum())
+        pieces += int(per_doc[per_doc > 1].sum())
+    if damaged:
+        return
+    packing = m.packing or {}
+    want = {"num_documents": table.num_documents, "num_tokens": tokens,
+            "documents_split": split, "split_pieces": pieces,
+            "packed_tokens": spans_total + int(packing.get("padded_tokens", 0))}
+    for key, got in want.items():
+        if key in packing and packing[key] != got:
+            add(Finding(None, "document_table", f"{m.url}: the document table gives "
+                        f"{key}={got}, the manifest's packing entry {packing[key]}"))
+    over = np.flatnonzero(covered > table.window)
+    if over.size:
+        add(Finding(None, "document_table", f"{m.url}: spans cover window {int(over[0])} "
+                    f"with {int(covered[over[0]])} tokens, more than its {table.window} "
+                    f"({over.size} such windows)"))
