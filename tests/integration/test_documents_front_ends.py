@@ -31,18 +31,24 @@ STEPS = 6
 GLOBAL_BATCH = 6
 
 
-def _windows(url: str) -> dict[tuple, list]:
+def _windows(url: str) -> dict[tuple, tuple[list, list | None]]:
+    """Each window of ``url``: its ``doc_starts`` and its blank tokens (best-fit padding:
+    from ``num_tokens`` on; None without padding)."""
     from zephon_store.read.dataset import open_dataset
 
     with open_dataset(url) as ds:
         t = ds.take(range(ds.num_samples))
-    return {tuple(w): s for w, s in zip(t.column("tokens").to_pylist(),
-                                        t.column("doc_starts").to_pylist())}
+    windows = t.column("tokens").to_pylist()
+    real = (t.column("num_tokens").to_pylist() if "num_tokens" in t.column_names
+            else [None] * len(windows))
+    return {tuple(w): (s, None if n is None else [j >= n for j in range(len(w))])
+            for w, s, n in zip(windows, t.column("doc_starts").to_pylist(), real)}
 
 
-def short_documents(root: str, tokenizer: str, *, docs: int, seed: int) -> str:
+def short_documents(root: str, tokenizer: str, *, docs: int, seed: int,
+                    strategy: str = "concat") -> str:
     """A packed dataset of ``docs`` short documents (1 to 12 words: several per window) in
-    3 JSONL inputs, with ``tokenizer``."""
+    3 JSONL inputs, with ``tokenizer``, packed by ``strategy``."""
     from zephon_store.write.convert import convert
     from zephon_store.write.packing import PackingOptions, packing_convert_kwargs
     from zephon_store.write.shardwriter import WriteOptions
@@ -60,7 +66,8 @@ def short_documents(root: str, tokenizer: str, *, docs: int, seed: int) -> str:
     convert([os.path.join(root, "raw")], out,
             options=WriteOptions(row_group_rows=4, row_group_bytes=None,
                                  target_shard_bytes=16 << 10),
-            **packing_convert_kwargs(PackingOptions(tokenizer=tokenizer, seq_len=SEQ_LEN)))
+            **packing_convert_kwargs(PackingOptions(tokenizer=tokenizer, seq_len=SEQ_LEN,
+                                                    strategy=strategy)))
     return out
 
 
@@ -71,12 +78,14 @@ def data(tmp_path_factory):
     tokenizer = str(root / "tok" / "tokenizer.json")
     url = short_documents(str(root / "a"), tokenizer, docs=150, seed=1)
     other = short_documents(str(root / "b"), tokenizer, docs=80, seed=2)
+    best = short_documents(str(root / "c"), tokenizer, docs=150, seed=3, strategy="best-fit")
     mix = two_stage_mixture(root / "mix.json", {"big": (url, [0.9, 0.3]),
                                                 "small": (other, [0.1, 0.7])})
-    starts = {**_windows(url), **_windows(other)}
+    starts = {**_windows(url), **_windows(other), **_windows(best)}
     assert len(starts) > 60
-    assert sum(len(s) > 1 for s in starts.values()) > 10     # windows of several documents
-    return url, mix, starts
+    assert sum(len(s) > 1 for s, _ in starts.values()) > 10  # windows of several documents
+    assert sum(any(b or ()) for _, b in starts.values()) > 10   # best-fit windows with padding
+    return {"dataset": url, "mixture": mix, "best-fit": best}, starts
 
 
 FIELDS = ("position_ids", "cu_seqlens", "max_seqlen", "loss_mask")
@@ -157,7 +166,7 @@ def _grain_source(dataset):
     return out
 
 
-def _titan(dataset, layout: str):
+def _titan(dataset, layout: str, starts: dict):
     from zephon_store.integrations.torchtitan import IGNORE_INDEX, ZephonDataLoader
 
     where = {"mixture": dataset} if dataset.endswith(".json") else {"dataset": dataset}
@@ -173,7 +182,9 @@ def _titan(dataset, layout: str):
         lab = y.reshape(-1, SEQ_LEN).numpy()
         pos = x["positions"].reshape(-1, SEQ_LEN).numpy()
         cu = x.cu_seqlens.numpy()      # rows: [B, L+1]; flat: the stream's offsets
-        step = [{"window": tuple(int(v) for v in inp[r]) + (int(lab[r][-1]),),
+        # A padded window's last label is -100: the window is found by its inputs.
+        by_input = {w[:-1]: w for w in starts}
+        step = [{"window": by_input[tuple(int(v) for v in inp[r])],
                  "position_ids": pos[r], "loss_mask": lab[r] != IGNORE_INDEX,
                  "cu_seqlens": cu[r] if layout == "rows" else None}
                 for r in range(len(inp))]
@@ -186,10 +197,15 @@ def _titan(dataset, layout: str):
     return out
 
 
+def _want(window: tuple, starts: dict) -> dict:
+    doc_starts, blank = starts[window]
+    return brute_force(window, doc_starts, blank)
+
+
 def _check(rows: list[dict], starts: dict, *, full: bool = True) -> None:
     for row in rows:
         window = row["window"]
-        want = brute_force(window, starts[window])
+        want = _want(window, starts)
         if full:
             check_row({k: [row[k]] for k in FIELDS}, 0, want, SEQ_LEN)
         else:
@@ -199,10 +215,10 @@ def _check(rows: list[dict], starts: dict, *, full: bool = True) -> None:
 
 @pytest.mark.parametrize("front", ["torch-0", "torch-2", "live", "grain-iter", "grain-source",
                                    "titan-rows", "titan-flat"])
-@pytest.mark.parametrize("which", ["dataset", "mixture"])
+@pytest.mark.parametrize("which", ["dataset", "mixture", "best-fit"])
 def test_documents_in_every_front_end(front, which, data) -> None:
-    url, mix, starts = data
-    dataset = url if which == "dataset" else mix
+    urls, starts = data
+    dataset = urls[which]
     if front.startswith("torch"):
         rows = _torch(dataset, int(front[-1]))
     elif front == "live":
@@ -212,20 +228,20 @@ def test_documents_in_every_front_end(front, which, data) -> None:
     elif front == "grain-source":
         rows = _grain_source(dataset)
     else:
-        rows = _titan(dataset, front.split("-")[1])
+        rows = _titan(dataset, front.split("-")[1], starts)
     assert [r["window"] for r in rows] == _plain_windows(dataset, STEPS)
     if front == "titan-flat":
         _check(rows, starts, full=False)
         for s in range(STEPS):
             step = rows[s * GLOBAL_BATCH:(s + 1) * GLOBAL_BATCH]
-            want = [brute_force(r["window"], starts[r["window"]]) for r in step]
+            want = [_want(r["window"], starts) for r in step]
             padded = np.array([w["offsets"] + [SEQ_LEN] * (SEQ_LEN + 1 - len(w["offsets"]))
                                for w in want], dtype=np.int32)
             assert step[0]["flat_cu"].tolist() == flat_cu_seqlens(padded).tolist()
     elif front == "titan-rows":
         _check(rows, starts, full=False)
         for r in rows:
-            want = brute_force(r["window"], starts[r["window"]])["offsets"]
+            want = _want(r["window"], starts)["offsets"]
             assert r["cu_seqlens"].tolist()[:len(want)] == want
     else:
         _check(rows, starts)

@@ -51,7 +51,7 @@ from .._util.to_numpy import table_to_numpy
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
 from ..load.documents import DocumentColumns, add_document_fields
 from ..load.options import FLAT, ReadAheadOptions, SourceOptions, grouped
-from ..load.source import open_source, plan_of
+from ..load.source import open_parts, open_source, plan_of
 from ..order.order import OrderOptions
 from ..read.dataset import gather_rows
 
@@ -121,13 +121,16 @@ class ZephonSource:
         groups = grouped("ZephonSource", {"source": source, "read_ahead": read_ahead},
                          deprecated, allowed=_FLAT)
         source, read_ahead = groups["source"], groups["read_ahead"]
-        if documents and columns is not None:   # the document fields are made from these
-            columns = list(columns) + [c for c in DocumentColumns().names if c not in columns]
+        open_kwargs = source.open_kwargs()
+        self.documents = None
+        if documents:   # the document fields are made from these columns (the loaders' rule)
+            dataset, open_kwargs = open_parts(dataset, **open_kwargs), {}
+            self.documents = DocumentColumns.of(dataset)
+            columns = self.documents.with_columns(columns)
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=global_batch, **source.open_kwargs()))
+            global_batch=global_batch, **open_kwargs))
         self.source = self.plan.source
-        self.documents = DocumentColumns.of(self.source) if documents else None
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:
             raise ValueError(f"columns {missing} are not in {self.source.url}; it has "

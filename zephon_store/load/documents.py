@@ -54,9 +54,10 @@ __all__ = ["DOCUMENT_KEYS", "DocumentColumns", "add_document_fields", "cu_seqlen
 
 DOCUMENT_KEYS = ("position_ids", "cu_seqlens", "max_seqlen", "loss_mask")
 # The packing's columns (write/packing.py writes these names; a manifest's packing entry
-# names them too).
+# names them too). NUM_TOKENS: best-fit windows' real tokens; the rest is padding.
 TOKENS = "tokens"
 DOC_STARTS = "doc_starts"
+NUM_TOKENS = "num_tokens"
 
 
 def segment_starts(rows: int, seq_len: int, doc_starts=None, blank=None) -> np.ndarray:
@@ -170,7 +171,8 @@ def document_fields(tokens, doc_starts=None, *, blank=None) -> dict[str, np.ndar
 @dataclass(frozen=True)
 class DocumentColumns:
     """The columns of a packed source the document fields come from (``tokens``,
-    ``doc_starts``). :meth:`of` checks a source (every part of a mixture) holds them.
+    ``doc_starts``, and for best-fit windows ``num_tokens``: the tokens from it on are
+    padding). :meth:`of` checks a source (every part of a mixture) holds them.
 
     >>> DocumentColumns().names
     ('tokens', 'doc_starts')
@@ -178,17 +180,31 @@ class DocumentColumns:
 
     tokens: str = TOKENS
     doc_starts: str = DOC_STARTS
+    num_tokens: str | None = None
 
     @property
-    def names(self) -> tuple[str, str]:
-        return (self.tokens, self.doc_starts)
+    def names(self) -> tuple[str, ...]:
+        return (self.tokens, self.doc_starts) + ((self.num_tokens,) if self.num_tokens else ())
+
+    def with_columns(self, columns) -> tuple[str, ...] | None:
+        """``columns`` (None: all) with these added, for a reader's selection.
+
+        >>> DocumentColumns(num_tokens="num_tokens").with_columns(["tokens"])
+        ('tokens', 'doc_starts', 'num_tokens')
+        """
+        if columns is None:
+            return None
+        return tuple(columns) + tuple(c for c in self.names if c not in columns)
 
     @classmethod
     def of(cls, source) -> DocumentColumns:
-        """The columns of ``source`` (a dataset or a mixture), refused in one line unless
-        every part is packed token windows with document starts."""
-        cols = cls()
-        for name, part in source.parts():
+        """The columns of ``source`` (a dataset, a mixture or its opened parts: anything
+        with ``parts()``), refused in one line unless every part is packed token windows
+        with document starts."""
+        parts = source.parts()
+        padded = any(NUM_TOKENS in part.schema.names for _, part in parts)
+        cols = cls(num_tokens=NUM_TOKENS if padded else None)
+        for name, part in parts:
             have = part.schema.names
             label = f"{part.url}" + (f" (source {name!r})" if name else "")
             if cols.tokens not in have:
@@ -207,15 +223,23 @@ class DocumentColumns:
 def add_document_fields(batch: dict, columns: DocumentColumns, masked=None,
                         blank=None) -> dict:
     """``batch`` (a dict of columns, already blanked) with the :data:`DOCUMENT_KEYS`: a
-    ``masked`` row (a deny-listed window) is one blank segment, ``blank`` (``[B, L+1]``
-    bool, or None) marks blanked tokens of the other rows. The one place every front end
-    adds them (the loaders' pipeline, Grain's random-access source)."""
+    ``masked`` row (a deny-listed window) is one blank segment, best-fit padding (the
+    tokens from ``num_tokens`` on) another, and ``blank`` (``[B, L+1]`` bool, or None)
+    marks other blanked tokens. The one place every front end adds them (the loaders'
+    pipeline, Grain's random-access source)."""
     tokens = np.asarray(batch[columns.tokens])
     if tokens.ndim != 2:
         raise ValueError(f"column {columns.tokens!r} is not token windows (shape "
                          f"{tokens.shape}); documents=True needs a packed dataset")
+    blank = None if blank is None else np.array(blank, dtype=bool)
+    real = None if columns.num_tokens is None else batch.get(columns.num_tokens)
+    if real is not None:
+        # A mixture row from a source without padding holds None: all its tokens are real.
+        real = np.array([tokens.shape[1] if n is None else n for n in real], dtype=np.int64)
+        pad = np.arange(tokens.shape[1])[None, :] >= real[:, None]
+        blank = pad if blank is None else blank | pad
     if masked is not None and np.any(masked):
-        blank = np.zeros(tokens.shape, dtype=bool) if blank is None else blank.copy()
+        blank = np.zeros(tokens.shape, dtype=bool) if blank is None else blank
         blank[np.asarray(masked, dtype=bool)] = True
     out = dict(batch)
     out.update(document_fields(tokens, batch[columns.doc_starts], blank=blank))

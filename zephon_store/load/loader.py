@@ -45,7 +45,7 @@ from .options import (
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
 from .share_reader import ShareReader, prepare_workers_soon
-from .source import open_source, plan_of
+from .source import open_parts, open_source, plan_of
 from .state import MAX_CURSOR, LoaderState, check_state
 from .stream import RankStream
 from .workers import Workers, as_workers
@@ -105,19 +105,23 @@ class Loader:
         self.run_log = run_log
         self.read_ahead = read_ahead or ReadAheadOptions()
         self.topology = topology
-        columns = self.batch_options.read_columns()
+        columns = self.batch_options.columns
         if self.workers.num_workers:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
             prepare_workers_soon(dataset, self.workers.multiprocessing_context,
                                  source.storage_options)
+        open_kwargs = source.open_kwargs()
+        if self.batch_options.documents:
+            # The parts first: the columns the document fields need (a best-fit dataset's
+            # num_tokens too) are known from them; refused here, in one line, if not packed.
+            dataset, open_kwargs = open_parts(dataset, **open_kwargs), {}
+            columns = DocumentColumns.of(dataset).with_columns(columns)
+            self.batch_options = dataclasses.replace(self.batch_options, columns=columns)
         # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py),
         # and the plan this run reads it by (load/plan.py).
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=topology.global_batch, defer_stage_order=True,
-            **source.open_kwargs()))
-        if self.batch_options.documents:
-            DocumentColumns.of(self.plan.source)     # refused here, in one line, if not packed
+            global_batch=topology.global_batch, defer_stage_order=True, **open_kwargs))
         # The plan's seed rule (a mixture file's seed applies unless one is given).
         order = order.replace(seed=self.plan.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,

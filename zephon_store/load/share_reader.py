@@ -120,7 +120,8 @@ class ShareReader:
                                  ahead_bytes=self.read_ahead.decode_ahead_bytes,
                                  stop=stop, decode_threads=threads,
                                  deny_list=self.batch.deny_list,
-                                 documents=DocumentColumns() if self.batch.documents else None)
+                                 documents=(DocumentColumns.of(self.dataset)
+                                            if self.batch.documents else None))
         self._pipelines.append(pipeline)
         return pipeline
 
