@@ -14,11 +14,13 @@ Per group (a source, an input file, a value of a column: ``url`` is grouped by d
 - ``tokens``: tokens that reached the model (packed data: each window's tokens; other data:
   None, not known);
 - ``epochs``: ``exposures / samples``, the passes over the group;
-- ``documents``: documents read: for data that is not packed, the samples read (a sample
-  is one input record); for packed windows None, unless the dataset keeps a document
-  table (a window holds pieces of several documents, which only the table tells apart; a
-  note says so). Without the table, ``input`` attributes a window to the input of its
-  first token.
+- ``documents``: documents read, at least in part (``documents_whole``: every piece of
+  it read; ``documents_part``: some; ``documents_unseen``: none): for data that is not
+  packed a sample is one input record; packed windows need the dataset's document table
+  (a window holds pieces of several documents, which only the table tells apart), which
+  also makes ``tokens`` by source and input the documents' own. Without the table these
+  are None (a note says so) and ``input`` counts a window for the input of its first
+  token.
 
 >>> from zephon_store.runs.audit import ExposureTally
 >>> t = ExposureTally(4); t.seen[:] = [2, 1, 0, 1]
@@ -35,14 +37,16 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from ..read.documents import has_documents, open_documents
 from .audit import AuditRequestError, ExposureTally, RunAudit
 
-__all__ = ["ConsumptionReport", "consumption", "group_counts"]
+__all__ = ["ConsumptionReport", "DocumentCounts", "consumption", "group_counts"]
 
 # Dimensions that are not columns.
 SOURCE, INPUT = "source", "input"
 # A column grouped by something derived from its value.
 DERIVED = {"url": "domain"}
+DOCUMENT_COLUMNS = ("documents", "documents_whole", "documents_part", "documents_unseen")
 
 
 @dataclass
@@ -73,7 +77,7 @@ class ConsumptionReport:
                f"{a.positions} positions; exactly-once audit: "
                f"{'passed' if a.ok else 'FAILED'}.", ""]
         cols = ["samples", "samples_seen", "exposures", "masked", "tokens", "documents",
-                "epochs"]
+                "documents_whole", "documents_part", "documents_unseen", "epochs"]
         for dim, rows in self.tables.items():
             out += [f"## By {DERIVED.get(dim, dim)}", "",
                     "| " + " | ".join([DERIVED.get(dim, dim)] + cols) + " |",
@@ -108,13 +112,70 @@ def group_counts(group: np.ndarray, keys: list, tally: ExposureTally, *,
     for j, key in enumerate(keys):
         if not samples[j]:
             continue
+        unpacked = tokens_per_sample is None
         rows.append({"key": key, "samples": int(samples[j]), "samples_seen": int(read[j]),
                      "exposures": int(exposures[j]), "masked": int(masked[j]),
-                     "tokens": None if tokens_per_sample is None
-                     else int(exposures[j]) * tokens_per_sample,
-                     "documents": int(read[j]) if tokens_per_sample is None else None,
+                     "tokens": None if unpacked else int(exposures[j]) * tokens_per_sample,
+                     # A sample of unpacked data is one record: seen is seen whole.
+                     "documents": int(read[j]) if unpacked else None,
+                     "documents_whole": int(read[j]) if unpacked else None,
+                     "documents_part": 0 if unpacked else None,
+                     "documents_unseen": int(samples[j] - read[j]) if unpacked else None,
                      "epochs": round(float(exposures[j]) / float(samples[j]), 6)})
     return rows
+
+
+@dataclass
+class DocumentCounts:
+    """Per document of a packed dataset with a document table: its input, the tokens of it
+    that reached the model (each span's length times its window's exposures), and whether
+    every span, some, or none was read."""
+
+    inputs: list[str]
+    input_of: np.ndarray
+    tokens: np.ndarray
+    whole: np.ndarray
+    part: np.ndarray
+
+    @classmethod
+    def of(cls, table, tally: ExposureTally) -> DocumentCounts:
+        """The counts of ``table`` (:class:`~zephon_store.read.documents.DocumentTable`)
+        for the windows' exposures in ``tally``; one pass over its chunks."""
+        names: dict[str, int] = {}
+        input_of, tokens, whole, part = [], [], [], []
+        for chunk in table.iter_chunks():
+            spans = chunk.column("spans").combine_chunks()
+            offsets = spans.offsets.to_numpy()
+            window = spans.values.field("window").to_numpy()
+            length = spans.values.field("length").to_numpy().astype(np.int64)
+            count = np.diff(offsets)
+            n = len(count)
+            doc = np.repeat(np.arange(n), count)
+            reads = tally.seen[window].astype(np.int64)
+            read = np.bincount(doc, weights=reads > 0, minlength=n).astype(np.int64)
+            tokens.append(np.bincount(doc, weights=reads * length, minlength=n).astype(np.int64))
+            input_of.append(np.array([names.setdefault(x, len(names))
+                                      for x in chunk.column("input").to_pylist()], np.int64))
+            whole.append((count > 0) & (read == count))
+            part.append((read > 0) & (read < count))
+        if not tokens:
+            empty = np.zeros(0, np.int64)
+            return cls([], empty, empty, empty.astype(bool), empty.astype(bool))
+        return cls(list(names), np.concatenate(input_of), np.concatenate(tokens),
+                   np.concatenate(whole), np.concatenate(part))
+
+    def rows(self, group: np.ndarray, keys: list) -> dict:
+        """``{key: {tokens, documents, documents_whole, documents_part, documents_unseen}}``
+        with ``group[d]`` document ``d``'s index into ``keys``."""
+        n = len(keys)
+        whole = np.bincount(group, weights=self.whole, minlength=n).astype(np.int64)
+        part = np.bincount(group, weights=self.part, minlength=n).astype(np.int64)
+        total = np.bincount(group, minlength=n)
+        tokens = np.bincount(group, weights=self.tokens, minlength=n).astype(np.int64)
+        return {key: {"tokens": int(tokens[j]), "documents": int(whole[j] + part[j]),
+                      "documents_whole": int(whole[j]), "documents_part": int(part[j]),
+                      "documents_unseen": int(total[j] - whole[j] - part[j])}
+                for j, key in enumerate(keys) if total[j]}
 
 
 def consumption(ctx, *, end_step: int | None = None,
@@ -134,27 +195,58 @@ def consumption(ctx, *, end_step: int | None = None,
                 "input or a column the conversion kept")
     tallies = [ExposureTally(d.num_samples) for _, d in parts]
     report = ctx.audit(end_step, tallies=tallies)
+    docs = [DocumentCounts.of(open_documents(ds), tallies[k]) if has_documents(ds) else None
+            for k, (_, ds) in enumerate(parts)]
     tables: dict[str, list[dict]] = {}
-    notes: list[str] = []
     for dim in by:
         rows: dict[Any, dict] = {}
         for k, (name, ds) in enumerate(parts):
             group, keys = _groups(dim, name, ds, ctx.provenance)
-            for row in group_counts(group, keys, tallies[k],
-                                    tokens_per_sample=_window_tokens(ds)):
+            found = group_counts(group, keys, tallies[k], tokens_per_sample=_window_tokens(ds))
+            if docs[k] is not None:
+                _with_documents(found, docs[k], dim, name or ds.url)
+            for row in found:
                 _merge(rows, row)
         tables[dim] = sorted(rows.values(), key=lambda r: (-(r["tokens"] or 0),
                                                            -r["exposures"], str(r["key"])))
-    packed = [_window_tokens(ds) is not None for _, ds in parts]
-    if not all(packed):
+    known = all(d is not None or _window_tokens(ds) is None
+                for d, (_, ds) in zip(docs, parts))
+    return ConsumptionReport(report, ctx.log, ctx.dataset_id, tables, known,
+                             _notes(parts, docs, by))
+
+
+def _with_documents(rows: list[dict], counts: DocumentCounts, dim: str, name: str) -> None:
+    """``rows`` of one packed source with its document table: tokens and documents from
+    the documents (exact per input), where ``dim`` groups documents (source, input)."""
+    if dim == SOURCE:
+        per = counts.rows(np.zeros(len(counts.input_of), np.int64), [name])
+    elif dim == INPUT:
+        per = counts.rows(counts.input_of, counts.inputs)
+    else:
+        return
+    for row in rows:
+        row.update(per.get(row["key"], {}))
+
+
+def _notes(parts, docs, by) -> list[str]:
+    """What the report cannot say, and why (module docstring)."""
+    notes = []
+    if any(_window_tokens(ds) is None for _, ds in parts):
         notes.append("data that is not packed: a sample is one input record (one document); "
                      "its tokens are unknown")
-    if any(packed):
-        notes.append("documents of packed windows are unknown: the dataset keeps no document "
-                      "table (a window holds pieces of several documents); windows and "
-                      "tokens are exact, and 'input' counts each window for the input of its "
-                      "first token")
-    return ConsumptionReport(report, ctx.log, ctx.dataset_id, tables, not any(packed), notes)
+    if any(d is None and _window_tokens(ds) is not None for d, (_, ds) in zip(docs, parts)):
+        notes.append("documents of packed windows without a document table are unknown (a "
+                     "window holds pieces of several documents; re-convert to get one); "
+                     "windows and tokens are exact, and 'input' counts each window for the "
+                     "input of its first token")
+    if any(d is not None for d in docs):
+        notes.append("packed data with a document table: tokens and documents by source and "
+                     "input are the documents' own (each span's tokens, each read); samples "
+                     "and exposures are windows, each counted for the input of its first "
+                     "token")
+        if any(dim not in (SOURCE, INPUT) for dim in by):
+            notes.append("a column groups windows, not documents: its tokens are the windows'")
+    return notes
 
 
 def _merge(rows: dict, row: dict) -> None:
@@ -165,7 +257,7 @@ def _merge(rows: dict, row: dict) -> None:
         return
     for c in ("samples", "samples_seen", "exposures", "masked"):
         have[c] += row[c]
-    for c in ("tokens", "documents"):
+    for c in ("tokens",) + DOCUMENT_COLUMNS:
         have[c] = None if have[c] is None or row[c] is None else have[c] + row[c]
     have["epochs"] = round(have["exposures"] / have["samples"], 6)
 

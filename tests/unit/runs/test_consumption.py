@@ -92,7 +92,8 @@ def _expected(seen: Counter, masked: Counter, key_of, *, source=-1, tokens=None)
     return {k: {"samples": r["samples"], "samples_seen": r["samples_seen"],
                 "exposures": r["exposures"], "masked": r["masked"],
                 "tokens": None if tokens is None else r["exposures"] * tokens,
-                "documents": r["samples_seen"] if tokens is None else None, "epochs": round(r["exposures"] / r["samples"], 6)}
+                "documents": r["samples_seen"], "documents_whole": r["samples_seen"],
+                "documents_part": 0, "documents_unseen": r["samples"] - r["samples_seen"], "epochs": round(r["exposures"] / r["samples"], 6)}
             for k, r in rows.items()}
 
 
@@ -133,7 +134,8 @@ def test_markdown_holds_a_table_per_dimension(run) -> None:
                    "--by", "url,license")
     assert rc == 0
     assert "## By domain" in out and "## By license" in out
-    assert "| domain | samples | samples_seen | exposures | masked | tokens | documents |" in out
+    assert ("| domain | samples | samples_seen | exposures | masked | tokens | documents | "
+            "documents_whole | documents_part | documents_unseen | epochs |") in out
     news = sum(n for (_, i), n in seen.items() if i % 4 in (0, 2))
     assert any(line.startswith("| news.example |") and f"| {news} |" in line
                for line in out.splitlines())
@@ -158,19 +160,41 @@ def test_sources_of_a_mixture(tmp_path) -> None:
     assert sum(r["exposures"] for r in got["url"]) == sum(seen.values()) == 10 * 8 + 8 * 12
 
 
-def test_tokens_of_packed_windows(tmp_path) -> None:
+def test_tokens_and_documents_of_packed_windows(tmp_path) -> None:
+    """A packed dataset with its document table: per source and per input, the documents
+    read whole, in part and not at all, and their tokens, equal a scan of every document's
+    spans against the windows the batches held."""
     from tests.integration.torchtitan_worker import make_packed_dataset
+    from zephon_store.read.documents import open_documents
 
-    packed = make_packed_dataset(str(tmp_path / "p"), seq_len=16, windows=40)
+    packed = make_packed_dataset(str(tmp_path / "p"), seq_len=16, windows=300)
     log = str(tmp_path / "p.jsonl")
     seen, _ = _run(packed, log, None)
     rc, out = _cli("audit", packed, "--log", log, "--end-step", "18", "--summary", "--json")
     assert rc == 0
     got = json.loads(out)
-    (row,) = got["by"]["source"]
-    assert row["exposures"] == sum(seen.values()) and row["tokens"] == 17 * sum(seen.values())
-    assert row["documents"] is None and got["documents_known"] is False
-    assert any("documents of packed windows are unknown" in n for n in got["notes"])
+    assert got["documents_known"] is True
+    table = open_documents(packed)
+    want: dict = {}
+    for d in range(table.num_documents):
+        doc = table.document(d)
+        reads = [seen[(-1, s.window)] for s in doc.spans]
+        for key in (packed, doc.input):
+            row = want.setdefault(key, Counter())
+            row["tokens"] += sum(n * s.length for n, s in zip(reads, doc.spans))
+            kind = ("documents_unseen" if not any(reads) else "documents_whole"
+                    if all(reads) else "documents_part")
+            row[kind] += 1
+    for dim in ("source", "input"):
+        for row in got["by"][dim]:
+            w = want[row["key"]]
+            assert row["tokens"] == w["tokens"]
+            for kind in ("documents_whole", "documents_part", "documents_unseen"):
+                assert row[kind] == w[kind], (dim, row["key"], kind)
+            assert row["documents"] == w["documents_whole"] + w["documents_part"]
+    (src,) = got["by"]["source"]
+    assert src["documents_part"] > 0 and src["documents_unseen"] > 0    # the run stopped early
+    assert sum(r["tokens"] for r in got["by"]["input"]) == src["tokens"]
 
 
 def test_refusals_are_one_line_usage_errors(run, capsys) -> None:
