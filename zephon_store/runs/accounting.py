@@ -354,11 +354,14 @@ class RunContext:
                      rank=rank, deny_for=self.deny_for, end_step=end_step)
 
     def where(self, ids: Sequence[int], epochs: Iterable[int], *, source: int | None = None,
-              end_step: int | None = None) -> list[dict[str, Any]]:
-        """:func:`~zephon_store.runs.audit.where` with the base order, and with a log the
-        step and rank that consumed each id."""
+              end_step: int | None = None,
+              segments: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """:func:`~zephon_store.runs.audit.where` with the base order, and with a log (or
+        ``segments``, e.g. ``[ctx.planned_segment(...)]``) the step and rank that consumed
+        each id."""
         from .audit import where
 
-        return where(self.base_order(), ids, epochs, segments=self.segments,
-                     order_for=self.order_for if self.segments else None,
+        segments = self.segments if segments is None else segments
+        return where(self.base_order(), ids, epochs, segments=segments,
+                     order_for=self.order_for if segments else None,
                      end_step=end_step, source=source)
