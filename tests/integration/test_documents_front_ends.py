@@ -166,21 +166,35 @@ def _grain_source(dataset):
     return out
 
 
-def _titan(dataset, layout: str, starts: dict):
-    from zephon_store.integrations.torchtitan import IGNORE_INDEX, ZephonDataLoader
+def titan_loader(dataset: str, layout: str, batch: int, **config):
+    """A one-rank TorchTitan ``ZephonDataLoader`` of ``batch`` windows a step, built as
+    0.3.0 (``rows``) or main (``flat``) builds it; ``config``: its Config fields."""
+    from zephon_store.integrations.torchtitan import ZephonDataLoader
 
     where = {"mixture": dataset} if dataset.endswith(".json") else {"dataset": dataset}
-    cfg = ZephonDataLoader.Config(**where, seed=SEED, documents=True, lanes=1)
-    size = ({"seq_len": SEQ_LEN, "local_batch_size": GLOBAL_BATCH} if layout == "rows" else
-            {"max_context_length": SEQ_LEN, "num_tokens_per_batch": GLOBAL_BATCH * SEQ_LEN})
-    loader = cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, **size)
+    size = ({"seq_len": SEQ_LEN, "local_batch_size": batch} if layout == "rows" else
+            {"max_context_length": SEQ_LEN, "num_tokens_per_batch": batch * SEQ_LEN})
+    return ZephonDataLoader.Config(**where, **config).build(dp_world_size=1, dp_rank=0,
+                                                            tokenizer=None, **size)
+
+
+def titan_steps(loader, steps: int):
+    """``(inputs, labels, (input, label, positions) as [rows, L] numpy)`` of ``steps``
+    batches of a TorchTitan loader (either layout); the loader is closed after."""
     it = iter(loader)
-    out = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         x, y = next(it)
-        inp = x["input"].reshape(-1, SEQ_LEN).numpy()
-        lab = y.reshape(-1, SEQ_LEN).numpy()
-        pos = x["positions"].reshape(-1, SEQ_LEN).numpy()
+        yield x, y, tuple(t.reshape(-1, SEQ_LEN).numpy() for t in (x["input"], y,
+                                                                   x["positions"]))
+    loader.close()
+
+
+def _titan(dataset, layout: str, starts: dict):
+    from zephon_store.integrations.torchtitan import IGNORE_INDEX
+
+    loader = titan_loader(dataset, layout, GLOBAL_BATCH, seed=SEED, documents=True, lanes=1)
+    out = []
+    for x, y, (inp, lab, pos) in titan_steps(loader, STEPS):
         cu = x.cu_seqlens.numpy()      # rows: [B, L+1]; flat: the stream's offsets
         # A padded window's last label is -100: the window is found by its inputs.
         by_input = {w[:-1]: w for w in starts}
@@ -193,7 +207,6 @@ def _titan(dataset, layout: str, starts: dict):
         assert x.num_valid_tokens == int((y != IGNORE_INDEX).sum())
         assert set(x) == {"input", "positions"}      # nothing else reaches forward(**x)
         out += step
-    loader.close()
     return out
 
 

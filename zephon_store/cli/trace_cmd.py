@@ -416,8 +416,9 @@ def cmd_audit(args) -> int:
         if any(d["id"] for d in out["deny_lists"]):
             for d in out["deny_lists"]:
                 print(f"  line {d['line']} ({_step_span(d)}): " + (
-                    f"deny list {d['id']} ({d['count']} ids, {d['path'] or 'no path'})"
-                    if d["id"] else "no deny list"))
+                    f"deny list {d['id']} ({d['count']} ids, "
+                    + (f"{d['documents']} documents, " if d["documents"] else "")
+                    + f"{d['path'] or 'no path'})" if d["id"] else "no deny list"))
         for ev in report.events:
             mark = "DISCREPANCY" if ev.failure else "note"
             print(f"  {mark} at step {ev.step} (log line {ev.line}): {ev.kind}: {ev.detail}")

@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from .._util.to_numpy import table_to_numpy
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
-from ..load.documents import DocumentColumns, add_document_fields
+from ..load.documents import DocumentColumns, add_document_fields, blank_spans
 from ..load.options import FLAT, ReadAheadOptions, SourceOptions, grouped
 from ..load.source import open_parts, open_source, plan_of
 from ..order.order import OrderOptions
@@ -152,6 +152,9 @@ class ZephonSource:
         self.coalesce = read_ahead.coalesce
         self.deny_list = (None if deny_list is None
                           else open_deny_list(deny_list, self.plan.deny_ids()))
+        if self.deny_list is not None and self.deny_list.spans is not None and not documents:
+            raise ValueError("the deny list names documents: their takedown blanks their "
+                             "tokens and says so in the document fields; pass documents=True")
         n = self.source.num_samples
         if order is not None:
             end = self.plan.end
@@ -232,13 +235,15 @@ class ZephonSource:
         rows blanked before anything else sees them (as the loaders' pipeline does)."""
         table, extra, ids = self._rows(indices)
         cols = {**table_to_numpy(table), **extra}
-        masked = None
+        masked = blank = None
         if self.deny_list is not None:
             masked = self.deny_list.masked(ids)
             cols = blank_denied(cols, masked, dict(zip(table.schema.names, table.schema.types)))
             cols[MASK_KEY] = masked
+            if self.deny_list.spans is not None:   # a document takedown (docs/audit.md)
+                cols, blank = blank_spans(cols, self.documents, self.deny_list.spans_in(ids))
         if self.documents is not None:
-            cols = add_document_fields(cols, self.documents, masked)
+            cols = add_document_fields(cols, self.documents, masked, blank)
         return table, cols
 
     def _rows(self, indices: Sequence[int]):

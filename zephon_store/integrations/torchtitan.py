@@ -354,7 +354,8 @@ class ZephonDataLoader(BaseDataLoader):
     def _batches(self) -> Iterator[tuple[dict, Any]]:
         shape = rows_batch if self.layout == "rows" else flat_batch
         positions = self.config.positions
-        documents = self.config.documents
+        # A deny list naming documents turns the document fields on (the loader's rule).
+        documents = self._loader.batch_options.documents
         for batch in self._loader:
             inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
                                    positions=positions, num_tokens=batch.get(NUM_TOKENS_COLUMN),

@@ -49,7 +49,7 @@ from itertools import chain
 
 import numpy as np
 
-__all__ = ["DOCUMENT_KEYS", "DocumentColumns", "add_document_fields", "cu_seqlens",
+__all__ = ["DOCUMENT_KEYS", "DocumentColumns", "add_document_fields", "blank_spans", "cu_seqlens",
            "document_fields", "flat_cu_seqlens", "segment_starts", "window_positions"]
 
 DOCUMENT_KEYS = ("position_ids", "cu_seqlens", "max_seqlen", "loss_mask")
@@ -181,6 +181,7 @@ class DocumentColumns:
     tokens: str = TOKENS
     doc_starts: str = DOC_STARTS
     num_tokens: str | None = None
+    pad_id: int = 0          # what a taken-down document's tokens become (the packing's)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -203,7 +204,10 @@ class DocumentColumns:
         with document starts."""
         parts = source.parts()
         padded = any(NUM_TOKENS in part.schema.names for _, part in parts)
-        cols = cls(num_tokens=NUM_TOKENS if padded else None)
+        pads = {int((getattr(part.manifest, "packing", None) or {}).get("pad_id") or 0)
+                for _, part in parts}
+        cols = cls(num_tokens=NUM_TOKENS if padded else None,
+                   pad_id=pads.pop() if len(pads) == 1 else 0)
         for name, part in parts:
             have = part.schema.names
             label = f"{part.url}" + (f" (source {name!r})" if name else "")
@@ -218,6 +222,29 @@ class DocumentColumns:
                     f"a {cols.doc_starts!r} column; re-convert with doc_starts (the default), "
                     "or leave documents off")
         return cols
+
+
+def blank_spans(batch: dict, columns: DocumentColumns, spans) -> tuple[dict, np.ndarray | None]:
+    """``(batch, blank)``: the tokens of ``spans`` (``(row, offset, length)`` arrays, a
+    deny list's documents in these windows) replaced by the padding id, and ``[B, L+1]``
+    bool marking them (None when there are none). Only those tokens change: every other
+    document of the window reads as before. The tokens are copied (they may be read-only
+    views of decoded row groups).
+
+    >>> b, blank = blank_spans({"tokens": np.array([[5, 6, 7, 8]])}, DocumentColumns(),
+    ...                        (np.array([0]), np.array([1]), np.array([2])))
+    >>> b["tokens"].tolist(), blank.astype(int).tolist()
+    ([[5, 0, 0, 8]], [[0, 1, 1, 0]])
+    """
+    rows, offsets, lengths = spans
+    if not len(rows):
+        return batch, None
+    tokens = np.array(batch[columns.tokens])
+    blank = np.zeros(tokens.shape, dtype=bool)
+    for r, o, n in zip(rows.tolist(), offsets.tolist(), lengths.tolist()):
+        blank[r, o:o + n] = True
+    tokens[blank] = columns.pad_id
+    return {**batch, columns.tokens: tokens}, blank
 
 
 def add_document_fields(batch: dict, columns: DocumentColumns, masked=None,

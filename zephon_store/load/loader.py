@@ -142,8 +142,24 @@ class Loader:
         if deny_list is not None:
             deny_list = open_deny_list(deny_list, self.plan.deny_ids())
             self.batch_options = self.batch_options.with_deny_list(deny_list)
+            if deny_list.spans is not None:
+                self._documents_for_takedown(columns)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
+
+    def _documents_for_takedown(self, columns) -> None:
+        """A deny list naming documents turns the document fields on: a taken-down
+        document's tokens become padding, and only ``loss_mask`` and the segments of
+        ``position_ids``/``cu_seqlens`` tell the training loop so (docs/audit.md)."""
+        if self.batch_options.documents:
+            return
+        need = DocumentColumns.of(self.plan.source).names
+        if columns is not None and not set(need) <= set(columns):
+            raise ValueError(
+                f"the deny list names documents, whose takedown needs the columns {list(need)} "
+                f"read (the batch says which tokens were removed); columns={list(columns)} "
+                "leaves some out: add them, or pass BatchOptions(documents=True)")
+        self.batch_options = dataclasses.replace(self.batch_options, documents=True)
 
     @property
     def dataset(self):

@@ -253,8 +253,10 @@ class RunContext:
         for seg, a, b in segment_steps(self.segments, end_step):
             entry = seg.deny_list or {}
             copy = entry and logged_copy_path(self.log, entry["id"])
+            deny = self.deny_for(seg) if entry else None
             out.append({"line": seg.line, "first_step": a, "end_step": b,
                         "id": entry.get("id"), "count": int(entry.get("count", 0)),
+                        "documents": 0 if deny is None else len(deny.documents),
                         "path": entry.get("path"),
                         "copy": copy if copy and os.path.isfile(copy) else None})
         return out

@@ -117,11 +117,9 @@ def _deny_of(ctx, source: int | None):
 
 
 def _denied_documents(deny, source: int | None) -> frozenset:
-    """The document numbers ``deny`` takes down in ``source`` (none for a list of ids)."""
-    documents = getattr(deny, "documents", None)
-    if documents is None:
-        return frozenset()
-    return frozenset(documents.get(source, ()) if isinstance(documents, dict) else documents)
+    """The document numbers ``deny`` takes down in ``source`` (None: the one dataset)."""
+    k = -1 if source is None else source
+    return frozenset(d for s, d in deny.documents if s == k)
 
 
 def trace_documents(ctx, ids: Sequence[int], sources: Sequence[str] | None) -> list[list[dict]]:

@@ -139,8 +139,20 @@ def test_where_document_in_a_mixture(tmp_path) -> None:
 
 def test_refusals(packed, tmp_path, capsys) -> None:
     from tests.helpers import small_dataset
+    from zephon_store.torch import ZephonLoader
 
     url, log, _ = packed
+    table = open_documents(url)
+    (tmp_path / "deny.json").write_text(json.dumps({"documents": [
+        {"input": table.inputs[0], "record": 0}]}))
+    with pytest.raises(ValueError, match=r"the deny list names documents, whose takedown "
+                                         r"needs the columns \['tokens', 'doc_starts'\]"):
+        ZephonLoader(url, topology=Topology(4), batch=BatchOptions(columns=("tokens",)),
+                     deny_list=str(tmp_path / "deny.json"))
+    (tmp_path / "bad.json").write_text(json.dumps({"documents": [
+        {"input": table.inputs[0], "record": 10 ** 6}]}))
+    with pytest.raises(ValueError, match=r"deny list .*bad.json: .*has no document at record"):
+        ZephonLoader(url, topology=Topology(4), deny_list=str(tmp_path / "bad.json"))
     plain = small_dataset(str(tmp_path), files=1, records=20, row_group_rows=10)
     assert main(["where", plain, "--document", "a.jsonl:1"]) == 2
     assert "has no document table" in capsys.readouterr().err
@@ -148,3 +160,54 @@ def test_refusals(packed, tmp_path, capsys) -> None:
     assert "no input 'nope.jsonl'" in capsys.readouterr().err
     assert main(["where", url, "3", "--document", "a:1"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_the_run_log_keeps_a_documents_takedown_and_where_proves_it_held(packed, tmp_path,
+                                                                          capsys) -> None:
+    """Launch 1 honours a list naming two documents, launch 2 runs without it: the log's
+    copy keeps the documents' spans, the audit passes and names them, and ``where`` marks
+    every read under the list masked, so the document's first training step is launch 2's."""
+    from zephon_store.torch import ZephonLoader
+
+    url, _, seen = packed
+    table = open_documents(url)
+    first_steps = {d: min((s for s, _, _ in _expected(table, seen, None, table.document(d))),
+                          default=None) for d in range(table.num_documents)}
+    # Read in launch 1 and again in launch 2 of the same order (a second epoch is not
+    # reached: pick documents with reads in both launches).
+    late = {d for d in range(table.num_documents)
+            if any(s >= STEPS[0] for s, _, _ in _expected(table, seen, None, table.document(d)))}
+    picks = [d for d, s in first_steps.items() if s is not None and s < STEPS[0] and d in late][:2]
+    assert len(picks) == 2
+    docs = [table.document(d) for d in picks]
+    deny = tmp_path / "deny.json"
+    deny.write_text(json.dumps({"documents": [{"input": d.input, "record": d.record}
+                                              for d in docs]}))
+    log = str(tmp_path / "run.jsonl")
+    first = ZephonLoader(url, topology=Topology(6), order=OPTS,
+                         batch=BatchOptions(columns=("tokens", "doc_starts")),
+                         stop=StopOptions(max_steps=STEPS[0]), run_log=log,
+                         deny_list=str(deny))
+    for _ in first:
+        pass
+    state = first.state_dict()
+    second = ZephonLoader(url, topology=Topology(10), order=OPTS,
+                          batch=BatchOptions(columns=("tokens",)),
+                          stop=StopOptions(max_steps=STEPS[1]), run_log=log)
+    second.load_state_dict(state)
+    for _ in second:
+        pass
+    copies = list((tmp_path / "run.jsonl.denylists").glob("*.json"))
+    assert len(copies) == 1
+    kept = json.loads(copies[0].read_text())
+    assert sorted(d for _, d in kept["documents"]) == sorted(picks) and kept["spans"]
+    audit = _cli("audit", url, "--log", log, "--end-step", str(END), "--json")
+    assert audit["ok"] and [d["documents"] for d in audit["deny_lists"]] == [2, 0]
+    for doc in docs:
+        got = _cli("where", url, "--document", f"{doc.input}:{doc.record}", "--log", log,
+                   "--end-step", str(END), "--json")["documents"][0]
+        under = [r for r in got["reads"] if r["step"] < STEPS[0]]
+        after = [r for r in got["reads"] if r["step"] >= STEPS[0]]
+        assert under and all(r["masked"] for r in under)
+        assert after and not any(r["masked"] for r in after)
+        assert got["first_step"] == min(r["step"] for r in after)
