@@ -91,6 +91,20 @@ def _rows(front: str, dataset: str, deny: str | None) -> list:
         rows = _torch_like(next(it) for _ in range(STEPS))
         it.close()
         return rows
+    if front == "live":
+        from zephon_store.torch import LiveZephonLoader, ReplicaOptions
+
+        loader = LiveZephonLoader(dataset, global_batch=BATCH, seed=SEED,
+                                  replica=ReplicaOptions(participants=lambda: (0, 1)),
+                                  batch=BatchOptions(with_seq=True, documents=True,
+                                                     collate=as_numpy), deny_list=deny)
+        it = iter(loader)
+        batches = []
+        for _ in range(STEPS):
+            batches.append(next(it))
+            loader.commit(True)
+        it.close()
+        return _torch_like(batches)
     if front == "grain-iter":
         from zephon_store.grain import ZephonIterDataset
 
@@ -170,7 +184,8 @@ def _with_ids(front: str, dataset: str, got: list, ref: list) -> tuple[list, lis
             [(s, w, *rest) for (s, w, *_), (_, _, *rest) in zip(ids, ref)])
 
 
-FRONTS = ["torch-0", "torch-2", "titan-rows", "titan-flat", "grain-iter", "grain-source"]
+FRONTS = ["torch-0", "torch-2", "live", "titan-rows", "titan-flat", "grain-iter",
+          "grain-source"]
 
 
 @pytest.mark.parametrize("front", FRONTS)
