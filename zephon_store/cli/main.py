@@ -4,7 +4,7 @@ Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error, 141 std
 (``| head``).
 
 >>> main(["info", tiny_dataset, "--json"])
-{"url": "...", "dataset_id": "xxh3:...", "format_version": 5, "num_samples": 100, ...}
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 6, "num_samples": 100, ...}
 0
 """
 
@@ -146,6 +146,21 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                    help="records per parsed batch (default 65536; memory, not output, depends "
                         "on it)")
+    _add_packing_args(c)
+    c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    c.add_argument("--verbose", "-v", action="store_true",
+                   help="--engine ray: show Ray's own log lines and the workers' output "
+                        "(default: Ray's errors only)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace a different dataset already at --output (what only its "
+                        "manifest references is removed after the new one is published)")
+    add_storage_options(c)
+    c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
+                   help="storage options for the inputs (default: --storage-options)")
+
+
+def _add_packing_args(c) -> None:
+    """``zephon convert``'s token-packing options (docs/packing.md)."""
     c.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="pack tokens: a local tokenizer.json (needs --seq-len)")
     c.add_argument("--seq-len", type=int, default=None, metavar="L",
@@ -162,16 +177,6 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--buffer-windows", type=positive_int, default=None, metavar="N",
                    help="packing best-fit: windows per buffer (default 4096; memory per "
                         "worker about N*(L+1)*4 bytes)")
-    c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
-    c.add_argument("--verbose", "-v", action="store_true",
-                   help="--engine ray: show Ray's own log lines and the workers' output "
-                        "(default: Ray's errors only)")
-    c.add_argument("--overwrite", action="store_true",
-                   help="replace a different dataset already at --output (what only its "
-                        "manifest references is removed after the new one is published)")
-    add_storage_options(c)
-    c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
-                   help="storage options for the inputs (default: --storage-options)")
 
 
 def _json_arg(text: str) -> dict:

@@ -202,21 +202,26 @@ class DocumentTable:
                 "the input as 'zephon info' lists it")
         lo = int(self._input_first[i])
         hi = lo + int(self._input_count[i])
+        # Usually no record was skipped: document lo + record, one chunk fetched.
+        if 0 <= record < hi - lo and self._record_at(lo + record) == record:
+            return self.document(lo + record)
         # Records ascend within an input: bisect over the documents, chunk by chunk.
         while lo < hi:
             mid = (lo + hi) // 2
-            c, row = divmod(mid, self.per_chunk)
-            if int(self.chunk(c).record[row]) < record:
+            if self._record_at(mid) < record:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo < int(self._input_first[i] + self._input_count[i]):
-            c, row = divmod(lo, self.per_chunk)
-            if int(self.chunk(c).record[row]) == record:
-                return self.document(lo)
+        if lo < int(self._input_first[i] + self._input_count[i]) and \
+                self._record_at(lo) == record:
+            return self.document(lo)
         raise DocumentNotFoundError(
             f"{input} has no document at record {record} in {self._m.url} (a record with a "
             "null text skipped at conversion is no document)")
+
+    def _record_at(self, doc: int) -> int:
+        c, row = divmod(doc, self.per_chunk)
+        return int(self.chunk(c).record[row])
 
     def find_text(self, xxh3: str) -> list[Document]:
         """Every document whose text hashes to ``xxh3`` (``"xxh3:<32 hex>"`` or 32 hex

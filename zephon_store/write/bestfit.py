@@ -178,13 +178,11 @@ def stage_buffers(task) -> tuple:
     from this input's first). Returns the windows' :class:`StagedInput` and the counts."""
     from ..format.documents import DOCUMENT_CHUNK_SCHEMA, document_chunk_table
     from ..format.manifest import schema_to_base64
-    from .packing import window_schema
     from .rowsize import table_row_nbytes
     from .staged import arrow_batch_rows
 
-    (i, b_lo, b_hi, buffer_tokens, last, window, pad_id, doc_starts, rels, batch_tokens,
+    (i, b_lo, b_hi, buffer_tokens, last, window, pad_id, schema, rels, batch_tokens,
      file_starts, area, parsed) = task
-    schema = window_schema(window - 1, doc_starts, num_tokens=True)
     base = f"packed/{i:06d}"
     src = _Batches(area, rels, batch_tokens, np.asarray(file_starts, dtype=np.int64))
     counts = {"windows": 0, "documents": 0, "documents_split": 0, "split_pieces": 0,
@@ -229,11 +227,11 @@ def stage_buffers(task) -> tuple:
 
 
 def _windows_batch(lay: BufferLayout, schema: pa.Schema) -> pa.RecordBatch:
-    from .packing import DOC_STARTS_COLUMN
-
+    """Windows in ``schema`` (packing.window_schema's: tokens, doc_starts if asked for,
+    num_tokens)."""
     w = lay.tokens.shape[1]
     cols = [pa.FixedSizeListArray.from_arrays(pa.array(lay.tokens.reshape(-1)), w)]
-    if DOC_STARTS_COLUMN in schema.names:
+    if len(schema) == 3:
         cols.append(pa.ListArray.from_arrays(pa.array(lay.seg_offsets.astype(np.int32)),
                                              pa.array(lay.seg_starts.astype(np.int32))))
     cols.append(pa.array(lay.num_tokens, pa.int32()))

@@ -573,6 +573,7 @@ class PackWindows:
         total, w = int(file_starts[-1]), self.window
         t = self.buffer_windows * w
         n_buffers = -(-total // t)
+        schema = window_schema(w - 1, self.doc_starts, num_tokens=True)
         first = np.minimum(-(-file_starts // t), n_buffers)
         tasks, got = [], {}
         for i, m in enumerate(metas):
@@ -582,8 +583,8 @@ class PackWindows:
             if meta is not None and done is not None and meta.complete(area):
                 got[i] = (meta, done)
             else:
-                tasks.append((i, lo, hi, t, hi == n_buffers, w, self.pad_id, self.doc_starts,
-                              rels, batch_tokens, file_starts.tolist(), area, m))
+                tasks.append((i, lo, hi, t, hi == n_buffers, w, self.pad_id, schema, rels,
+                              batch_tokens, file_starts.tolist(), area, m))
         for meta, done in executor.map(stage_buffers, tasks, name="pack"):
             got[meta.index] = (meta, done)
         out = [got[i][0] for i in range(len(metas))]
