@@ -580,7 +580,8 @@ class PackWindows:
             lo, hi = int(first[i]), int(first[i + 1])
             meta = read_staged(area, f"packed/{i:06d}.json")
             done = area.read_json(f"packed/{i:06d}.docs.json")
-            if meta is not None and done is not None and meta.complete(area):
+            if (meta is not None and done is not None and meta.complete(area)
+                    and area.exists(f"packed/{i:06d}.docs.arrow")):
                 got[i] = (meta, done)
             else:
                 tasks.append((i, lo, hi, t, hi == n_buffers, w, self.pad_id, schema, rels,
