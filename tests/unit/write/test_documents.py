@@ -308,28 +308,21 @@ def test_cli_packing_needs_a_tokenizer(corpus, tmp_path, capsys):
 def test_best_fit_resume_reuses_staged_buffers(corpus, tmp_path, monkeypatch):
     """A best-fit conversion killed while packing, rerun, reuses the inputs packed before the
     crash and writes the bytes of an uninterrupted run."""
+    from tests.helpers import CrashOnSecond
     from zephon_store.write import packing
 
-    real = packing.stage_buffers
-    calls: list[int] = []
-    crash = False
-
-    def counting(task):
-        calls.append(task[0])
-        if crash and len(calls) == 2:
-            raise KeyboardInterrupt("simulated crash")
-        return real(task)
-
-    monkeypatch.setattr(packing, "stage_buffers", counting)
+    task = CrashOnSecond(packing.stage_buffers)
+    calls = task.calls
+    monkeypatch.setattr(packing, "stage_buffers", task)
     _convert(corpus, tmp_path / "clean", "best-fit", buffer_windows=8)
     every = list(calls)
     assert len(every) == 5
     calls.clear()
-    crash = True
+    task.crash = True
     with pytest.raises(KeyboardInterrupt):
         _convert(corpus, tmp_path / "ds", "best-fit", buffer_windows=8)
     calls.clear()
-    crash = False
+    task.crash = False
     _convert(corpus, tmp_path / "ds", "best-fit", buffer_windows=8)
     assert every[0] not in calls and every[1] in calls
     assert tree_digest(tmp_path / "ds") == tree_digest(tmp_path / "clean")

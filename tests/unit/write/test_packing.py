@@ -158,27 +158,21 @@ def test_byte_identical_for_any_worker_count(corpus, packed, tmp_path):
 
 
 def test_resume_reuses_staged_windows(corpus, packed, tmp_path, monkeypatch):
+    from tests.helpers import CrashOnSecond
+
     url, _ = packed
-    real = packing._pack_file
-    calls: list[int] = []
-
-    def counting(task):
-        calls.append(task[0])
-        if crash and len(calls) == 2:
-            raise KeyboardInterrupt("simulated crash")
-        return real(task)
-
-    monkeypatch.setattr(packing, "_pack_file", counting)
-    crash = False
+    task = CrashOnSecond(packing._pack_file)
+    calls = task.calls
+    monkeypatch.setattr(packing, "_pack_file", task)
     _convert(corpus, tmp_path / "clean")
     every = list(calls)
     assert len(every) >= 3
     calls.clear()
-    crash = True
+    task.crash = True
     with pytest.raises(KeyboardInterrupt):
         _convert(corpus, tmp_path / "ds")
     calls.clear()
-    crash = False
+    task.crash = False
     _convert(corpus, tmp_path / "ds")
     # The input staged before the crash is reused; the crashed one is redone. (Inputs after
     # it may have been staged by the converter's second thread before the crash surfaced.)
