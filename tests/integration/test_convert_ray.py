@@ -83,7 +83,7 @@ def corpora(tmp_path_factory):
             w.writerow(["id", "text", "score"])
             w.writerows([r["id"], r["text"], r["score"]] for r in recs)
     tok = _tokenizer(tmp)
-    packing = packing_convert_kwargs(PackingOptions(tokenizer=tok, seq_len=31))
+    packing = packing_convert_kwargs(PackingOptions(tokenizer=tok, seq_len=31, strategy="concat"))
     # Buffers of 16 windows: the corpus packs over many, crossing its four inputs.
     best_fit = packing_convert_kwargs(PackingOptions(tokenizer=tok, seq_len=31,
                                                      strategy="best-fit", buffer_windows=16))

@@ -171,9 +171,9 @@ def _add_packing_args(c) -> None:
     c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: put the tokenizer's EOS token after each document")
     c.add_argument("--packing", choices=["concat", "best-fit"], default=None,
-                   help="packing: concat (documents back to back, cut every L+1 tokens) or "
-                        "best-fit (split only documents longer than a window, pad the rest); "
-                        "default: PackingOptions' (docs/packing.md)")
+                   help="packing: best-fit (the default: split only documents longer than a "
+                        "window, pad the rest) or concat (documents back to back, cut every "
+                        "L+1 tokens); docs/packing.md")
     c.add_argument("--buffer-windows", type=positive_int, default=None, metavar="N",
                    help="packing best-fit: windows per buffer (default 4096; memory per "
                         "worker about N*(L+1)*4 bytes)")
