@@ -125,6 +125,9 @@ def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
                                                       ["--runs", "1", "--kinds", "tokens"])),
         "grain_source": ("bench_grain_source", pick(["--mb", "60", "--runs", "5"],
                                                     ["--mb", "30", "--runs", "2"])),
+        "packing": ("bench_packing", pick(["--seq-len", "2048,8192", "--buffers", "256,4096",
+                                           "--runs", "3"],
+                                          ["--seq-len", "2048", "--files", "2"])),
     }
     if before:
         plan["ab_loader"] = ("ab_loader", ["--before", before,

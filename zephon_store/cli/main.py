@@ -4,7 +4,7 @@ Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error, 141 std
 (``| head``).
 
 >>> main(["info", tiny_dataset, "--json"])
-{"url": "...", "dataset_id": "xxh3:...", "format_version": 5, "num_samples": 100, ...}
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 6, "num_samples": 100, ...}
 0
 """
 
@@ -146,22 +146,7 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                    help="records per parsed batch (default 65536; memory, not output, depends "
                         "on it)")
-    c.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="pack tokens: a local tokenizer.json (needs --seq-len)")
-    c.add_argument("--seq-len", type=int, default=None, metavar="L",
-                   help="pack documents into windows of L+1 tokens")
-    c.add_argument("--text-column", default="text", help="column holding the document text")
-    c.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
-                   help="packing: put the tokenizer's BOS token before each document")
-    c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="packing: put the tokenizer's EOS token after each document")
-    c.add_argument("--packing", choices=["concat", "best-fit"], default=None,
-                   help="packing: concat (documents back to back, cut every L+1 tokens) or "
-                        "best-fit (split only documents longer than a window, pad the rest); "
-                        "default: PackingOptions' (docs/packing.md)")
-    c.add_argument("--buffer-windows", type=positive_int, default=None, metavar="N",
-                   help="packing best-fit: windows per buffer (default 4096; memory per "
-                        "worker about N*(L+1)*4 bytes)")
+    _add_packing_args(c)
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
     c.add_argument("--verbose", "-v", action="store_true",
                    help="--engine ray: show Ray's own log lines and the workers' output "
@@ -172,6 +157,26 @@ def _add_convert_parser(sub) -> None:
     add_storage_options(c)
     c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
                    help="storage options for the inputs (default: --storage-options)")
+
+
+def _add_packing_args(c) -> None:
+    """``zephon convert``'s token-packing options (docs/packing.md)."""
+    c.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="pack tokens: a local tokenizer.json (needs --seq-len)")
+    c.add_argument("--seq-len", type=int, default=None, metavar="L",
+                   help="pack documents into windows of L+1 tokens")
+    c.add_argument("--text-column", default="text", help="column holding the document text")
+    c.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's BOS token before each document")
+    c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's EOS token after each document")
+    c.add_argument("--packing", choices=["concat", "best-fit"], default=None,
+                   help="packing: best-fit (the default: split only documents longer than a "
+                        "window, pad the rest) or concat (documents back to back, cut every "
+                        "L+1 tokens); docs/packing.md")
+    c.add_argument("--buffer-windows", type=positive_int, default=None, metavar="N",
+                   help="packing best-fit: windows per buffer (default 4096; memory per "
+                        "worker about N*(L+1)*4 bytes)")
 
 
 def _json_arg(text: str) -> dict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -43,6 +44,9 @@ from ..format.manifest import MAX_COUNT, Manifest
 __all__ = ["Document", "DocumentTable", "Span", "SpanArrays", "has_documents", "open_documents"]
 
 _XXH3_RE = re.compile(r"(?:xxh3:)?([0-9a-f]{32})")
+# Chunks a table keeps decoded (~1.5 MiB each at 16,384 documents): a step's windows and a
+# few lookups stay fetched; the node cache keeps the files on disk anyway.
+KEPT_CHUNKS = 64
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class DocumentTable:
         self.num_documents = int(self._counts.sum()) if self._counts.size else 0
         self.num_windows = manifest.num_samples
         self._check_index()
-        self._chunks: dict[int, DocumentChunk] = {}
+        self._chunks: OrderedDict[int, DocumentChunk] = OrderedDict()
         self._lock = threading.Lock()
 
     def _check_index(self) -> None:
@@ -144,8 +148,12 @@ class DocumentTable:
         return len(self._counts)
 
     def chunk(self, c: int) -> DocumentChunk:
-        """Chunk ``c``'s columns, fetched, verified and checked on first use."""
-        got = self._chunks.get(c)
+        """Chunk ``c``'s columns, fetched, verified and checked on first use; the last
+        :data:`KEPT_CHUNKS` used stay in memory (a scan of the whole table does not keep it)."""
+        with self._lock:
+            got = self._chunks.get(c)
+            if got is not None:
+                self._chunks.move_to_end(c)
         if got is None:
             if not 0 <= c < self.num_chunks:
                 raise IndexError(f"document chunk {c} is out of range [0, {self.num_chunks})")
@@ -158,6 +166,8 @@ class DocumentTable:
                 window=self.window)
             with self._lock:
                 self._chunks[c] = got
+                while len(self._chunks) > KEPT_CHUNKS:
+                    self._chunks.popitem(last=False)
         return got
 
     def iter_chunks(self) -> Iterator[pa.Table]:
@@ -202,21 +212,26 @@ class DocumentTable:
                 "the input as 'zephon info' lists it")
         lo = int(self._input_first[i])
         hi = lo + int(self._input_count[i])
+        # Usually no record was skipped: document lo + record, one chunk fetched.
+        if 0 <= record < hi - lo and self._record_at(lo + record) == record:
+            return self.document(lo + record)
         # Records ascend within an input: bisect over the documents, chunk by chunk.
         while lo < hi:
             mid = (lo + hi) // 2
-            c, row = divmod(mid, self.per_chunk)
-            if int(self.chunk(c).record[row]) < record:
+            if self._record_at(mid) < record:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo < int(self._input_first[i] + self._input_count[i]):
-            c, row = divmod(lo, self.per_chunk)
-            if int(self.chunk(c).record[row]) == record:
-                return self.document(lo)
+        if lo < int(self._input_first[i] + self._input_count[i]) and \
+                self._record_at(lo) == record:
+            return self.document(lo)
         raise DocumentNotFoundError(
             f"{input} has no document at record {record} in {self._m.url} (a record with a "
             "null text skipped at conversion is no document)")
+
+    def _record_at(self, doc: int) -> int:
+        c, row = divmod(doc, self.per_chunk)
+        return int(self.chunk(c).record[row])
 
     def find_text(self, xxh3: str) -> list[Document]:
         """Every document whose text hashes to ``xxh3`` (``"xxh3:<32 hex>"`` or 32 hex

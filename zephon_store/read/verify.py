@@ -154,7 +154,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
             report.shards_checked += 1
             per_shard.append(codecs)
     _check_auto_codecs(m, per_shard, murl, add)
-    check_documents(m, add)
+    check_documents(m, lambda kind, message: add(Finding(None, kind, message)))
     _check_orphans(st, m, add)
     return report
 

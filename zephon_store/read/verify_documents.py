@@ -18,17 +18,16 @@ __all__ = ["check_documents"]
 
 
 def check_documents(m: Manifest, add) -> None:
-    """Add a finding (``add(Finding)``) for every problem of ``m``'s document table; nothing
-    for a dataset without one."""
+    """Call ``add(kind, message)`` for every problem of ``m``'s document table (kinds
+    ``document_table``, ``document_chunk``); nothing for a dataset without one."""
     from .documents import DocumentTable
-    from .verify import Finding
 
     if not m.has_documents:
         return
     try:
         table = DocumentTable(m)
     except (ZephonError, OSError, KeyError, ValueError) as exc:
-        add(Finding(None, "document_table", f"document table: {exc}"))
+        add("document_table", f"document table: {exc}")
         return
     covered = np.zeros(table.num_windows, dtype=np.int32)
     tokens = spans_total = split = pieces = 0
@@ -37,7 +36,7 @@ def check_documents(m: Manifest, add) -> None:
         try:
             ch = table.chunk(c)
         except (ZephonError, OSError) as exc:
-            add(Finding(None, "document_chunk", f"document chunk {c}: {exc}"))
+            add("document_chunk", f"document chunk {c}: {exc}")
             damaged += 1
             continue
         np.add.at(covered, ch.window, ch.length.astype(np.int32))
@@ -54,10 +53,10 @@ def check_documents(m: Manifest, add) -> None:
             "packed_tokens": spans_total + int(packing.get("padded_tokens", 0))}
     for key, got in want.items():
         if key in packing and packing[key] != got:
-            add(Finding(None, "document_table", f"{m.url}: the document table gives "
-                        f"{key}={got}, the manifest's packing entry {packing[key]}"))
+            add("document_table", f"{m.url}: the document table gives {key}={got}, the "
+                f"manifest's packing entry {packing[key]}")
     over = np.flatnonzero(covered > table.window)
     if over.size:
-        add(Finding(None, "document_table", f"{m.url}: spans cover window {int(over[0])} "
-                    f"with {int(covered[over[0]])} tokens, more than its {table.window} "
-                    f"({over.size} such windows)"))
+        add("document_table", f"{m.url}: spans cover window {int(over[0])} with "
+            f"{int(covered[over[0]])} tokens, more than its {table.window} ({over.size} such "
+            "windows)")

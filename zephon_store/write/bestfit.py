@@ -122,13 +122,17 @@ def layout_buffer(values: np.ndarray, doc_offsets: np.ndarray, window: int,
 
 # -- staging (a pool task per input: the buffers whose first token lies in it) -------------
 class _Batches:
-    """Every staged parsed record batch of the inputs in stream order, with its global token
-    range ``[lo, hi)``; a batch is read when first used, one kept at a time."""
+    """The staged parsed record batches of the inputs overlapping global tokens ``[a, z]``
+    in stream order, with their global token ranges ``[lo, hi)``; a batch is read when first
+    used, one kept at a time."""
 
-    def __init__(self, area, rels: list, batch_tokens: list, file_starts: np.ndarray) -> None:
+    def __init__(self, area, rels: list, batch_tokens: list, file_starts: np.ndarray,
+                 a: int, z: int) -> None:
         self.area, self.rels = area, rels
         where, lo, hi = [], [], []
         for i, counts in enumerate(batch_tokens):
+            if file_starts[i + 1] < a or file_starts[i] > z:
+                continue
             base = int(file_starts[i])
             for j, n in enumerate(counts):
                 where.append((i, j))
@@ -178,15 +182,15 @@ def stage_buffers(task) -> tuple:
     from this input's first). Returns the windows' :class:`StagedInput` and the counts."""
     from ..format.documents import DOCUMENT_CHUNK_SCHEMA, document_chunk_table
     from ..format.manifest import schema_to_base64
-    from .packing import window_schema
     from .rowsize import table_row_nbytes
     from .staged import arrow_batch_rows
 
-    (i, b_lo, b_hi, buffer_tokens, last, window, pad_id, doc_starts, rels, batch_tokens,
+    (i, b_lo, b_hi, buffer_tokens, last, window, pad_id, schema, rels, batch_tokens,
      file_starts, area, parsed) = task
-    schema = window_schema(window - 1, doc_starts, num_tokens=True)
     base = f"packed/{i:06d}"
-    src = _Batches(area, rels, batch_tokens, np.asarray(file_starts, dtype=np.int64))
+    starts = np.asarray(file_starts, dtype=np.int64)
+    src = _Batches(area, rels, batch_tokens, starts, b_lo * buffer_tokens,
+                   int(starts[-1]) if last else b_hi * buffer_tokens)
     counts = {"windows": 0, "documents": 0, "documents_split": 0, "split_pieces": 0,
               "padded_tokens": 0}
     tmp, dtmp = area.scratch(f"{base}.arrow"), area.scratch(f"{base}.docs.arrow")
@@ -229,11 +233,11 @@ def stage_buffers(task) -> tuple:
 
 
 def _windows_batch(lay: BufferLayout, schema: pa.Schema) -> pa.RecordBatch:
-    from .packing import DOC_STARTS_COLUMN
-
+    """Windows in ``schema`` (packing.window_schema's: tokens, doc_starts if asked for,
+    num_tokens)."""
     w = lay.tokens.shape[1]
     cols = [pa.FixedSizeListArray.from_arrays(pa.array(lay.tokens.reshape(-1)), w)]
-    if DOC_STARTS_COLUMN in schema.names:
+    if len(schema) == 3:
         cols.append(pa.ListArray.from_arrays(pa.array(lay.seg_offsets.astype(np.int32)),
                                              pa.array(lay.seg_starts.astype(np.int32))))
     cols.append(pa.array(lay.num_tokens, pa.int32()))

@@ -28,8 +28,8 @@ crash-safe staging and its byte-identical output for any number of workers:
 >>> from zephon_store import convert, open_dataset
 >>> kwargs = packing_convert_kwargs(PackingOptions(tokenizer=tiny_tokenizer, seq_len=7))
 >>> ds = open_dataset(convert([tiny_jsonl], os.path.join(tmp, "ds"), **kwargs).url)
->>> ds[0]   # <s> record 0 </s> <s> record 1 </s>
-{'tokens': array([1, 3, 4, 2, 1, 3, 5, 2], dtype=int32), 'doc_starts': [0, 4]}
+>>> ds[0]   # <s> record 0 </s> <s> record 1 </s>: two documents fill the window
+{'tokens': array([1, 3, 4, 2, 1, 3, 5, 2], dtype=int32), 'doc_starts': [0, 4], 'num_tokens': 8}
 """
 
 from __future__ import annotations
@@ -102,10 +102,11 @@ class PackingOptions:
     ``bos_id``/``eos_id``, else ``bos_token``/``eos_token``, else a ``tokenizer_config.json``
     beside the tokenizer, else a special token named like ``<|begin_of_text|>``, ``<s>``,
     ``<bos>`` (see :data:`BOS_NAMES`, :data:`EOS_NAMES`). ``doc_starts``: also store where
-    documents begin inside each window. ``strategy``: ``"concat"`` (documents back to back,
-    cut every ``seq_len + 1`` tokens) or ``"best-fit"`` (documents split only when longer
-    than a window, then packed by best-fit decreasing over buffers of ``buffer_windows``
-    windows; free space is padded with ``pad_id``, default the EOS id, else BOS, else 0).
+    documents begin inside each window. ``strategy``: ``"best-fit"`` (the default: documents
+    split only when longer than a window, then packed by best-fit decreasing over buffers of
+    ``buffer_windows`` windows; free space is padded with ``pad_id``, default the EOS id,
+    else BOS, else 0) or ``"concat"`` (documents back to back, cut every ``seq_len + 1``
+    tokens).
 
     >>> PackingOptions(tokenizer="tok.json", seq_len=0)
     Traceback (most recent call last):
@@ -123,7 +124,9 @@ class PackingOptions:
     bos_id: int | None = None
     eos_id: int | None = None
     doc_starts: bool = True
-    strategy: str = "concat"
+    # best-fit by measurement (docs/packing.md): on the demo's corpus it cuts 28-58% fewer
+    # documents than concat for 0.03-0.05% padding and the same conversion time.
+    strategy: str = "best-fit"
     buffer_windows: int = DEFAULT_BUFFER_WINDOWS
     pad_id: int | None = None
 
@@ -573,17 +576,19 @@ class PackWindows:
         total, w = int(file_starts[-1]), self.window
         t = self.buffer_windows * w
         n_buffers = -(-total // t)
+        schema = window_schema(w - 1, self.doc_starts, num_tokens=True)
         first = np.minimum(-(-file_starts // t), n_buffers)
         tasks, got = [], {}
         for i, m in enumerate(metas):
             lo, hi = int(first[i]), int(first[i + 1])
             meta = read_staged(area, f"packed/{i:06d}.json")
             done = area.read_json(f"packed/{i:06d}.docs.json")
-            if meta is not None and done is not None and meta.complete(area):
+            if (meta is not None and done is not None and meta.complete(area)
+                    and area.exists(f"packed/{i:06d}.docs.arrow")):
                 got[i] = (meta, done)
             else:
-                tasks.append((i, lo, hi, t, hi == n_buffers, w, self.pad_id, self.doc_starts,
-                              rels, batch_tokens, file_starts.tolist(), area, m))
+                tasks.append((i, lo, hi, t, hi == n_buffers, w, self.pad_id, schema, rels,
+                              batch_tokens, file_starts.tolist(), area, m))
         for meta, done in executor.map(stage_buffers, tasks, name="pack"):
             got[meta.index] = (meta, done)
         out = [got[i][0] for i in range(len(metas))]

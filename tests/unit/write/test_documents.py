@@ -299,7 +299,44 @@ def test_cli_convert_packing_and_info_report_the_documents(corpus, tmp_path, cap
 def test_cli_packing_needs_a_tokenizer(corpus, tmp_path, capsys):
     from zephon_store.cli.main import main
 
-    _, src, _ = corpus
+    tok_path, src, _ = corpus
     assert main(["convert", str(src), "-o", str(tmp_path / "x"), "--packing", "best-fit"]) == 2
     assert "--packing and --buffer-windows need --tokenizer and --seq-len" in \
         capsys.readouterr().err
+
+
+def test_best_fit_resume_reuses_staged_buffers(corpus, tmp_path, monkeypatch):
+    """A best-fit conversion killed while packing, rerun, reuses the inputs packed before the
+    crash and writes the bytes of an uninterrupted run."""
+    from tests.helpers import CrashOnSecond
+    from zephon_store.write import packing
+
+    task = CrashOnSecond(packing.stage_buffers)
+    calls = task.calls
+    monkeypatch.setattr(packing, "stage_buffers", task)
+    _convert(corpus, tmp_path / "clean", "best-fit", buffer_windows=8)
+    every = list(calls)
+    assert len(every) == 5
+    calls.clear()
+    task.crash = True
+    with pytest.raises(KeyboardInterrupt):
+        _convert(corpus, tmp_path / "ds", "best-fit", buffer_windows=8)
+    calls.clear()
+    task.crash = False
+    _convert(corpus, tmp_path / "ds", "best-fit", buffer_windows=8)
+    assert every[0] not in calls and every[1] in calls
+    assert tree_digest(tmp_path / "ds") == tree_digest(tmp_path / "clean")
+
+
+def test_best_fit_is_the_default(corpus, tmp_path):
+    """Chosen by measurement (docs/packing.md): a conversion that names no strategy packs
+    best-fit, in the CLI and in the Python API."""
+    from zephon_store.cli.main import main
+
+    tok_path, src, _ = corpus
+    assert PackingOptions(tokenizer=tok_path, seq_len=8).strategy == "best-fit"
+    out = str(tmp_path / "ds")
+    assert main(["convert", str(src), "-o", out, "--tokenizer", tok_path, "--seq-len",
+                 str(SEQ_LEN), "--json"]) == 0
+    p = open_dataset(out).manifest.packing
+    assert p["strategy"] == "best-fit" and p["buffer_windows"] == 4096
