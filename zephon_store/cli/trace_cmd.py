@@ -413,6 +413,7 @@ def cmd_audit(args) -> int:
             print(f"  {src}epoch {e.epoch} ({kind}, {e.expected} expected): once {e.once}, "
                   f"repeated {e.repeated}, skipped {e.skipped}, unexpected {e.unexpected}"
                   + (f", masked {e.masked}" if e.masked else "")
+                  + (f", document tokens masked {e.masked_tokens}" if e.masked_tokens else "")
                   + ("" if e.ok else "  <- NOT exactly once"))
         if any(d["id"] for d in out["deny_lists"]):
             for d in out["deny_lists"]:

@@ -95,7 +95,9 @@ class EpochExposure:
     ``once``: expected samples seen exactly once; ``repeated``: samples seen more than once
     (``extra_exposures`` counts the surplus); ``skipped``: expected samples never seen;
     ``unexpected``: samples seen that the covered positions do not hold; ``masked``:
-    exposures of denied samples (they took their positions, flagged ``_masked``).
+    exposures of denied samples (they took their positions, flagged ``_masked``);
+    ``masked_tokens``: tokens of denied documents blanked in the windows read (a deny list
+    naming documents).
     """
 
     epoch: int
@@ -108,6 +110,7 @@ class EpochExposure:
     skipped: int
     unexpected: int
     masked: int = 0
+    masked_tokens: int = 0
     source: str | None = None      # a mixture's source (its own epochs), None for a dataset
 
     @property
@@ -137,13 +140,16 @@ class Exposures:
         self.n = int(num_samples)
         self._counts: dict[int, np.ndarray] = {}
         self._masked: Counter = Counter()
+        self._masked_tokens: Counter = Counter()
         # Exposures per id over every epoch, for the consumption report (runs/consumption.py):
         # counted here, from the same parts, so the report is the audit's own count.
         self.tally = tally
 
     def add(self, positions: np.ndarray, ids: np.ndarray,
-            masked: np.ndarray | None = None, *, distinct: bool = False) -> None:
-        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``.
+            masked: np.ndarray | None = None, *, distinct: bool = False,
+            masked_tokens: np.ndarray | None = None) -> None:
+        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``
+        (``masked_tokens[j]``: its tokens a deny list blanked, a document takedown's).
 
         ``distinct``: the caller knows each epoch's part holds each id at most once (ids an
         order's bijection gave for distinct positions), which skips the check for repeats.
@@ -170,6 +176,8 @@ class Exposures:
             part_masked = None if masked is None else np.asarray(masked)[sel]
             if part_masked is not None:
                 self._masked[e] += int(np.count_nonzero(part_masked))
+            if masked_tokens is not None:
+                self._masked_tokens[e] += int(np.asarray(masked_tokens)[sel].sum())
             if self.tally is not None:
                 self.tally.add(part, part_masked, unique=unique)
 
@@ -197,7 +205,8 @@ class Exposures:
             extra_exposures=int((counts[rep].astype(np.int64) - 1).sum()),
             skipped=int(np.count_nonzero(want & ~seen)),
             unexpected=int(np.count_nonzero(~want & seen)),
-            masked=int(self._masked.pop(epoch, 0)))
+            masked=int(self._masked.pop(epoch, 0)),
+            masked_tokens=int(self._masked_tokens.pop(epoch, 0)))
 
 
 class ExposureTally:
@@ -435,7 +444,7 @@ def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int, workers: i
                 for pos, ids in pool.map(ids_of, range(a, b, chunk)):
                     # One order, one epoch, distinct positions: distinct ids.
                     exp.add(pos, ids, None if deny is None else deny.masked(ids),
-                            distinct=True)
+                            distinct=True, masked_tokens=_blanked(deny, ids))
             cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
             expected = None
             if (cov_lo, cov_hi) != (e_lo, e_hi):
@@ -445,6 +454,13 @@ def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int, workers: i
     finally:
         pool.shutdown()
     return epochs_out, unlisted
+
+
+def _blanked(deny, ids: np.ndarray) -> np.ndarray | None:
+    """Tokens of ``deny``'s documents in each window ``ids`` (None: it names none)."""
+    if deny is None or getattr(deny, "spans", None) is None:
+        return None
+    return deny.blanked_tokens(ids)
 
 
 def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: int, *,
@@ -497,8 +513,10 @@ def _source_epochs(intervals, ref, start: int, end: int, chunk: int,
                 idx = index[src == k]
                 ids = order.source_orders[k].sample_at(idx)
                 # A bijection onto (source, index): distinct indices, distinct ids.
-                masked = None if deny is None else deny.masked(order.global_ids(k, ids))
-                exps[k].add(idx, ids, masked, distinct=True)
+                gids = order.global_ids(k, ids)
+                masked = None if deny is None else deny.masked(gids)
+                exps[k].add(idx, ids, masked, distinct=True,
+                            masked_tokens=_blanked(deny, gids))
     # A resume may append stages: the schedule the run ended on keeps every stage before its
     # cursor, so it gives what each source consumed by the end (the first one would not).
     last = next((o for _, _, o, _ in reversed(intervals) if o is not None), ref)

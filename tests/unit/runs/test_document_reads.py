@@ -203,6 +203,11 @@ def test_the_run_log_keeps_a_documents_takedown_and_where_proves_it_held(packed,
     assert sorted(d for _, d in kept["documents"]) == sorted(picks) and kept["spans"]
     audit = _cli("audit", url, "--log", log, "--end-step", str(END), "--json")
     assert audit["ok"] and [d["documents"] for d in audit["deny_lists"]] == [2, 0]
+    # The audit recomputes the tokens the list blanked: each read, under the list, of a
+    # window holding a piece of a denied document, that piece's length.
+    blanked = sum(s.length for doc in docs for s in doc.spans for step, _, _, w in seen
+                  if w == s.window and step < STEPS[0])
+    assert sum(e["masked_tokens"] for e in audit["epochs"]) == blanked > 0
     for doc in docs:
         got = _cli("where", url, "--document", f"{doc.input}:{doc.record}", "--log", log,
                    "--end-step", str(END), "--json")["documents"][0]
