@@ -393,12 +393,15 @@ def cmd_audit(args) -> int:
     ctx = _context(args)
     if args.summary:
         return _summary(ctx, args)
+    from ..runs.consumption import audit_with_documents
+
     t0 = time.perf_counter()
     with _answers(args.log):
-        report = ctx.audit(end_step=args.end_step)
+        report, documents = audit_with_documents(ctx, end_step=args.end_step)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
     out["deny_lists"] = ctx.deny_lists(report.end_step)
+    out["documents"] = documents
     out["seconds"] = elapsed
     out["positions_per_second"] = report.positions / elapsed if elapsed > 0 else None
     if args.json:
@@ -421,6 +424,9 @@ def cmd_audit(args) -> int:
                     f"deny list {d['id']} ({d['count']} ids, "
                     + (f"{d['documents']} documents, " if d["documents"] else "")
                     + f"{d['path'] or 'no path'})" if d["id"] else "no deny list"))
+        for d in documents:
+            print(f"  documents of {d['source']}: read whole {d['documents_whole']}, in part "
+                  f"{d['documents_part']}, not read {d['documents_unseen']}")
         for ev in report.events:
             mark = "DISCREPANCY" if ev.failure else "note"
             print(f"  {mark} at step {ev.step} (log line {ev.line}): {ev.kind}: {ev.detail}")

@@ -40,7 +40,8 @@ import numpy as np
 from ..read.documents import has_documents, open_documents
 from .audit import AuditRequestError, ExposureTally, RunAudit
 
-__all__ = ["ConsumptionReport", "DocumentCounts", "consumption", "group_counts"]
+__all__ = ["ConsumptionReport", "DocumentCounts", "audit_with_documents", "consumption",
+           "group_counts"]
 
 # Dimensions that are not columns.
 SOURCE, INPUT = "source", "input"
@@ -213,6 +214,25 @@ def consumption(ctx, *, end_step: int | None = None,
                 for d, (_, ds) in zip(docs, parts))
     return ConsumptionReport(report, ctx.log, ctx.dataset_id, tables, known,
                              _notes(parts, docs, by))
+
+
+def audit_with_documents(ctx, end_step: int | None = None):
+    """``(the audit, documents)``: :meth:`RunContext.audit` and, per source with a document
+    table, its documents read whole, in part and not at all (``zephon audit``)."""
+    parts = ctx.source.parts()
+    tallies = [ExposureTally(d.num_samples) for _, d in parts]
+    report = ctx.audit(end_step, tallies=tallies)
+    out = []
+    for k, (name, ds) in enumerate(parts):
+        if not has_documents(ds):
+            continue
+        counts = DocumentCounts.of(open_documents(ds), tallies[k])
+        out.append({"source": name or ds.url,
+                    "documents_whole": int(counts.whole.sum()),
+                    "documents_part": int(counts.part.sum()),
+                    "documents_unseen": int(len(counts.whole) - counts.whole.sum()
+                                            - counts.part.sum())})
+    return report, out
 
 
 def _with_documents(rows: list[dict], counts: DocumentCounts, dim: str, name: str) -> None:

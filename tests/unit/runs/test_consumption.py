@@ -194,6 +194,10 @@ def test_tokens_and_documents_of_packed_windows(tmp_path) -> None:
             assert row["documents"] == w["documents_whole"] + w["documents_part"]
     (src,) = got["by"]["source"]
     assert src["documents_part"] > 0 and src["documents_unseen"] > 0    # the run stopped early
+    # The plain audit counts them too (documents seen whole, in part, not seen).
+    rc, plain = _cli("audit", packed, "--log", log, "--end-step", "18", "--json")
+    assert rc == 0 and json.loads(plain)["documents"] == [{"source": packed, **{
+        k: want[packed][k] for k in ("documents_whole", "documents_part", "documents_unseen")}}]
     assert sum(r["tokens"] for r in got["by"]["input"]) == src["tokens"]
 
 
