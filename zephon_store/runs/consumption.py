@@ -220,6 +220,10 @@ def audit_with_documents(ctx, end_step: int | None = None):
     """``(the audit, documents)``: :meth:`RunContext.audit` and, per source with a document
     table, its documents read whole, in part and not at all (``zephon audit``)."""
     parts = ctx.source.parts()
+    if not any(has_documents(ds) for _, ds in parts):
+        # Nothing to count per document: the audit alone, at its own memory (2 bytes per
+        # sample of an open epoch); a tally costs 8 bytes per sample of every source.
+        return ctx.audit(end_step), []
     tallies = [ExposureTally(d.num_samples) for _, d in parts]
     report = ctx.audit(end_step, tallies=tallies)
     out = []
