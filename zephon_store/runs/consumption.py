@@ -128,22 +128,21 @@ def group_counts(group: np.ndarray, keys: list, tally: ExposureTally, *,
 
 @dataclass
 class DocumentCounts:
-    """Per document of a packed dataset with a document table: its input, the tokens of it
-    that reached the model (each span's length times its window's exposures), and whether
-    every span, some, or none was read."""
+    """Per input file of a packed dataset with a document table: its documents read whole
+    (every span's window read), in part and not at all, and the tokens of them that reached
+    the model (each span's length times its window's reads). Counted chunk by chunk, so
+    memory grows with the inputs, not the documents.
 
-    inputs: list[str]
-    input_of: np.ndarray
-    tokens: np.ndarray
-    whole: np.ndarray
-    part: np.ndarray
+    ``per_input``: ``{input: [tokens, whole, part, documents]}``.
+    """
+
+    per_input: dict[str, list[int]]
 
     @classmethod
     def of(cls, table, tally: ExposureTally) -> DocumentCounts:
         """The counts of ``table`` (:class:`~zephon_store.read.documents.DocumentTable`)
         for the windows' exposures in ``tally``; one pass over its chunks."""
-        names: dict[str, int] = {}
-        input_of, tokens, whole, part = [], [], [], []
+        per_input: dict[str, list[int]] = {}
         for chunk in table.iter_chunks():
             spans = chunk.column("spans").combine_chunks()
             offsets = spans.offsets.to_numpy()
@@ -154,29 +153,32 @@ class DocumentCounts:
             doc = np.repeat(np.arange(n), count)
             reads = tally.seen[window].astype(np.int64)
             read = np.bincount(doc, weights=reads > 0, minlength=n).astype(np.int64)
-            tokens.append(np.bincount(doc, weights=reads * length, minlength=n).astype(np.int64))
-            input_of.append(np.array([names.setdefault(x, len(names))
-                                      for x in chunk.column("input").to_pylist()], np.int64))
-            whole.append((count > 0) & (read == count))
-            part.append((read > 0) & (read < count))
-        if not tokens:
-            empty = np.zeros(0, np.int64)
-            return cls([], empty, empty, empty.astype(bool), empty.astype(bool))
-        return cls(list(names), np.concatenate(input_of), np.concatenate(tokens),
-                   np.concatenate(whole), np.concatenate(part))
+            tokens = np.bincount(doc, weights=reads * length, minlength=n).astype(np.int64)
+            whole = (count > 0) & (read == count)
+            part = (read > 0) & (read < count)
+            names, group = np.unique(np.array(chunk.column("input").to_pylist(), dtype=object),
+                                     return_inverse=True)
+            sums = [np.bincount(group, weights=w, minlength=len(names)).astype(np.int64)
+                    for w in (tokens, whole, part, np.ones(n))]
+            for j, name in enumerate(names.tolist()):
+                acc = per_input.setdefault(name, [0, 0, 0, 0])
+                for c in range(4):
+                    acc[c] += int(sums[c][j])
+        return cls(per_input)
 
-    def rows(self, group: np.ndarray, keys: list) -> dict:
-        """``{key: {tokens, documents, documents_whole, documents_part, documents_unseen}}``
-        with ``group[d]`` document ``d``'s index into ``keys``."""
-        n = len(keys)
-        whole = np.bincount(group, weights=self.whole, minlength=n).astype(np.int64)
-        part = np.bincount(group, weights=self.part, minlength=n).astype(np.int64)
-        total = np.bincount(group, minlength=n)
-        tokens = np.bincount(group, weights=self.tokens, minlength=n).astype(np.int64)
-        return {key: {"tokens": int(tokens[j]), "documents": int(whole[j] + part[j]),
-                      "documents_whole": int(whole[j]), "documents_part": int(part[j]),
-                      "documents_unseen": int(total[j] - whole[j] - part[j])}
-                for j, key in enumerate(keys) if total[j]}
+    @staticmethod
+    def _row(tokens: int, whole: int, part: int, documents: int) -> dict[str, int]:
+        return {"tokens": tokens, "documents": whole + part, "documents_whole": whole,
+                "documents_part": part, "documents_unseen": documents - whole - part}
+
+    def by_input(self) -> dict[str, dict[str, int]]:
+        """``{input: {tokens, documents, documents_whole, documents_part,
+        documents_unseen}}``."""
+        return {name: self._row(*acc) for name, acc in self.per_input.items()}
+
+    def total(self) -> dict[str, int]:
+        """The same figures over every input."""
+        return self._row(*(sum(acc[c] for acc in self.per_input.values()) for c in range(4)))
 
 
 def consumption(ctx, *, end_step: int | None = None,
@@ -230,12 +232,9 @@ def audit_with_documents(ctx, end_step: int | None = None):
     for k, (name, ds) in enumerate(parts):
         if not has_documents(ds):
             continue
-        counts = DocumentCounts.of(open_documents(ds), tallies[k])
-        out.append({"source": name or ds.url,
-                    "documents_whole": int(counts.whole.sum()),
-                    "documents_part": int(counts.part.sum()),
-                    "documents_unseen": int(len(counts.whole) - counts.whole.sum()
-                                            - counts.part.sum())})
+        total = DocumentCounts.of(open_documents(ds), tallies[k]).total()
+        out.append({"source": name or ds.url, **{c: total[c] for c in (
+            "documents_whole", "documents_part", "documents_unseen")}})
     return report, out
 
 
@@ -243,9 +242,9 @@ def _with_documents(rows: list[dict], counts: DocumentCounts, dim: str, name: st
     """``rows`` of one packed source with its document table: tokens and documents from
     the documents (exact per input), where ``dim`` groups documents (source, input)."""
     if dim == SOURCE:
-        per = counts.rows(np.zeros(len(counts.input_of), np.int64), [name])
+        per = {name: counts.total()}
     elif dim == INPUT:
-        per = counts.rows(counts.input_of, counts.inputs)
+        per = counts.by_input()
     else:
         return
     for row in rows:
