@@ -204,10 +204,14 @@ def test_lookups_by_input_record_and_text_hash(corpus, packed):
 def test_verify_checks_the_document_table_and_catches_a_damaged_chunk(packed, tmp_path):
     import shutil
 
+    from zephon_store import gc
+
     _, ds = packed
-    assert verify(ds.url, deep=True).ok
+    clean = verify(ds.url, deep=True)
+    assert clean.ok and clean.findings == []    # its chunks are referenced: no orphan
     copy = tmp_path / "copy"
     shutil.copytree(ds.url, copy)
+    assert gc(str(copy)).removed == []          # gc keeps every chunk of the table
     table = open_documents(ds)
     chunk = copy / "index" / f"{table._digests[2]}.arrow"
     data = bytearray(chunk.read_bytes())
