@@ -354,6 +354,11 @@ class Manifest:
         tables = self.doc.get("tables")
         return isinstance(tables, dict) and "documents" in tables
 
+    @property
+    def documents_per_chunk(self) -> int | None:
+        """Documents per chunk of the document table (format v6), None without one."""
+        return int(self.doc["documents_per_chunk"]) if self.has_documents else None
+
     def side_table(self, kind: str) -> pa.Table:
         """Side table ``kind`` (``documents``, ``document_inputs``, or any of :attr:`tables`),
         fetched, verified and parsed on first use."""

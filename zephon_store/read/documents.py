@@ -101,7 +101,7 @@ class DocumentTable:
         self._m = manifest
         packing = manifest.packing or {}
         self.window = int(packing.get("window") or 0)
-        self.per_chunk = int(manifest.doc["documents_per_chunk"])
+        self.per_chunk = int(manifest.documents_per_chunk)
         index = manifest.side_table("documents")
         inputs = manifest.side_table("document_inputs")
         self._counts = column_np(index.column("documents"))

@@ -85,14 +85,14 @@ def place_pieces(lengths: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarr
 class BufferLayout:
     """One buffer packed: ``tokens`` ``[windows, w]`` (padding ``pad_id``), ``num_tokens``
     per window, ``seg_offsets`` (``[windows + 1]`` into ``seg_starts``, every piece's offset
-    in its window, in order), and per piece ``doc``, ``window``, ``offset``, ``length``
+    in its window, in order), and per piece ``document``, ``window``, ``offset``, ``length``
     (in document order)."""
 
     def __init__(self, tokens, num_tokens, seg_offsets, seg_starts, doc, window, offset,
                  length) -> None:
         self.tokens, self.num_tokens = tokens, num_tokens
         self.seg_offsets, self.seg_starts = seg_offsets, seg_starts
-        self.doc, self.window, self.offset, self.length = doc, window, offset, length
+        self.document, self.window, self.offset, self.length = doc, window, offset, length
 
     @property
     def num_windows(self) -> int:
@@ -207,7 +207,7 @@ def stage_buffers(task) -> tuple:
                 out.write_batch(batch)
                 sizes.append(table_row_nbytes(batch))
             n_docs = len(record)
-            pieces = np.bincount(lay.doc, minlength=n_docs)
+            pieces = np.bincount(lay.document, minlength=n_docs)
             span_offsets = np.concatenate([[0], np.cumsum(pieces)]).astype(np.int64)
             docs.write_table(document_chunk_table(
                 record, np.diff(doc_offsets), digests, span_offsets,

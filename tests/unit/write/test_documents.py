@@ -204,10 +204,14 @@ def test_lookups_by_input_record_and_text_hash(corpus, packed):
 def test_verify_checks_the_document_table_and_catches_a_damaged_chunk(packed, tmp_path):
     import shutil
 
+    from zephon_store import gc
+
     _, ds = packed
-    assert verify(ds.url, deep=True).ok
+    clean = verify(ds.url, deep=True)
+    assert clean.ok and clean.findings == []    # its chunks are referenced: no orphan
     copy = tmp_path / "copy"
     shutil.copytree(ds.url, copy)
+    assert gc(str(copy)).removed == []          # gc keeps every chunk of the table
     table = open_documents(ds)
     chunk = copy / "index" / f"{table._digests[2]}.arrow"
     data = bytearray(chunk.read_bytes())
@@ -340,3 +344,28 @@ def test_best_fit_is_the_default(corpus, tmp_path):
                  str(SEQ_LEN), "--json"]) == 0
     p = open_dataset(out).manifest.packing
     assert p["strategy"] == "best-fit" and p["buffer_windows"] == 4096
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(format_version=5), "format_version 5 manifest cannot name a document "
+                                            "table"),
+    (lambda d: d["tables"].pop("document_inputs"), "names tables.documents without "
+                                                   "tables.document_inputs"),
+    (lambda d: d.pop("documents_per_chunk"), "documents_per_chunk is None"),
+    (lambda d: d.update(documents_per_chunk=0), "documents_per_chunk is 0"),
+    (lambda d: d.update(documents_per_chunk=4), "chunks do not hold 4 documents each"),
+])
+def test_a_forged_document_table_entry_is_refused(tmp_path, edit, message):
+    """The manifest's document-table keys are checked before the table is used, and verify
+    reports them (formats/SPEC.md 4.2)."""
+    import shutil
+
+    from tests.helpers import ROOT, reseal
+    from zephon_store.errors import ManifestError
+
+    ds = tmp_path / "ds"
+    shutil.copytree(os.path.join(ROOT, "formats", "golden", "v6", "bestfit"), ds)
+    reseal(ds, edit)
+    with pytest.raises(ManifestError, match=message):
+        open_documents(str(ds))
+    assert not verify(str(ds)).ok
