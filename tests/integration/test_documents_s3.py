@@ -44,7 +44,7 @@ def test_documents_read_from_s3_lazily_as_locally(remote, tmp_path):
     st = ds.storage.stats
     before = st.requests
     docs = open_documents(ds)
-    assert st.requests - before == 2        # the documents index and the inputs table
+    assert st.requests - before == 3        # the index, the inputs and the text-hash tables
     local = open_documents(local_url)
     assert docs.num_documents == local.num_documents == 450 and docs.num_chunks == 8
     before = st.requests
@@ -54,6 +54,10 @@ def test_documents_read_from_s3_lazily_as_locally(remote, tmp_path):
     docs.document(150 + 8)                  # the same chunk: fetched already
     assert st.requests == before
     assert _listed(docs.window_spans(range(40))) == _listed(local.window_spans(range(40)))
+    doc = local.document(400)
+    before = st.requests
+    assert docs.find_text(doc.xxh3)[0] == doc     # one hash bucket, one chunk
+    assert st.requests - before == 2
     assert [docs.document(d) for d in range(0, 450, 50)] == \
         [local.document(d) for d in range(0, 450, 50)]
     # Another process of the node reads the chunks from the node cache, not from S3.

@@ -1,7 +1,7 @@
 """Format v6's document table: every packed document's origin, size, text hash and spans.
 
 A packed window holds pieces of many documents, so provenance, ``where`` and takedowns must
-answer per document. The table (``formats/SPEC.md``, section 4.2) is three parts:
+answer per document. The table (``formats/SPEC.md``, section 4.2) has four parts:
 
 - ``tables.document_inputs``: one row per input file, in conversion order (``input``,
   ``first_document``, ``documents``): documents are numbered in input order, records in file
@@ -10,7 +10,9 @@ answer per document. The table (``formats/SPEC.md``, section 4.2) is three parts
   (``documents``, ``tokens``, the window range ``[first_window, end_window)`` its spans lie
   in, the ``xxh3`` and ``bytes`` of the chunk's file);
 - the **chunks**, ``index/<xxh3>.arrow`` each, one row per document: ``record``, ``tokens``,
-  ``text_xxh3`` and ``spans`` (``window``, ``offset``, ``length``), fetched on first use.
+  ``text_xxh3`` and ``spans`` (``window``, ``offset``, ``length``), fetched on first use;
+- ``tables.document_hashes``, the text-hash index: ``2**bits`` buckets of ``(text_xxh3,
+  document)`` pairs sorted by hash, a bucket per file, so a lookup by text hash fetches one.
 
 Everything here is pure: schemas, building chunk tables, and checking one chunk against the
 index row that names it. Reading lives in :mod:`zephon_store.read.documents`, writing in
@@ -26,9 +28,10 @@ from .._util.arrow import column_np
 from ..errors import ManifestError
 
 __all__ = [
-    "DOCUMENTS_PER_CHUNK", "DOCUMENT_CHUNK_SCHEMA", "DOCUMENT_INDEX_SCHEMA",
-    "DOCUMENT_INPUTS_SCHEMA", "SPAN_TYPE", "DocumentChunk", "document_chunk_table",
-    "parse_document_chunk",
+    "DOCUMENTS_PER_CHUNK", "DOCUMENT_CHUNK_SCHEMA", "DOCUMENT_HASHES_SCHEMA",
+    "DOCUMENT_INDEX_SCHEMA", "DOCUMENT_INPUTS_SCHEMA", "HASH_BUCKET_SCHEMA", "SPAN_TYPE",
+    "DocumentChunk", "digest_rows", "document_chunk_table", "hash_bucket_bits",
+    "hash_buckets", "parse_document_chunk", "parse_hash_bucket", "sort_keys",
 ]
 
 # 16,384 documents a chunk: ~0.5 MiB compressed (the 16-byte text hashes do not compress),
@@ -89,15 +92,49 @@ class DocumentChunk:
         n = table.num_rows
         spans = table.column("spans").combine_chunks()
         flat = spans.flatten()
-        digests = table.column("text_xxh3").combine_chunks()
-        text = (np.frombuffer(digests.buffers()[1], np.uint8, count=16 * n,
-                              offset=16 * digests.offset).reshape(n, 16) if n
-                else np.zeros((0, 16), np.uint8))
+        text = digest_rows(table.column("text_xxh3"))
         offs = column_np(spans.offsets).astype(np.int64)
         return cls(column_np(table.column("record")), column_np(table.column("tokens")), text,
                    offs - offs[0], column_np(flat.field("window")).astype(np.int64),
                    column_np(flat.field("offset")).astype(np.int64),
                    column_np(flat.field("length")).astype(np.int64))
+
+
+def digest_rows(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A ``fixed_size_binary(16)`` column as an ``(n, 16)`` uint8 array (a view when the
+    column is one chunk).
+
+    >>> digest_rows(pa.array([b"a" * 16], pa.binary(16))).shape
+    (1, 16)
+    """
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    n = len(col)
+    if not n:
+        return np.zeros((0, 16), np.uint8)
+    return np.frombuffer(col.buffers()[1], np.uint8, count=16 * n,
+                         offset=16 * col.offset).reshape(n, 16)
+
+
+def _problem(where: str):
+    """The ManifestError maker of one document-table file named ``where``."""
+    def bad(what: str) -> ManifestError:
+        return ManifestError(f"{where}: {what}; the document table is corrupted or forged: "
+                             "restore it or re-convert")
+    return bad
+
+
+def _read_table(data: bytes, schema: pa.Schema, bad) -> pa.Table:
+    """An Arrow IPC file of exactly ``schema`` without nulls, else ``bad(...)`` raised."""
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise bad(f"not a readable Arrow IPC file ({type(exc).__name__}: {exc})") from exc
+    if not table.schema.equals(schema):
+        raise bad(f"schema {table.schema}, expected {schema}")
+    if any(col.null_count for col in table.columns):
+        raise bad("nulls")
+    return table
 
 
 def document_chunk_table(record, tokens, text_xxh3, span_offsets, window, offset,
@@ -125,18 +162,9 @@ def parse_document_chunk(data: bytes, where: str, *, documents: int, tokens: int
     rows whose token counts add up to ``tokens``; spans inside ``[first_window, end_window)``,
     each of 1 to ``window`` tokens inside its window, covering at most their document's
     tokens. ManifestError (naming ``where``) otherwise."""
-    def bad(what: str) -> ManifestError:
-        return ManifestError(f"{where}: {what}; the document table is corrupted or forged: "
-                             "restore it or re-convert")
-
-    try:
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-    except (OSError, ValueError, pa.ArrowException) as exc:
-        raise bad(f"not a readable Arrow IPC file ({type(exc).__name__}: {exc})") from exc
-    if not table.schema.equals(DOCUMENT_CHUNK_SCHEMA):
-        raise bad(f"schema {table.schema}, expected {DOCUMENT_CHUNK_SCHEMA}")
-    if any(col.null_count for col in table.columns) or table.column(
-            "spans").combine_chunks().flatten().null_count:
+    bad = _problem(where)
+    table = _read_table(data, DOCUMENT_CHUNK_SCHEMA, bad)
+    if table.column("spans").combine_chunks().flatten().null_count:
         raise bad("nulls")
     if table.num_rows != documents:
         raise bad(f"{table.num_rows} documents, not the {documents} its index row records")
@@ -155,3 +183,57 @@ def parse_document_chunk(data: bytes, where: str, *, documents: int, tokens: int
         if np.any(per_doc > c.tokens[np.diff(c.span_offsets) > 0]):
             raise bad("spans longer than their document")
     return c
+
+
+# -- the text-hash index (tables.document_hashes) -----------------------------------------
+# 2**bits buckets of (text_xxh3, document) pairs, bucket b holding the hashes whose first 64
+# bits start with b (big-endian), sorted by hash then document: a lookup by text hash fetches
+# one bucket of about documents_per_chunk pairs.
+HASH_BUCKET_SCHEMA = pa.schema([("text_xxh3", pa.binary(16)), ("document", pa.int64())])
+DOCUMENT_HASHES_SCHEMA = pa.schema([
+    ("documents", pa.int64()),
+    ("xxh3", pa.binary(16)),
+    ("bytes", pa.int64()),
+])
+
+
+def hash_bucket_bits(documents: int, per_chunk: int) -> int:
+    """``bits``: the hash index has ``2**bits`` buckets, the fewest that hold at most about
+    ``per_chunk`` documents each.
+
+    >>> hash_bucket_bits(0, 16384), hash_bucket_bits(16384, 16384), hash_bucket_bits(16385, 16384)
+    (0, 0, 1)
+    """
+    need = max(1, -(-documents // per_chunk))
+    return (need - 1).bit_length()
+
+
+def hash_buckets(digests: np.ndarray, bits: int) -> np.ndarray:
+    """The bucket of each ``(n, 16)`` uint8 digest: its first ``bits`` bits."""
+    if bits == 0:
+        return np.zeros(len(digests), np.int64)
+    top = np.ascontiguousarray(digests[:, :8]).view(">u8").reshape(-1)
+    return (top >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def sort_keys(digests: np.ndarray) -> np.ndarray:
+    """Digests as fixed 16-byte strings: numpy orders them as the bytes compare."""
+    return np.ascontiguousarray(digests, dtype=np.uint8).view("S16").reshape(-1)
+
+
+def parse_hash_bucket(data: bytes, where: str, *, bucket: int, bits: int, documents: int,
+                      num_documents: int) -> tuple[np.ndarray, np.ndarray]:
+    """A hash bucket's ``(digests (n, 16), documents)``, checked: exactly ``documents`` rows,
+    every hash in bucket ``bucket``, sorted, every document number in range."""
+    bad = _problem(where)
+    table = _read_table(data, HASH_BUCKET_SCHEMA, bad)
+    if table.num_rows != documents:
+        raise bad(f"{table.num_rows} hashes, not the {documents} its index row records")
+    n = table.num_rows
+    digests = digest_rows(table.column("text_xxh3"))
+    docs = column_np(table.column("document")).astype(np.int64)
+    keys = sort_keys(digests)
+    if n and (np.any(hash_buckets(digests, bits) != bucket) or np.any(keys[1:] < keys[:-1])
+              or int(docs.min()) < 0 or int(docs.max()) >= num_documents):
+        raise bad("a hash outside its bucket, out of order, or a document out of range")
+    return digests, docs

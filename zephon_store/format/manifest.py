@@ -37,7 +37,7 @@ from .._util.arrow import column_np
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from ..errors import ManifestError, StorageError, UnsafePathError, ZephonError
 from .chunks import CHUNK_TABLE_SCHEMA, INDEX_TABLE_SCHEMAS, ROW_GROUPS_PER_CHUNK, ChunkedDetails
-from .documents import DOCUMENT_INDEX_SCHEMA, DOCUMENT_INPUTS_SCHEMA
+from .documents import DOCUMENT_HASHES_SCHEMA, DOCUMENT_INDEX_SCHEMA, DOCUMENT_INPUTS_SCHEMA
 from .encoding import FIXED_SIZE_BINARY_SPLIT, storage_encodings, storage_schema, to_logical
 
 FORMAT_NAME = "zephon"
@@ -52,7 +52,7 @@ READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 # The first version that may hold a document table.
 DOCUMENTS_VERSION = 6
 # The side tables of a document table (formats/SPEC.md 4.2): present together or not at all.
-DOCUMENT_TABLES = ("documents", "document_inputs")
+DOCUMENT_TABLES = ("documents", "document_inputs", "document_hashes")
 # The first version whose storage may be fixed_size_binary_split.
 SPLIT_VERSION = 5
 # The first version whose row-group details are chunked.
@@ -114,7 +114,8 @@ _PARSE_SCHEMAS = {**{k: (v,) for k, v in TABLE_SCHEMAS.items()},
                   "row_group_index": INDEX_TABLE_SCHEMAS,
                   "row_group_chunk": (CHUNK_TABLE_SCHEMA,),
                   "documents": (DOCUMENT_INDEX_SCHEMA,),
-                  "document_inputs": (DOCUMENT_INPUTS_SCHEMA,)}
+                  "document_inputs": (DOCUMENT_INPUTS_SCHEMA,),
+                  "document_hashes": (DOCUMENT_HASHES_SCHEMA,)}
 
 
 def table_kind(doc: dict, kind: str) -> str:
@@ -378,14 +379,17 @@ class Manifest:
         return self._read_index(xxh3, what=what)
 
     def document_chunk_paths(self) -> dict[str, int]:
-        """``{index/<xxh3>.arrow: bytes}`` of every document-table chunk (none without a
-        document table)."""
+        """``{index/<xxh3>.arrow: bytes}`` of every document-table chunk and text-hash
+        bucket (none without a document table)."""
         if not self.has_documents:
             return {}
-        t = self.side_table("documents")
-        digests = t.column("xxh3").to_pylist()
-        return {f"{INDEX_DIR}/{d.hex()}.arrow": int(b)
-                for d, b in zip(digests, column_np(t.column("bytes")))}
+        out = {}
+        for kind in ("documents", "document_hashes"):
+            t = self.side_table(kind)
+            digests = t.column("xxh3").to_pylist()
+            out.update({f"{INDEX_DIR}/{d.hex()}.arrow": int(b)
+                        for d, b in zip(digests, column_np(t.column("bytes")))})
+        return out
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -846,7 +850,8 @@ def check_version(doc: dict, url: str) -> None:
                             "manifest is corrupted, re-convert")
     if named and len(named) != len(DOCUMENT_TABLES):
         raise ManifestError(f"{url}: the manifest names tables.{named[0]} without "
-                            f"tables.{({*DOCUMENT_TABLES} - {*named}).pop()}; the manifest is "
+                            f"tables.{[k for k in DOCUMENT_TABLES if k not in named][0]}; the "
+                            "manifest is "
                             "corrupted, re-convert")
     per_chunk = doc.get("documents_per_chunk")
     if named and (type(per_chunk) is not int or not 1 <= per_chunk <= MAX_COUNT):

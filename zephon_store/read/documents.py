@@ -38,7 +38,14 @@ import pyarrow as pa
 
 from .._util.arrow import column_np
 from ..errors import DocumentNotFoundError, ManifestError, NoDocumentTableError
-from ..format.documents import DocumentChunk, parse_document_chunk
+from ..format.documents import (
+    DocumentChunk,
+    hash_bucket_bits,
+    hash_buckets,
+    parse_document_chunk,
+    parse_hash_bucket,
+    sort_keys,
+)
 from ..format.manifest import MAX_COUNT, Manifest
 
 __all__ = ["Document", "DocumentTable", "Span", "SpanArrays", "has_documents", "open_documents"]
@@ -109,12 +116,16 @@ class DocumentTable:
         self._first_window = column_np(index.column("first_window"))
         self._end_window = column_np(index.column("end_window"))
         self._digests = [d.hex() for d in index.column("xxh3").to_pylist()]
+        hashes = manifest.side_table("document_hashes")
+        self._hash_digests = [d.hex() for d in hashes.column("xxh3").to_pylist()]
+        self._hash_counts = column_np(hashes.column("documents"))
         self.inputs: list[str] = inputs.column("input").to_pylist()
         self._input_first = column_np(inputs.column("first_document"))
         self._input_count = column_np(inputs.column("documents"))
         self._input_index = {name: i for i, name in enumerate(self.inputs)}
         self.num_documents = int(self._counts.sum()) if self._counts.size else 0
         self.num_windows = manifest.num_samples
+        self._hash_bits = hash_bucket_bits(self.num_documents, self.per_chunk)
         self._check_index()
         self._chunks: OrderedDict[int, DocumentChunk] = OrderedDict()
         self._lock = threading.Lock()
@@ -138,6 +149,10 @@ class DocumentTable:
             bad = "its inputs' document ranges do not partition the documents in order"
         elif int(self._tokens.max(initial=0)) > MAX_COUNT or int(self._tokens.min(initial=0)) < 0:
             bad = f"a chunk's token count lies outside [0, {MAX_COUNT}]"
+        elif (len(self._hash_counts) != 1 << self._hash_bits
+              or int(self._hash_counts.min()) < 0 or int(self._hash_counts.sum()) != n):
+            bad = (f"its text-hash index does not have {1 << self._hash_bits} buckets holding "
+                   f"the {n} documents")
         if bad:
             raise ManifestError(f"{self._m.url}: document table: {bad}; the manifest is "
                                 "corrupted or forged: restore it or re-convert")
@@ -235,17 +250,32 @@ class DocumentTable:
 
     def find_text(self, xxh3: str) -> list[Document]:
         """Every document whose text hashes to ``xxh3`` (``"xxh3:<32 hex>"`` or 32 hex
-        digits); reads the whole table (one pass over its chunks)."""
+        digits), in document order: one bucket of the text-hash index, then the chunks of
+        the documents found (each checked to hold that hash)."""
         m = _XXH3_RE.fullmatch(xxh3.strip().lower()) if isinstance(xxh3, str) else None
         if m is None:
             raise ValueError(f"{xxh3!r} is not an xxh3 text hash; write it as xxh3:<32 hex "
                              "digits> (the xxh3-128 of the document's UTF-8 text)")
-        want = np.frombuffer(bytes.fromhex(m.group(1)), np.uint8)
-        found = []
-        for c in range(self.num_chunks):
-            rows = np.flatnonzero((self.chunk(c).text_xxh3 == want).all(axis=1))
-            found += [self.document(c * self.per_chunk + int(r)) for r in rows]
+        want = np.frombuffer(bytes.fromhex(m.group(1)), np.uint8).reshape(1, 16)
+        digests, docs = self._bucket(int(hash_buckets(want, self._hash_bits)[0]))
+        keys = sort_keys(digests)
+        key = sort_keys(want)[0]
+        lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+        found = [self.document(int(d)) for d in docs[lo:hi]]
+        if any(d.xxh3 != m.group(1) for d in found):
+            raise ManifestError(f"{self._m.url}: the text-hash index names a document whose "
+                                "text hash differs; the document table is corrupted or forged: "
+                                "restore it or re-convert")
         return found
+
+    def _bucket(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bucket ``b`` of the text-hash index, fetched, verified and checked."""
+        h = self._hash_digests[b]
+        data = self._m.read_index_file(h, "document hash bucket")
+        return parse_hash_bucket(data, f"{self._m.url}: document hash bucket {b} "
+                                 f"(index/{h}.arrow)", bucket=b, bits=self._hash_bits,
+                                 documents=int(self._hash_counts[b]),
+                                 num_documents=self.num_documents)
 
     def resolve(self, refs: Iterable[dict | str]) -> list[Document]:
         """The documents ``refs`` name: ``{"input": ..., "record": ...}`` or ``{"xxh3": ...}``

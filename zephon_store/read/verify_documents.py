@@ -2,7 +2,8 @@
 
 Like the row-group index: its two side tables present, matching their hashes and schemas and
 consistent with each other; every chunk present, matching its xxh3 and its index row (each
-damaged chunk one ``document_chunk`` finding, the others still checked); then, over the whole
+damaged chunk one ``document_chunk`` finding, the others still checked), every bucket of the
+text-hash index (``document_hashes``); then, over the whole
 table, the totals the manifest's ``packing`` entry records, and no window covered by more
 spans than it holds tokens (one int32 per window in memory).
 """
@@ -45,6 +46,7 @@ def check_documents(m: Manifest, add) -> None:
         spans_total += int(ch.length.sum())
         split += int((per_doc > 1).sum())
         pieces += int(per_doc[per_doc > 1].sum())
+    _check_hashes(table, add)
     if damaged:
         return
     packing = m.packing or {}
@@ -60,3 +62,21 @@ def check_documents(m: Manifest, add) -> None:
         add("document_table", f"{m.url}: spans cover window {int(over[0])} with "
             f"{int(covered[over[0]])} tokens, more than its {table.window} ({over.size} such "
             "windows)")
+
+
+def _check_hashes(table, add) -> None:
+    """Every bucket of the text-hash index present, matching its xxh3 and checked, and every
+    document in exactly one of them (one byte per document in memory)."""
+    seen = np.zeros(table.num_documents, dtype=bool)
+    twice = 0
+    for b in range(len(table._hash_digests)):
+        try:
+            _, docs = table._bucket(b)
+        except (ZephonError, OSError) as exc:
+            add("document_hashes", f"document hash bucket {b}: {exc}")
+            return
+        twice += int(seen[docs].sum())
+        seen[docs] = True
+    if twice or not seen.all():
+        add("document_hashes", f"{table._m.url}: the text-hash index lists {twice} documents "
+            f"twice and misses {int((~seen).sum())}")

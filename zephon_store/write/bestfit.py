@@ -24,6 +24,8 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from ..format.documents import digest_rows
+
 __all__ = ["place_pieces", "split_documents", "BufferLayout", "layout_buffer"]
 
 
@@ -165,9 +167,7 @@ class _Batches:
             vals.append(np.asarray(col.values)[offs[r0]:offs[r1]])
             lens.append(np.diff(offs[r0:r1 + 1]))
             recs.append(np.asarray(batch.column(1))[r0:r1])
-            d = batch.column(2)
-            hashes.append(np.frombuffer(d.buffers()[1], np.uint8, count=16 * len(d),
-                                        offset=16 * d.offset).reshape(-1, 16)[r0:r1])
+            hashes.append(digest_rows(batch.column(2))[r0:r1])
         if not vals:
             z = np.zeros(0, np.int64)
             return np.zeros(0, np.int32), np.zeros(1, np.int64), z, np.zeros((0, 16), np.uint8)

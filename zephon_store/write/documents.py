@@ -23,9 +23,11 @@ from ..format.documents import (
     DOCUMENT_INPUTS_SCHEMA,
     DOCUMENTS_PER_CHUNK,
     DocumentChunk,
+    digest_rows,
     document_chunk_table,
 )
 from ..format.manifest import INDEX_DIR, SIDE_TABLE_COMPRESSION, table_to_ipc
+from .hashindex import HashIndexWriter
 from .publish import _side_table, stored_intact
 
 __all__ = ["DOCUMENT_PARTS", "DocumentParts", "concat_spans", "stage_concat_documents"]
@@ -77,10 +79,14 @@ class DocumentParts:
 
     def write(self, area, out, input_names: list[str], *,
               per_chunk: int = DOCUMENTS_PER_CHUNK) -> dict[str, pa.Table]:
-        """Write every chunk to ``out`` (skipping one already stored intact) and return the
-        ``documents`` and ``document_inputs`` tables."""
+        """Write every chunk and hash bucket to ``out`` (skipping one already stored intact)
+        and return the ``documents``, ``document_inputs`` and ``document_hashes`` tables."""
         index = {k: [] for k in DOCUMENT_INDEX_SCHEMA.names}
+        hashes = HashIndexWriter(area, out, sum(self.input_documents), per_chunk)
+        first = 0
         for chunk in self._chunks(area, per_chunk):
+            hashes.add(first, chunk.text_xxh3)
+            first += chunk.num_documents
             table = document_chunk_table(chunk.record, chunk.tokens, chunk.text_xxh3,
                                          chunk.span_offsets, chunk.window, chunk.offset,
                                          chunk.length)
@@ -101,7 +107,8 @@ class DocumentParts:
                   "first_document": (np.cumsum(counts) - counts).tolist(),
                   "documents": counts.tolist()}
         return {"documents": _side_table(index, DOCUMENT_INDEX_SCHEMA),
-                "document_inputs": _side_table(inputs, DOCUMENT_INPUTS_SCHEMA)}
+                "document_inputs": _side_table(inputs, DOCUMENT_INPUTS_SCHEMA),
+                "document_hashes": hashes.finish()}
 
     def _chunks(self, area, per_chunk: int):
         """The parts' rows regrouped into chunks of ``per_chunk`` documents, windows shifted."""
@@ -168,11 +175,9 @@ def stage_concat_documents(task) -> tuple[int, dict]:
             ends = pos + offs[1:] - offs[0]
             pos = int(ends[-1]) if len(ends) else pos
             span_offsets, win, off, length = concat_spans(starts, ends, window, limit)
-            d = batch.column(2)
-            digests = np.frombuffer(d.buffers()[1], np.uint8, count=16 * len(d),
-                                    offset=16 * d.offset).reshape(-1, 16)
             out.write_table(document_chunk_table(np.asarray(batch.column(1)), ends - starts,
-                                                 digests, span_offsets, win, off, length))
+                                                 digest_rows(batch.column(2)), span_offsets,
+                                                 win, off, length))
             pieces = np.diff(span_offsets)
             counts["documents"] += batch.num_rows
             counts["documents_split"] += int((pieces > 1).sum())
