@@ -9,7 +9,7 @@ convert holds the output's lock, storage), 2 usage error.
 
 from __future__ import annotations
 
-from .common import add_storage_options, emit
+from .common import add_storage_options, emit, format_size
 
 
 def add_gc_parser(sub) -> None:
@@ -24,7 +24,8 @@ def add_gc_parser(sub) -> None:
 def cmd_gc(args) -> int:
     from ..write.gc import gc
 
-    result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options)
+    result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options,
+                progress=False if args.json else None)
     if args.json:
         emit(result.to_dict())
         return 0
@@ -34,5 +35,5 @@ def cmd_gc(args) -> int:
         print(f"skipped {rel}: not a name zephon writes (shards/<hash>.parquet, "
               "index/<hash>.arrow); left as it is")
     verb = "would remove" if result.dry_run else "removed"
-    print(f"{verb} {len(result.removed)} file(s), {result.bytes} bytes, from {result.url}")
+    print(f"{verb} {len(result.removed)} file(s), {format_size(result.bytes)}, from {result.url}")
     return 0

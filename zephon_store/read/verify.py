@@ -8,7 +8,8 @@ manifest records (the storage schema: the logical ``schema`` with the manifest's
 ``storage`` encodings applied); with ``deep``, every row group decodes and converts to the
 logical schema. A damaged format-v4 row-group chunk is a finding that stops nothing: every
 shard is still checked, its row groups in that chunk by the shard's own hash and footer only
-(a warning names them).
+(a warning names them). A format-v6 document table is checked like the row-group index
+(:mod:`.verify_documents`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._util.hashing import xxh3_hex
+from .._util.progress import progress_bar
 from ..errors import ManifestError, UnsafePathError, ZephonError
 from ..format.footer import chunk_range_problem
 from ..format.manifest import (
@@ -33,6 +35,7 @@ from ..format.manifest import (
     check_table_path,
     compute_dataset_id,
     is_dataset_file_name,
+    load_side_table,
     missing_manifest_message,
     parse_manifest_json,
     read_index_file,
@@ -44,6 +47,7 @@ from ..format.manifest import (
 )
 from ..io.storage import Storage
 from .verify_codecs import auto_codec_problems, named_codec_problem, shard_codecs
+from .verify_documents import check_documents
 
 
 @dataclass
@@ -115,7 +119,9 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     try:
         m = Manifest(doc, tables, url=murl, parallel=not st.local,
                      read_chunk=functools.partial(read_index_file, st, what="row-group chunk",
-                                                  url=murl))
+                                                  url=murl),
+                     loader=functools.partial(load_side_table, st, doc, url=murl),
+                     read_index=functools.partial(read_index_file, st, url=murl))
     except (ZephonError, KeyError, ValueError, pa.ArrowException) as exc:
         add(Finding(None, "manifest", f"{murl}: {exc}"))
         return report
@@ -138,17 +144,17 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     except ManifestError as exc:
         add(Finding(None, "manifest", str(exc)))
     shards = range(m.num_shards)
-    from tqdm import tqdm
-
     per_shard: list[dict | None] = []
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = pool.map(lambda s: _check_shard(st, m, s, deep, bad_chunks), shards)
-        for found, codecs in tqdm(results, total=len(shards), desc="verify", unit="shard",
-                                  disable=not progress, leave=False):
+    with ThreadPoolExecutor(max(1, workers)) as pool, \
+            progress_bar(progress, len(shards), "verify", unit="shard") as bar:
+        for found, codecs in pool.map(lambda s: _check_shard(st, m, s, deep, bad_chunks),
+                                      shards):
             report.findings.extend(found)
             report.shards_checked += 1
             per_shard.append(codecs)
+            bar.update(1)
     _check_auto_codecs(m, per_shard, murl, add)
+    check_documents(m, lambda kind, message: add(Finding(None, kind, message)))
     _check_orphans(st, m, add)
     return report
 
