@@ -153,10 +153,24 @@ class Loader:
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
         # The per-step account of the loop's waits and this rank's counters (stats()).
+        self.account = StepAccount(rank=topology.rank)
         self.observe = observe or ObserveOptions()
-        self.account = StepAccount(rank=topology.rank,
-                                   step_log=self.observe.step_log_path(topology.rank),
-                                   horizon=self.observe.stall_horizon)
+
+    @property
+    def observe(self) -> ObserveOptions:
+        """What the account records beyond ``stats()``: the step log and the stall horizon
+        (:class:`~zephon_store.observe.options.ObserveOptions`). The front ends whose
+        constructors take no ``observe=`` (``ZephonLoader``) set it here before iterating:
+        ``loader.observe = ObserveOptions(step_log="steps-{rank}.jsonl")``."""
+        return self._observe
+
+    @observe.setter
+    def observe(self, options: ObserveOptions) -> None:
+        if not isinstance(options, ObserveOptions):
+            raise TypeError(f"observe must be an ObserveOptions, got {options!r}")
+        self._observe = options
+        self.account.step_log = options.step_log_path(self.topology.rank)
+        self.account.horizon = options.stall_horizon
 
     def stats(self) -> dict[str, float]:
         """A snapshot of this rank's data account, flat and numeric, to log in one line

@@ -150,8 +150,7 @@ class ZephonLoader(Loader):
                  order: OrderOptions | None = None, source: SourceOptions | None = None,
                  batch: BatchOptions | None = None, read_ahead: ReadAheadOptions | None = None,
                  stop: StopOptions | None = None, workers: WorkerOptions | None = None,
-                 run_log: str | None = None, deny_list=None, observe=None,
-                 **deprecated) -> None:
+                 run_log: str | None = None, deny_list=None, **deprecated) -> None:
         topology = torch_topology("ZephonLoader", global_batch, topology, deprecated)
         if deprecated.get("collate", to_torch) is None:
             deprecated["collate"] = as_numpy   # the flat spelling's None: numpy batches
@@ -165,7 +164,7 @@ class ZephonLoader(Loader):
                          source=groups["source"], batch=batch,
                          read_ahead=groups["read_ahead"], stop=groups["stop"],
                          workers=TorchProcesses(groups["workers"]), run_log=run_log,
-                         deny_list=deny_list, observe=observe)
+                         deny_list=deny_list)
 
 
 def torch_topology(front: str, global_batch: int | None, topology: Topology | None,

@@ -35,7 +35,8 @@ def _loader(ds, workers, **kw):
 def test_a_slow_transform_is_the_cause_and_the_step_log_reads_back(ds, tmp_path, workers,
                                                                     capsys):
     log = tmp_path / "steps-{rank}.jsonl"
-    loader = _loader(ds, workers, observe=ObserveOptions(step_log=str(log)))
+    loader = _loader(ds, workers)
+    loader.observe = ObserveOptions(step_log=str(log))   # ZephonLoader takes no observe=
     for _ in loader:
         pass
     st = loader.stats()
@@ -57,6 +58,11 @@ def test_a_slow_transform_is_the_cause_and_the_step_log_reads_back(ds, tmp_path,
     assert main(["stats", path]) == 0
     text = capsys.readouterr().out
     assert text.startswith("rank 0: 12 steps, waited ") and "transform" in text
+
+
+def test_observe_takes_observe_options_only(ds):
+    with pytest.raises(TypeError, match="observe must be an ObserveOptions"):
+        _loader(ds, 0).observe = {"step_log": "x"}
 
 
 def test_stats_refuses_a_file_that_is_not_a_step_log(tmp_path, capsys):
