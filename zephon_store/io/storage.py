@@ -35,11 +35,12 @@ from ..errors import (
     StorageError,
     StorageOptionsError,
     UnsafePathError,
+    RetriesExhaustedError,
     ZephonError,
     require,
 )
 from . import s3_get
-from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle
+from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle, is_transient
 from .throttle import NodeThrottle
 
 T = TypeVar("T")
@@ -61,9 +62,6 @@ S3_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 # s3fs's own retry loop (_error_wrapper); 1 means a single try.
 S3FS_RETRIES = 1
-# Extra whole fetches after a hash mismatch before IntegrityError: a flipped bit in transit
-# heals on re-fetch, a corrupt object does not.
-INTEGRITY_REFETCHES = 2
 # After this long a retrying operation logs one warning (the full deadline is a minute).
 _WARN_RETRYING_AFTER_S = 5.0
 
@@ -83,6 +81,16 @@ class StorageStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class _Damaged(Exception):
+    """A read whose bytes failed their xxh3 or length: retried like a 5xx (a flipped bit in
+    transit heals on a re-fetch), reported as corrupt once the read's deadline runs out."""
+
+    def __init__(self, actual: str | None, length: int) -> None:
+        super().__init__(f"xxh3 {actual}, {length} bytes")
+        self.actual = actual
+        self.length = length
 
 
 def is_local_url(url: str) -> bool:
@@ -510,11 +518,11 @@ class Storage:
         self._count(integrity_failures=n)
 
     def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str,
-              start: float | None = None) -> T:
+              transient: Callable[[BaseException], bool] = is_transient) -> T:
         """Run one storage operation with retries; map failures to zephon errors.
 
-        ``start`` (a ``time.monotonic()`` value) is when the logical read began: re-fetches
-        of one read share its retry deadline instead of each getting a fresh one."""
+        ``transient`` says which failures are retried (default: the store's transient ones;
+        reads add bytes that failed their hash)."""
         throttle = None if self.local else self.throttle
 
         def attempt() -> T:
@@ -523,7 +531,7 @@ class Storage:
             self._count(requests=1)
             return fn()
 
-        first = time.monotonic() if start is None else start
+        first = time.monotonic()
         warned = []
 
         def on_retry(attempts: int, exc: BaseException, _delay: float) -> None:
@@ -540,7 +548,7 @@ class Storage:
 
         try:
             return call_with_retry(attempt, self.retry, what=f"{op} {url}", url=url,
-                                   start=first, on_retry=on_retry)
+                                   start=first, on_retry=on_retry, transient=transient)
         except ZephonError:
             raise
         except FileNotFoundError as exc:
@@ -573,51 +581,72 @@ class Storage:
 
     def _read_verified(self, fetch: Callable[[], bytes], *, url: str, label: str, op: str,
                        expected_xxh3: str | None, expected_len: int | None) -> bytes:
-        def fetch_checked() -> bytes | BaseException:
-            # A response that failed the store's own checksum (whole-object GETs) is a
-            # damaged read like an xxh3 mismatch: re-fetched below, not retried by time.
-            try:
-                return fetch()
-            except Exception as exc:  # noqa: BLE001 - only checksum errors are kept
-                if is_checksum_error(exc):
-                    return exc
-                raise
+        """``fetch()`` until its bytes have the expected length and xxh3.
 
-        actual = ""
-        data: bytes | BaseException = b""
-        start = time.monotonic()
-        for _ in range(1 + INTEGRITY_REFETCHES):
-            data = self._call(fetch_checked, url=url, label=label, op=op, start=start)
-            if isinstance(data, BaseException):
-                self._count(integrity_failures=1)
-                continue
+        Bytes that fail their hash (or the store's own checksum) are ridden out like a 5xx:
+        fetched again after the retry policy's back-off with full jitter, within the same
+        deadline as every other retry of this read, so ranks that saw one damaged response
+        together do not re-read it together. Only when the deadline runs out with damaged
+        bytes is the object called corrupt. A local file is read once: a mismatch on a
+        disk is the stored bytes, not the way."""
+
+        def attempt() -> bytes:
+            try:
+                data = fetch()
+            except Exception as exc:
+                if is_checksum_error(exc):
+                    self._count(integrity_failures=1)
+                raise
             self._count(bytes_fetched=len(data))
             length_ok = expected_len is None or len(data) == expected_len
-            if expected_xxh3 is None and length_ok:
+            actual = xxh3_hex(data) if expected_xxh3 is not None else None
+            if length_ok and actual == expected_xxh3:
                 return data
-            if expected_xxh3 is not None:
-                actual = xxh3_hex(data)
-                if actual == expected_xxh3 and length_ok:
-                    return data
             self._count(integrity_failures=1)
-        reads = 1 + INTEGRITY_REFETCHES
-        if isinstance(data, BaseException):
-            raise IntegrityError(
+            raise _Damaged(actual, len(data))
+
+        def damaged(exc: BaseException) -> bool:
+            if isinstance(exc, _Damaged) or is_checksum_error(exc):
+                return not self.local
+            return is_transient(exc)
+
+        first = time.monotonic()
+        try:
+            return self._call(attempt, url=url, label=label, op=op, transient=damaged)
+        except _Damaged as exc:   # local: one read
+            raise self._corrupt(exc, url=url, label=label, reads=1, elapsed=0.0,
+                                expected_xxh3=expected_xxh3, expected_len=expected_len) from None
+        except RetriesExhaustedError as exc:
+            last = exc.last_error
+            if isinstance(last, _Damaged) or (last is not None and is_checksum_error(last)):
+                raise self._corrupt(last, url=url, label=label, reads=exc.attempts,
+                                    elapsed=time.monotonic() - first,
+                                    expected_xxh3=expected_xxh3,
+                                    expected_len=expected_len) from last
+            raise
+
+    def _corrupt(self, exc: BaseException, *, url: str, label: str, reads: int, elapsed: float,
+                 expected_xxh3: str | None, expected_len: int | None) -> StorageError:
+        """The error for bytes that stayed damaged in every read of ``url``."""
+        over = f"{reads} read{'s' if reads != 1 else ''}" + (
+            f" over {elapsed:.1f} s" if reads > 1 else "")
+        verify = f"Run 'zephon verify {self.root_url}' and re-convert"
+        if not isinstance(exc, _Damaged):
+            return IntegrityError(
                 f"{label}: the response failed the storage's own checksum at {url} in each of "
-                f"{reads} reads ({type(data).__name__}: {data}); the stored object is damaged "
-                f"or something on the way corrupts it. Run 'zephon verify {self.root_url}' and "
-                f"re-convert if it persists", url=url, expected=expected_xxh3) from data
+                f"{over} ({type(exc).__name__}: {exc}); the stored object is damaged or "
+                f"something on the way corrupts it. {verify} if it persists",
+                url=url, expected=expected_xxh3)
         if expected_xxh3 is None:
-            raise StorageError(
-                f"{label}: short read at {url}: got {len(data)} of {expected_len} bytes in each "
-                f"of {reads} reads; the object is smaller than the manifest says. Run 'zephon "
-                f"verify {self.root_url}' and re-convert")
-        length_note = "" if expected_len is None else f", {len(data)} of {expected_len} bytes"
-        raise IntegrityError(
-            f"{label}: xxh3 mismatch (expected {expected_xxh3}, got {actual}{length_note}) at "
-            f"{url} in each of {reads} reads; the stored bytes are corrupt or were replaced. "
-            f"Run 'zephon verify {self.root_url}' and re-convert",
-            url=url, expected=expected_xxh3, actual=actual)
+            return StorageError(
+                f"{label}: short read at {url}: got {exc.length} of {expected_len} bytes in "
+                f"each of {over}; the object is smaller than the manifest says. {verify}")
+        length_note = ("" if expected_len is None or exc.length == expected_len
+                       else f", {exc.length} of {expected_len} bytes")
+        return IntegrityError(
+            f"{label}: xxh3 mismatch (expected {expected_xxh3}, got {exc.actual}{length_note}) "
+            f"at {url} in each of {over}; the stored bytes are corrupt or were replaced. "
+            f"{verify}", url=url, expected=expected_xxh3, actual=exc.actual)
 
     def read_range(self, relpath: str, start: int, end: int, *,
                    expected_xxh3: str | None = None, what: str = "") -> bytes:
