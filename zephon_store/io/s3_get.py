@@ -28,18 +28,16 @@ falls back to s3fs (botocore follows S3's region redirects).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import hashlib
 import http.client
 import os
 import re
-import ssl
-import threading
 import urllib.parse
-import weakref
 import zlib
 from typing import Any
+
+from .http_pool import ConnectionPool
 
 # Storage options this client honours; the values of the nested dicts are checked below.
 _PLAIN_KEYS = frozenset({"key", "secret", "token", "endpoint_url", "anon", "profile",
@@ -250,8 +248,7 @@ class LeanS3:
     ``endpoint``: ``http(s)://host[:port]`` (None: AWS, ``https://s3.<region>.amazonaws.com``);
     ``credentials``: botocore credentials (None: unsigned, for public buckets); ``path_style``:
     ``<endpoint>/<bucket>/<key>`` instead of ``<bucket>.<endpoint>/<key>``. Safe to share
-    between threads (each request takes its own connection from the pool) and across
-    ``fork`` (a child never reuses its parent's connections).
+    between threads and across ``fork`` (its :class:`~zephon_store.io.http_pool.ConnectionPool`).
     """
 
     def __init__(self, *, endpoint: str | None, region: str, credentials: Any,
@@ -269,11 +266,8 @@ class LeanS3:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.verify = verify
-        self._ssl: ssl.SSLContext | None = None
-        self._lock = threading.Lock()
-        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
-        self._pid = os.getpid()
-        _CLIENTS.add(self)
+        self.pool = ConnectionPool(self.scheme, connect_timeout=connect_timeout,
+                                   read_timeout=read_timeout, verify=verify)
 
     # -- addressing -------------------------------------------------------------------------
 
@@ -310,27 +304,9 @@ class LeanS3:
         headers = ({"Range": f"bytes={start}-{end - 1}"} if start is not None
                    else {"x-amz-checksum-mode": "ENABLED"})
         signed = self._sign(url, headers)
-        for reused in self._attempts(host):
-            conn = reused or self._connect(host)
-            try:
-                conn.request("GET", path, headers=signed)
-                resp = conn.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                conn.close()
-                if reused is None:
-                    raise
-                continue   # the server had closed the idle connection: once more, fresh
-            except BaseException:
-                conn.close()
-                raise
-            try:
-                body = resp.read()
-            except BaseException:
-                conn.close()
-                raise
-            self._release(host, conn, resp)
-            return self._result(resp, body, url, start, end)
-        raise AssertionError("unreachable")  # pragma: no cover
+        resp, body = self.pool.request(host, lambda conn: conn.request("GET", path,
+                                                                        headers=signed))
+        return self._result(resp, body, url, start, end)
 
     def _result(self, resp: http.client.HTTPResponse, body: bytes, url: str,
                 start: int | None, end: int | None) -> bytes:
@@ -369,69 +345,9 @@ class LeanS3:
                     ).add_auth(request)
         return dict(request.headers.items())
 
-    # -- connections ------------------------------------------------------------------------
-
-    def _attempts(self, host: str):
-        """Yield an idle kept-alive connection (or None for a fresh one), then None."""
-        with self._lock:
-            if self._pid != os.getpid():   # forked: the parent's sockets are not ours
-                self._idle, self._pid = {}, os.getpid()
-            idle = self._idle.get(host)
-            conn = idle.pop() if idle else None
-        yield conn
-        if conn is not None:
-            yield None
-
-    def _connect(self, host: str) -> http.client.HTTPConnection:
-        if self.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, timeout=self.connect_timeout, context=self._ssl_context())
-        else:
-            conn = http.client.HTTPConnection(host, timeout=self.connect_timeout)
-        conn.connect()
-        conn.sock.settimeout(self.read_timeout)
-        return conn
-
-    def _release(self, host: str, conn: http.client.HTTPConnection,
-                 resp: http.client.HTTPResponse) -> None:
-        if resp.will_close or os.getpid() != self._pid:
-            conn.close()
-            return
-        with self._lock:
-            self._idle.setdefault(host, []).append(conn)
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            if self.verify is False:
-                ctx = ssl.create_default_context()
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif isinstance(self.verify, str):
-                ctx = ssl.create_default_context(cafile=self.verify)
-            else:
-                ctx = ssl.create_default_context()
-            self._ssl = ctx
-        return self._ssl
-
     def close(self) -> None:
         """Close the idle connections (a later request opens new ones)."""
-        with self._lock:
-            idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for conn in conns:
-                conn.close()
-
-
-# Every client of this process, so that their idle connections are closed at exit (not left
-# to the garbage collector, which warns about each unclosed socket).
-_CLIENTS: weakref.WeakSet[LeanS3] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for client in list(_CLIENTS):
-        if client._pid == os.getpid():
-            client.close()
+        self.pool.close()
 
 
 def _check_checksum(resp: http.client.HTTPResponse, body: bytes, url: str) -> None:
