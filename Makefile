@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(venv_with_torch)
 	# One resolver run for everything: torchtitan 0.3.0 pulls datasets, which caps fsspec, and
 	# s3fs must match that fsspec; separate installs would leave them inconsistent.
-	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan,ray,live,grain]'
+	$(PY) -m pip install -q -e '.[test,s3,gcs,torch,tokenize,torchtitan,ray,live,grain]'
 	touch $(STAMP)
 
 env: $(STAMP)

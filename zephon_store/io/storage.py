@@ -31,15 +31,15 @@ from .._util.hashing import xxh3_hex
 from ..errors import (
     AccessDeniedError,
     IntegrityError,
+    RetriesExhaustedError,
     ShardNotFoundError,
     StorageError,
     StorageOptionsError,
     UnsafePathError,
-    RetriesExhaustedError,
     ZephonError,
     require,
 )
-from . import s3_get
+from . import gcs, s3_get
 from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle, is_transient
 from .throttle import NodeThrottle
 
@@ -47,6 +47,8 @@ T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
+# Served by zephon's own client (io/gcs.py) for every operation: reads, writes, listings.
+GCS_PROTOCOLS = ("gs", "gcs")
 # zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
 # in storage_options so every way in (API, ZephonLoader, the CLI's --storage-options) has it.
 RETRY_OPTION = "retry"
@@ -354,6 +356,8 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
     if protocol in ("s3", "s3a"):
         s3_get.check_client_option(opts)
         return _s3_filesystem(opts), path.strip("/")
+    if protocol in GCS_PROTOCOLS:
+        return gcs.store_for(opts, _options_key), path.strip("/")
     opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
     fs = fsspec.filesystem(protocol, **opts)
@@ -458,12 +462,19 @@ class Storage:
         return (not self.local and "::" not in self.root_url
                 and self.root_url.split("://", 1)[0] in ("s3", "s3a"))
 
-    def _lean(self) -> s3_get.LeanS3 | None:
+    def _is_gcs(self) -> bool:
+        return (not self.local and "::" not in self.root_url
+                and self.root_url.split("://", 1)[0] in GCS_PROTOCOLS)
+
+    def _lean(self) -> s3_get.LeanS3 | gcs.GCSStore | None:
         """The GET client for this root's reads, or None: s3fs (or another fsspec
         filesystem) serves them. Looked up once per Storage (a forked copy shares it: the
         client opens its own connections in each process)."""
         if self._lean_client is _UNSET:
-            self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
+            if self._is_gcs():
+                self._lean_client = self.fs
+            else:
+                self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
         return self._lean_client
 
     def _get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -489,6 +500,9 @@ class Storage:
             # s3fs, which its reads may never need (io/s3_get.py).
             if self._is_s3() and s3_get.lean_options(self.storage_options):
                 s3_get.connection_options(self.storage_options)   # bad values: here
+                self._root_path = self.root_url.split("://", 1)[1].strip("/")
+            elif self._is_gcs():
+                gcs.check_options(self.storage_options)
                 self._root_path = self.root_url.split("://", 1)[1].strip("/")
             else:
                 fs = self.fs  # noqa: F841 - resolves _root_path
@@ -572,6 +586,10 @@ class Storage:
     def _access_denied(self, url: str, op: str, exc: BaseException) -> AccessDeniedError:
         if self.local:
             hint = "check the file permissions"
+        elif self._is_gcs():
+            hint = ("check credentials: storage_options token (a service-account file, "
+                    "'anon') or GOOGLE_APPLICATION_CREDENTIALS, and the endpoint "
+                    "(endpoint_url, STORAGE_EMULATOR_HOST)")
         else:
             hint = ("check credentials: storage_options key/secret/profile or AWS_ACCESS_KEY_ID, "
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, and the endpoint (AWS_ENDPOINT_URL)")
@@ -769,8 +787,9 @@ class Storage:
         Object stores only."""
         path = self._path(relpath)
         url = self.url(relpath)
-        etag = self._call(lambda: str(self.fs.info(path)["ETag"]), url=url, label=relpath,
-                          op="HEAD")
+        fs = self.fs
+        tag = getattr(fs, "tag", None) or (lambda p: str(fs.info(p)["ETag"]))
+        etag = self._call(lambda: tag(path), url=url, label=relpath, op="HEAD")
         return self.read_file(relpath), etag
 
     def replace_if_match(self, relpath: str, data: bytes, etag: str) -> bool:
@@ -788,11 +807,21 @@ class Storage:
             raise NotImplementedError("conditional writes are for object stores; local roots "
                                       "lock with flock")
         path = self._path(relpath)
-        bucket, key, _ = self.fs.split_path(path)
+        fs = self.fs
+        op = {"put_object": "PUT", "delete_object": "DELETE"}[method] + " (if match)"
+        if hasattr(fs, "replace_if_match"):
+            # A store with its own conditional writes (io/gcs.py: generations).
+            def own() -> bool:
+                if method == "put_object":
+                    return fs.replace_if_match(path, kwargs["Body"], etag)
+                return fs.delete_if_match(path, etag)
+
+            return self._call(own, url=self.url(relpath), label=relpath, op=op)
+        bucket, key, _ = fs.split_path(path)
 
         def call() -> bool:
             try:
-                self.fs.call_s3(method, Bucket=bucket, Key=key, IfMatch=etag, **kwargs)
+                fs.call_s3(method, Bucket=bucket, Key=key, IfMatch=etag, **kwargs)
                 return True
             except FileNotFoundError:
                 return False
@@ -801,7 +830,6 @@ class Storage:
                     return False
                 raise
 
-        op = {"put_object": "PUT", "delete_object": "DELETE"}[method] + " (if match)"
         return self._call(call, url=self.url(relpath), label=relpath, op=op)
 
     # -- writes -----------------------------------------------------------------------------
