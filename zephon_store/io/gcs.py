@@ -27,18 +27,14 @@ the request once more, at once.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Callable
 from typing import Any
 
-from .http_pool import ConnectionPool
-from .s3_get import ChecksumMismatch
+from .object_store import ObjectStore, PreconditionFailed, StoreResponseError, check_md5, raise_for
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 # The emulator variable that google-cloud-storage and gcsfs honour: its host, no auth.
@@ -47,28 +43,6 @@ OPTIONS = frozenset({"token", "endpoint_url", "connect_timeout", "read_timeout",
                      "retry"})
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _PAGE = 1000
-
-
-class GCSResponseError(OSError):
-    """A GCS error answer; ``response`` has botocore's shape (``Error.Code`` is the status)
-    so that :mod:`~zephon_store.io.retry` classifies it as it does S3's."""
-
-    def __init__(self, status: int, message: str, url: str) -> None:
-        super().__init__(f"{status}: {message} ({url})")
-        self.response = {"Error": {"Code": str(status), "Message": message},
-                         "ResponseMetadata": {"HTTPStatusCode": status}}
-
-
-class GCSNotFound(FileNotFoundError):
-    """404: the object or bucket does not exist."""
-
-
-class GCSDenied(PermissionError):
-    """401/403: the credentials are missing, expired past a refresh, or not allowed."""
-
-
-class PreconditionFailed(FileExistsError):
-    """412: the object's generation is not the one the request was conditional on."""
 
 
 def check_options(storage_options: dict[str, Any]) -> None:
@@ -138,53 +112,30 @@ def _credentials(token: Any) -> Any:
     return token   # a google-auth credentials object
 
 
-class GCSStore:
-    """The ``gs://`` operations zephon makes, with fsspec's names where fsspec has one
-    (``cat_file``, ``info``, ``ls``, ``find``, ``pipe_file``, ``put_file``, ``rm_file``,
-    ``rm``), plus the conditional writes of the output lock (:meth:`tag`,
-    :meth:`replace_if_match`, :meth:`delete_if_match`). Paths are ``bucket/key``.
+class GCSStore(ObjectStore):
+    """The ``gs://`` operations zephon makes (:class:`~zephon_store.io.object_store.ObjectStore`)
+    over GCS's JSON API; an object's tag is its generation.
 
     ``credentials``: a google-auth credentials object, refreshed before it expires and after
-    a 401 (None: unsigned). Safe to share between threads and across ``fork``.
+    a 401 (None: unsigned).
     """
 
     def __init__(self, *, endpoint: str | None, credentials: Any,
                  connect_timeout: float = 5.0, read_timeout: float = 30.0,
                  verify: Any = True) -> None:
-        self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
-        parts = urllib.parse.urlsplit(self.endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"GCS endpoint must be http(s)://host[:port], got {endpoint!r}")
-        self.netloc = parts.netloc
-        self.base = parts.path.rstrip("/")
+        super().__init__(endpoint or DEFAULT_ENDPOINT, connect_timeout=connect_timeout,
+                         read_timeout=read_timeout, verify=verify)
         self.credentials = credentials
-        self.pool = ConnectionPool(parts.scheme, connect_timeout=connect_timeout,
-                                   read_timeout=read_timeout, verify=verify)
         self._auth_lock = threading.Lock()
         self.refreshes = 0   # credential refreshes made (the start, expiry, 401s)
 
-    # -- addressing -------------------------------------------------------------------------
-
     def object_url(self, bucket: str, key: str) -> str:
         """The JSON API URL of object ``key`` in ``bucket`` (the key fully quoted)."""
-        return f"{self._scheme()}://{self.netloc}{self._object_path(bucket, key)}"
-
-    def _scheme(self) -> str:
-        return self.pool.scheme
+        return f"{self.pool.scheme}://{self.netloc}{self._object_path(bucket, key)}"
 
     def _object_path(self, bucket: str, key: str) -> str:
         return (f"{self.base}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
                 f"{urllib.parse.quote(key, safe='')}")
-
-    @staticmethod
-    def _strip_protocol(url: str) -> str:
-        return url.split("://", 1)[-1].strip("/")
-
-    @staticmethod
-    def split_path(path: str) -> tuple[str, str]:
-        """``(bucket, key)`` of ``bucket/key``."""
-        bucket, _, key = path.strip("/").partition("/")
-        return bucket, key
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -204,7 +155,7 @@ class GCSStore:
                  ok: tuple[int, ...] = (200,)) -> tuple[Any, bytes]:
         """One request; a 401 refreshes the credentials and sends it once more."""
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
-        url = f"{self._scheme()}://{self.netloc}{target}"
+        url = f"{self.pool.scheme}://{self.netloc}{target}"
         for refresh in (False, True):
             if refresh and self.credentials is None:
                 break
@@ -220,14 +171,8 @@ class GCSStore:
                 return resp, data
             if resp.status != 401:
                 break
-        message = _message(data)
-        if resp.status == 404:
-            raise GCSNotFound(f"404: {message} ({url})")
-        if resp.status in (401, 403):
-            raise GCSDenied(f"{resp.status}: {message} ({url})")
-        if resp.status == 412:
-            raise PreconditionFailed(f"412: {message} ({url})")
-        raise GCSResponseError(resp.status, message, url)
+        raise_for(resp.status, "", _message(data), url)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def get(self, bucket: str, key: str, start: int | None = None,
             end: int | None = None) -> bytes:
@@ -239,18 +184,18 @@ class GCSStore:
                                    ok=(200, 206))
         url = f"gs://{bucket}/{key}"
         if start is None:
-            _check_md5(resp, body, url)
+            md5 = [v for n, _, v in (p.strip().partition("=") for p in
+                                     (resp.getheader("x-goog-hash") or "").split(","))
+                   if n == "md5"]
+            check_md5(md5[0] if md5 else None, body, url, "x-goog-hash md5")
             return body
         if resp.status == 206:
             got = resp.getheader("Content-Range", "")
             if not got.startswith(f"bytes {start}-"):
-                raise GCSResponseError(502, f"asked bytes {start}-{end - 1}, got {got!r}", url)
+                raise StoreResponseError(502, "BadContentRange",
+                                         f"asked bytes {start}-{end - 1}, got {got!r}", url)
             return body
         return body[start:end]
-
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        """fsspec's name for :meth:`get`."""
-        return self.get(*self.split_path(path), start, end)
 
     def info(self, path: str) -> dict[str, Any]:
         """``{"name", "size", "type": "file", "generation"}`` of an object."""
@@ -258,20 +203,7 @@ class GCSStore:
         _, body = self._request("GET", self._object_path(bucket, key))
         meta = json.loads(body)
         return {"name": f"{bucket}/{meta['name']}", "size": int(meta.get("size", 0)),
-                "type": "file", "generation": str(meta.get("generation", ""))}
-
-    def size(self, path: str) -> int:
-        """Bytes of an object (``FileNotFoundError`` when absent)."""
-        return int(self.info(path)["size"])
-
-    def exists(self, path: str) -> bool:
-        """True for an object or a non-empty folder (a prefix)."""
-        try:
-            self.info(path)
-            return True
-        except FileNotFoundError:
-            files, folders = self._list(path.rstrip("/") + "/", delimiter=True, limit=1)
-            return bool(files or folders)
+                "type": "file", "tag": str(meta.get("generation", ""))}
 
     def _list(self, prefix: str, *, delimiter: bool, limit: int | None = None
               ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -291,36 +223,24 @@ class GCSStore:
                 query=query)
             page = json.loads(body)
             files += [{"name": f"{bucket}/{item['name']}", "size": int(item.get("size", 0)),
-                       "type": "file", "generation": str(item.get("generation", ""))}
+                       "type": "file", "tag": str(item.get("generation", ""))}
                       for item in page.get("items", [])]
             folders += [f"{bucket}/{p.rstrip('/')}" for p in page.get("prefixes", [])]
             token = page.get("nextPageToken")
             if not token or limit:
                 return files, folders
 
-    def ls(self, path: str, detail: bool = False) -> list[Any]:
-        """The direct children of folder ``path`` (``FileNotFoundError`` when none)."""
-        files, folders = self._list(path.rstrip("/") + "/", delimiter=True)
-        if not files and not folders:
-            raise FileNotFoundError(path)
-        if detail:
-            return files + [{"name": f, "size": 0, "type": "directory"} for f in folders]
-        return [f["name"] for f in files] + folders
-
-    def find(self, path: str) -> list[str]:
-        """Every object under folder ``path``, at any depth."""
-        return [f["name"] for f in self._list(path.rstrip("/") + "/", delimiter=False)[0]]
-
     def _upload(self, path: str, body: Any, length: int, *,
-                generation: str | None = None) -> dict[str, Any]:
+                condition: str | None = None) -> None:
         bucket, key = self.split_path(path)
         base = f"{self.base}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o"
-        if generation is None:
+        if condition is None:
             # One media upload: the body streams from memory or a file.
-            _, out = self._request("POST", base, query={"uploadType": "media", "name": key},
-                                   headers={"Content-Type": "application/octet-stream",
-                                            "Content-Length": str(length)}, body=body)
-            return json.loads(out)
+            self._request("POST", base, query={"uploadType": "media", "name": key},
+                          headers={"Content-Type": "application/octet-stream",
+                                   "Content-Length": str(length)}, body=body)
+            return
+        generation = "0" if condition == "absent" else condition
         # Conditional: a multipart upload (object metadata + bytes), the form whose
         # ifGenerationMatch GCS and fake-gcs-server both honour.
         data = body if isinstance(body, bytes) else body.read()
@@ -329,49 +249,13 @@ class GCSStore:
                    f"{json.dumps({'name': key})}\r\n--{boundary}\r\n"
                    f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + \
             f"\r\n--{boundary}--\r\n".encode()
-        _, out = self._request(
+        self._request(
             "POST", base, query={"uploadType": "multipart", "ifGenerationMatch": generation},
             headers={"Content-Type": f"multipart/related; boundary={boundary}"}, body=payload)
-        return json.loads(out)
-
-    def pipe_file(self, path: str, data: bytes, mode: str = "overwrite") -> None:
-        """Write ``data`` at ``path`` in one request; ``mode="create"``: only where nothing is
-        (``ifGenerationMatch=0``), else ``FileExistsError``."""
-        self._upload(path, bytes(data), len(data),
-                     generation="0" if mode == "create" else None)
-
-    def put_file(self, lpath: str, rpath: str) -> None:
-        """Upload the local file ``lpath`` to ``rpath`` (streamed, one request)."""
-        with open(lpath, "rb") as f:
-            self._upload(rpath, f, os.fstat(f.fileno()).st_size)
 
     def rm_file(self, path: str) -> None:
         """Delete an object (``FileNotFoundError`` when absent)."""
         self._request("DELETE", self._object_path(*self.split_path(path)), ok=(200, 204))
-
-    def rm(self, paths: list[str] | str) -> None:
-        """Delete objects (missing ones are fine)."""
-        for path in [paths] if isinstance(paths, str) else paths:
-            try:
-                self.rm_file(path)
-            except FileNotFoundError:
-                pass
-
-    # -- conditional writes (the output lock) -------------------------------------------------
-
-    def tag(self, path: str) -> str:
-        """The object's generation: what :meth:`replace_if_match` and
-        :meth:`delete_if_match` are conditional on."""
-        return self.info(path)["generation"]
-
-    def replace_if_match(self, path: str, data: bytes, tag: str) -> bool:
-        """Overwrite ``path`` only while its generation is ``tag``; False when it changed or
-        is gone."""
-        try:
-            self._upload(path, bytes(data), len(data), generation=tag)
-            return True
-        except (PreconditionFailed, FileNotFoundError):
-            return False
 
     def delete_if_match(self, path: str, tag: str) -> bool:
         """Delete ``path`` only while its generation is ``tag``; False when it changed or is
@@ -383,10 +267,6 @@ class GCSStore:
         except (PreconditionFailed, FileNotFoundError):
             return False
 
-    def close(self) -> None:
-        """Close the idle connections."""
-        self.pool.close()
-
 
 def _message(body: bytes) -> str:
     try:
@@ -394,30 +274,3 @@ def _message(body: bytes) -> str:
         return str(error.get("message") if isinstance(error, dict) else error)[:500]
     except (ValueError, AttributeError):
         return body[:200].decode("utf-8", "replace")
-
-
-def _check_md5(resp: Any, body: bytes, url: str) -> None:
-    for part in (resp.getheader("x-goog-hash") or "").split(","):
-        name, _, value = part.strip().partition("=")
-        if name == "md5" and value:
-            digest = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
-            if digest != value:
-                raise ChecksumMismatch(f"{url}: the body ({len(body)} bytes) does not match "
-                                       f"x-goog-hash md5 {value!r} (computed {digest!r})")
-            return
-
-
-# One store per process and options (credentials resolved once, refreshed as they expire).
-_STORES: dict[str, GCSStore] = {}
-_STORES_LOCK = threading.Lock()
-
-
-def store_for(storage_options: dict[str, Any], key: Callable[[dict], str]) -> GCSStore:
-    """This process's :class:`GCSStore` for these options (``key`` makes their cache key)."""
-    k = key(storage_options)
-    with _STORES_LOCK:
-        if k in _STORES:
-            return _STORES[k]
-    store = from_options({n: v for n, v in storage_options.items() if n != "retry"})
-    with _STORES_LOCK:
-        return _STORES.setdefault(k, store)

@@ -39,7 +39,7 @@ from ..errors import (
     ZephonError,
     require,
 )
-from . import gcs, s3_get
+from . import gcs, object_store, s3_get
 from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle, is_transient
 from .throttle import NodeThrottle
 
@@ -357,7 +357,8 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
         s3_get.check_client_option(opts)
         return _s3_filesystem(opts), path.strip("/")
     if protocol in GCS_PROTOCOLS:
-        return gcs.store_for(opts, _options_key), path.strip("/")
+        return object_store.store_for(opts, lambda o: f"gs {_options_key(o)}",
+                                      gcs.from_options), path.strip("/")
     opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
     fs = fsspec.filesystem(protocol, **opts)
