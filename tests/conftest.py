@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from zephon_store.testing.azurite_server import AzuriteServer
 from zephon_store.testing.gcs_server import GCSServer
 from zephon_store.testing.s3_server import SeaweedServer, find_weed
 
@@ -23,12 +24,12 @@ from zephon_store.testing.s3_server import SeaweedServer, find_weed
 @dataclass(frozen=True)
 class Bucket:
     """A fresh bucket: ``url`` (``s3://<name>``, ``gs://<name>``) and the
-    ``storage_options`` to reach it on ``server`` (SeaweedFS, fake-gcs-server)."""
+    ``storage_options`` to reach it on ``server`` (SeaweedFS, fake-gcs-server, Azurite)."""
 
     name: str
     url: str
     storage_options: dict[str, Any]
-    server: SeaweedServer | GCSServer
+    server: SeaweedServer | GCSServer | AzuriteServer
 
     def options_via(self, endpoint_url: str, **timeouts: float) -> dict[str, Any]:
         """Storage options that reach this bucket through ``endpoint_url`` (a fault proxy);
@@ -67,6 +68,21 @@ def s3_bucket(s3_server: SeaweedServer) -> Iterator[Bucket]:
 def gcs_server() -> Iterator[GCSServer]:
     """A running fake-gcs-server (GCS JSON API, in memory) on 127.0.0.1, for the session."""
     yield from _running(GCSServer(), "fake-gcs-server")
+
+
+@pytest.fixture(scope="session")
+def azurite_server() -> Iterator[AzuriteServer]:
+    """A running Azurite Blob server (in memory) on 127.0.0.1, for the session."""
+    yield from _running(AzuriteServer(), "Azurite")
+
+
+@pytest.fixture
+def az_bucket(azurite_server: AzuriteServer) -> Bucket:
+    """A new empty container on ``azurite_server`` (``az://<name>``)."""
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    azurite_server.create_container(name)
+    return Bucket(name=name, url=f"az://{name}",
+                  storage_options=azurite_server.storage_options(), server=azurite_server)
 
 
 def _running(server, name: str):

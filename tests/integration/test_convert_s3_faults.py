@@ -1,4 +1,5 @@
-"""Convert into S3 (SeaweedFS) and GCS (fake-gcs-server) under kill -9 and injected faults,
+"""Convert into S3 (SeaweedFS), GCS (fake-gcs-server) and Azure (Azurite) under kill -9 and
+injected faults,
 and the object stores' output lock."""
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def src(tmp_path):
     return tmp_path / "src"
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "az"])
 def bucket(request):
-    """A fresh bucket on each object store the tests start (SeaweedFS, fake-gcs-server)."""
+    """A fresh bucket on each object store the tests start (SeaweedFS, fake-gcs-server,
+    Azurite)."""
     return request.getfixturevalue(f"{request.param}_bucket")
 
 

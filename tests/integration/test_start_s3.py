@@ -43,7 +43,7 @@ def _metadata(reqs) -> Counter:
                    for r in reqs if METADATA.search(r.key) and r.status != 503)
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "az"])
 def any_node(request, corpus, tmp_path):
     """``node`` on each object store: the start's requests do not depend on the store."""
     bucket = request.getfixturevalue(f"{request.param}_bucket")

@@ -34,7 +34,7 @@ import urllib.parse
 import uuid
 from typing import Any
 
-from .object_store import ObjectStore, PreconditionFailed, StoreResponseError, check_md5, raise_for
+from .object_store import ObjectStore, PreconditionFailed, check_md5, raise_for, range_body
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 # The emulator variable that google-cloud-storage and gcsfs honour: its host, no auth.
@@ -189,13 +189,8 @@ class GCSStore(ObjectStore):
                    if n == "md5"]
             check_md5(md5[0] if md5 else None, body, url, "x-goog-hash md5")
             return body
-        if resp.status == 206:
-            got = resp.getheader("Content-Range", "")
-            if not got.startswith(f"bytes {start}-"):
-                raise StoreResponseError(502, "BadContentRange",
-                                         f"asked bytes {start}-{end - 1}, got {got!r}", url)
-            return body
-        return body[start:end]
+        return range_body(resp.status, resp.getheader("Content-Range", ""), body, start, end,
+                          url)
 
     def info(self, path: str) -> dict[str, Any]:
         """``{"name", "size", "type": "file", "generation"}`` of an object."""

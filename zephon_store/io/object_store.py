@@ -72,6 +72,19 @@ def check_md5(expected_b64: str | None, body: bytes, url: str, header: str) -> N
                                f"{expected_b64!r} (computed {digest!r})")
 
 
+def range_body(status: int, content_range: str, body: bytes, start: int, end: int,
+                url: str) -> bytes:
+    """Bytes ``[start, end)`` of a ranged GET's answer: a 206 must start where asked (its
+    length is checked by the caller), a 200 is the whole object, sliced."""
+    if status == 206:
+        if not content_range.startswith(f"bytes {start}-"):
+            raise StoreResponseError(502, "BadContentRange",
+                                     f"asked bytes {start}-{end - 1}, got {content_range!r}",
+                                     url)
+        return body
+    return body[start:end]
+
+
 class ObjectStore:
     """Base of zephon's own store clients; subclasses give the primitives (``get``, ``info``,
     ``_list``, ``_upload``, ``rm_file``, ``delete_if_match``). Safe to share between threads

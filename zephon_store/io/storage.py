@@ -39,7 +39,7 @@ from ..errors import (
     ZephonError,
     require,
 )
-from . import gcs, object_store, s3_get
+from . import azure, gcs, object_store, s3_get
 from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle, is_transient
 from .throttle import NodeThrottle
 
@@ -47,8 +47,19 @@ T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
-# Served by zephon's own client (io/gcs.py) for every operation: reads, writes, listings.
+# Served by zephon's own clients (io/gcs.py, io/azure.py) for every operation: reads,
+# writes, listings.
 GCS_PROTOCOLS = ("gs", "gcs")
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+
+
+def _own_store_root(path: str) -> tuple[str, str | None]:
+    """``(bucket/prefix, account)`` of a gs:// or az:// URL's path; ``account`` from adlfs's
+    ``container@account.dfs.core.windows.net`` form, else None."""
+    path = path.strip("/")
+    first, sep, rest = path.partition("/")
+    container, at, host = first.partition("@")
+    return container + sep + rest, (host.split(".", 1)[0] if at else None)
 # zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
 # in storage_options so every way in (API, ZephonLoader, the CLI's --storage-options) has it.
 RETRY_OPTION = "retry"
@@ -359,6 +370,11 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
     if protocol in GCS_PROTOCOLS:
         return object_store.store_for(opts, lambda o: f"gs {_options_key(o)}",
                                       gcs.from_options), path.strip("/")
+    if protocol in AZURE_PROTOCOLS:
+        root, account = _own_store_root(path)
+        return object_store.store_for(
+            opts, lambda o: f"az {account} {_options_key(o)}",
+            lambda o: azure.from_options(o, host_account=account)), root
     opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
     fs = fsspec.filesystem(protocol, **opts)
@@ -467,12 +483,16 @@ class Storage:
         return (not self.local and "::" not in self.root_url
                 and self.root_url.split("://", 1)[0] in GCS_PROTOCOLS)
 
-    def _lean(self) -> s3_get.LeanS3 | gcs.GCSStore | None:
+    def _is_azure(self) -> bool:
+        return (not self.local and "::" not in self.root_url
+                and self.root_url.split("://", 1)[0] in AZURE_PROTOCOLS)
+
+    def _lean(self) -> s3_get.LeanS3 | object_store.ObjectStore | None:
         """The GET client for this root's reads, or None: s3fs (or another fsspec
         filesystem) serves them. Looked up once per Storage (a forked copy shares it: the
         client opens its own connections in each process)."""
         if self._lean_client is _UNSET:
-            if self._is_gcs():
+            if self._is_gcs() or self._is_azure():
                 self._lean_client = self.fs
             else:
                 self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
@@ -502,9 +522,9 @@ class Storage:
             if self._is_s3() and s3_get.lean_options(self.storage_options):
                 s3_get.connection_options(self.storage_options)   # bad values: here
                 self._root_path = self.root_url.split("://", 1)[1].strip("/")
-            elif self._is_gcs():
-                gcs.check_options(self.storage_options)
-                self._root_path = self.root_url.split("://", 1)[1].strip("/")
+            elif self._is_gcs() or self._is_azure():
+                (gcs if self._is_gcs() else azure).check_options(self.storage_options)
+                self._root_path = _own_store_root(self.root_url.split("://", 1)[1])[0]
             else:
                 fs = self.fs  # noqa: F841 - resolves _root_path
         if not relpath:
@@ -591,6 +611,10 @@ class Storage:
             hint = ("check credentials: storage_options token (a service-account file, "
                     "'anon') or GOOGLE_APPLICATION_CREDENTIALS, and the endpoint "
                     "(endpoint_url, STORAGE_EMULATOR_HOST)")
+        elif self._is_azure():
+            hint = ("check credentials: storage_options account_name with account_key, "
+                    "sas_token or credential, or AZURE_STORAGE_CONNECTION_STRING, and the "
+                    "endpoint (endpoint_url)")
         else:
             hint = ("check credentials: storage_options key/secret/profile or AWS_ACCESS_KEY_ID, "
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, and the endpoint (AWS_ENDPOINT_URL)")
@@ -811,7 +835,7 @@ class Storage:
         fs = self.fs
         op = {"put_object": "PUT", "delete_object": "DELETE"}[method] + " (if match)"
         if hasattr(fs, "replace_if_match"):
-            # A store with its own conditional writes (io/gcs.py: generations).
+            # A store with its own conditional writes (GCS generations, Azure ETags).
             def own() -> bool:
                 if method == "put_object":
                     return fs.replace_if_match(path, kwargs["Body"], etag)

@@ -47,7 +47,8 @@ class Request:
 def classify(method: str, target: str) -> tuple[str, str]:
     """(operation, "bucket/key") of a request line's method and target: S3's REST paths,
     or GCS's JSON API (``/storage/v1/b/B/o/KEY?alt=media`` a GET, without ``alt=media`` the
-    metadata a HEAD is on S3, ``/storage/v1/b/B/o?prefix=`` a LIST, ``/upload/...`` a PUT).
+    metadata a HEAD is on S3, ``/storage/v1/b/B/o?prefix=`` a LIST, ``/upload/...`` a PUT),
+    or Azure Blob's (``/account/container/blob``; ``?comp=list`` a LIST).
 
     >>> classify("GET", "/storage/v1/b/bk/o/ds%2Fmanifest.json?alt=media")
     ('GET', 'bk/ds/manifest.json')
@@ -58,6 +59,9 @@ def classify(method: str, target: str) -> tuple[str, str]:
         return _classify_gcs(method, gcs, parts.query)
     path = unquote(parts.path).lstrip("/")
     bucket, _, key = path.partition("/")
+    if method == "GET" and "comp=list" in parts.query:   # Azure Blob's listing
+        q = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
+        return "LIST", f"{path}/?{unquote(q.get('prefix', ''))}"
     if method in ("PUT", "POST"):
         return "PUT", path
     if method == "DELETE":

@@ -1,16 +1,20 @@
-"""``gs://`` end to end against a real GCS JSON-API server (fake-gcs-server, started by the
-session on 127.0.0.1): convert, verify, get, plan, cache fill, the loader's torture schedule
-equal to the local run id for id, faults through the proxy, and the conditional writes the
-output lock relies on (generation preconditions).
+"""``gs://`` and ``az://`` end to end against real servers started by the session on
+127.0.0.1 (fake-gcs-server for GCS's JSON API, Azurite for Azure Blob): convert, verify, get,
+plan, cache fill, the loader's torture schedule equal to the local run id for id, faults
+through the proxy, and the conditional writes the output lock relies on (GCS generation
+preconditions, Azure ETags). (S3 has the same tests in test_s3_loader.py and
+test_storage_s3.py.)
 
-fake-gcs-server checks no credentials, and ignores ``ifGenerationMatch`` on DELETE: those are
-tested where a server can prove them (the 401 refresh through the proxy, below; the release's
-condition only on S3, tests/integration/test_write_races_s3.py).
+fake-gcs-server checks no credentials, and ignores ``ifGenerationMatch`` on DELETE; Azurite
+checks Shared Key signatures but takes OAuth tokens only over HTTPS. An expired token is
+therefore tested with the 401 coming from the proxy in front of the server (below).
 """
 
 from __future__ import annotations
 
 import json
+import time
+import types
 
 import pytest
 
@@ -35,12 +39,18 @@ B = 16
 RIDE = RetryPolicy(base_delay=0.02, max_delay=0.2, deadline=20.0)
 
 
+@pytest.fixture(params=["gcs", "az"])
+def bucket(request):
+    """A fresh bucket (container) on each store of zephon's own clients."""
+    return request.getfixturevalue(f"{request.param}_bucket")
+
+
 @pytest.fixture()
-def remote(corpus, gcs_bucket):
-    url = f"{gcs_bucket.url}/ds"
+def remote(corpus, bucket):
+    url = f"{bucket.url}/ds"
     res = convert([str(corpus / "src")], url, options=OPTS,
-                  storage_options=gcs_bucket.storage_options, workers=2)
-    return url, gcs_bucket, res
+                  storage_options=bucket.storage_options, workers=2)
+    return url, bucket, res
 
 
 def _stream(ds, steps):
@@ -54,41 +64,46 @@ def _stream(ds, steps):
     return ids, texts
 
 
-def test_storage_round_trip_and_generation_preconditions(gcs_bucket):
-    st = Storage(f"{gcs_bucket.url}/ds", storage_options=gcs_bucket.storage_options)
+def test_storage_round_trip_and_conditional_writes(bucket):
+    st = Storage(f"{bucket.url}/ds", storage_options=bucket.storage_options)
     data = bytes(range(256)) * 64
     st.write_atomic("shards/a.bin", data)
     assert st.read_range("shards/a.bin", 10, 5000, expected_xxh3=xxh3_hex(data[10:5000])) \
         == data[10:5000]
     assert st.read_file("shards/a.bin") == data and st.size("shards/a.bin") == len(data)
     assert st.listdir("") == ["shards"] and st.sizes("shards") == {"shards/a.bin": len(data)}
-    with pytest.raises(ShardNotFoundError, match=f"{gcs_bucket.url}/ds/shards/none.bin"):
+    with pytest.raises(ShardNotFoundError, match=f"{bucket.url}/ds/shards/none.bin"):
         st.read_range("shards/none.bin", 0, 10)
-    # The lock's writes: create-only (ifGenerationMatch=0), compare-and-swap on a generation.
+    # The lock's writes: create-only (ifGenerationMatch=0, If-None-Match: *), compare-and-swap
+    # on a generation or an ETag.
     assert st.create_exclusive("k", b"one") and not st.create_exclusive("k", b"two")
     got, gen = st.read_with_etag("k")
     assert got == b"one"
-    assert not st.replace_if_match("k", b"x", "1")
+    assert not st.replace_if_match("k", b"x", "1" if bucket.url.startswith("gs") else '"0x1"')
     assert st.replace_if_match("k", b"three", gen)
     assert not st.replace_if_match("k", b"four", gen)   # the generation it was judged by
     assert st.read_file("k") == b"three"
+    if bucket.url.startswith("az"):   # fake-gcs-server ignores a DELETE's precondition
+        assert not st.delete_if_match("k", gen) and st.exists("k")
     st.delete("k")
     assert not st.exists("k") and not st.replace_if_match("k", b"five", gen)
 
 
-def test_unknown_options_and_denied_requests_say_what_to_do(gcs_bucket):
-    with pytest.raises(Exception, match="unknown storage option 'key' for gs://"):
-        Storage(f"{gcs_bucket.url}/ds", storage_options={"key": "k"}).read_file("x")
-    with FaultProxy(gcs_bucket.server.port) as proxy:
-        st = Storage(f"{gcs_bucket.url}/ds",
-                     storage_options=gcs_bucket.options_via(proxy.endpoint_url))
+def test_unknown_options_and_denied_requests_say_what_to_do(bucket):
+    scheme = bucket.url.split("://")[0]
+    with pytest.raises(Exception, match=f"unknown storage option 'bogus' for {scheme}://"):
+        Storage(f"{bucket.url}/ds", storage_options={"bogus": "k"}).read_file("x")
+    with FaultProxy(bucket.server.port) as proxy:
+        st = Storage(f"{bucket.url}/ds",
+                     storage_options=bucket.options_via(proxy.endpoint_url))
         proxy.http_status_next(403, 1)
-        with pytest.raises(AccessDeniedError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        hint = "GOOGLE_APPLICATION_CREDENTIALS" if scheme == "gs" else "account_key"
+        with pytest.raises(AccessDeniedError, match=hint):
             st.read_file("x")
         assert proxy.requests == 1   # never retried
 
 
-def test_convert_verify_get_plan_cache_fill_on_gcs(corpus, remote, tmp_path, capsys):
+def test_convert_verify_get_plan_cache_fill(corpus, remote, tmp_path, capsys):
     url, bucket, res = remote
     local = open_dataset(str(corpus / "local"))
     assert res.dataset_id == local.dataset_id   # same bytes wherever they are stored
@@ -117,7 +132,7 @@ def _two_json(capsys):
     return first, second
 
 
-def test_torture_schedule_from_gcs_equals_the_local_run(corpus, remote, tmp_path):
+def test_torture_schedule_equals_the_local_run(corpus, remote, tmp_path):
     """World size, global batch and workers change across resumes (each resume from the JSON
     checkpoint of the last step); every rank's ids of every step equal the local run's."""
     url, bucket, _ = remote
@@ -142,8 +157,7 @@ def test_torture_schedule_from_gcs_equals_the_local_run(corpus, remote, tmp_path
 
 @pytest.mark.parametrize("fault", ["reset", "http503", "http429", "truncate", "corrupt",
                                    "down"])
-def test_faults_while_streaming_from_gcs_do_not_change_the_output(corpus, remote, tmp_path,
-                                                                  fault):
+def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_path, fault):
     url, bucket, _ = remote
     steps = 12
     want = _stream(open_dataset(str(corpus / "local")), steps)
@@ -161,7 +175,7 @@ def test_faults_while_streaming_from_gcs_do_not_change_the_output(corpus, remote
         assert ds.storage.stats.retries >= 1
 
 
-def test_a_corrupt_object_on_gcs_names_it_and_verify(remote, tmp_path):
+def test_a_corrupt_object_is_named_with_zephon_verify(remote, tmp_path):
     url, bucket, _ = remote
     ds = _open(url, bucket.storage_options, tmp_path,
                retry=RetryPolicy(base_delay=0.05, max_delay=0.2, deadline=1.0))
@@ -213,3 +227,54 @@ class _Rotating:
     def refresh(self, request) -> None:
         self.issued += 1
         self.token = f"token-{self.issued}"
+
+
+def test_an_expired_azure_token_is_replaced_before_and_after_the_store_refuses_it(az_bucket):
+    """A token credential is asked again when its token is about to expire (e.g. between the
+    prefetch plan and the GET: the check is at each request) and after a 401 or a 403
+    ``AuthenticationFailed``, and the refused request is sent once more. Azurite takes OAuth
+    only over HTTPS, so the container is public (Azurite then ignores the token) and the
+    refusals come from the proxy in front of it."""
+    server = az_bucket.server
+    pub = f"az://{az_bucket.name}-pub/ds"
+    server.create_container(f"{az_bucket.name}-pub", public=True)
+    writer = Storage(pub, storage_options=server.storage_options())
+    writer.write_atomic("a.bin", b"payload")
+    with FaultProxy(server.port) as proxy:
+        creds = _AzureTokens(lifetime=3600)
+        so = {**server.storage_options(proxy.endpoint_url), "credential": creds}
+        del so["account_key"]
+        reader = Storage(pub, storage_options=so)
+        assert reader.read_file("a.bin") == b"payload" and creds.issued == 1
+        proxy.http_status_next(401, 1)
+        assert reader.read_file("a.bin") == b"payload" and creds.issued == 2
+        proxy.http_status_next(403, 1)   # a 403 with no expired-token code: denied at once
+        with pytest.raises(AccessDeniedError, match="credential"):
+            reader.read_file("a.bin")
+        assert creds.issued == 2
+        creds.lifetime = 60   # within the 5-minute margin: replaced before the next GET
+        creds.expire_now()
+        assert reader.read_file("a.bin") == b"payload" and creds.issued == 3
+        assert reader.stats.retries == 0
+        assert proxy.auth_seen == ["Bearer az-1", "Bearer az-1", "Bearer az-2", "Bearer az-2",
+                                   "Bearer az-3"]
+
+
+class _AzureTokens:
+    """azure-identity's token credential interface (``get_token(scope)`` -> ``.token``,
+    ``.expires_on``): each call issues a new token."""
+
+    def __init__(self, lifetime: float) -> None:
+        self.issued = 0
+        self.lifetime = lifetime
+        self._held = None
+
+    def expire_now(self) -> None:
+        if self._held is not None:
+            self._held.expires_on = time.time() + self.lifetime
+
+    def get_token(self, *scopes):
+        self.issued += 1
+        self._held = types.SimpleNamespace(token=f"az-{self.issued}",
+                                           expires_on=time.time() + self.lifetime)
+        return self._held
