@@ -33,8 +33,10 @@ import hashlib
 import http.client
 import os
 import re
+import threading
 import urllib.parse
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from .http_pool import ConnectionPool
@@ -62,6 +64,10 @@ _CHECKSUMS = ("crc32", "sha1", "sha256", "sha512")
 _CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _MESSAGE_RE = re.compile(rb"<Message>([^<]{0,500})</Message>")
 _REGION_RE = re.compile(rb"<Region>([a-z0-9-]{1,40})</Region>")
+# S3's answers to credentials that were good once: expired, rotated or revoked. With
+# credentials from the chain, they are resolved again and the GET sent once more.
+_STALE_CREDENTIALS = frozenset({"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired",
+                                "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 # S3's answers to a request signed for the wrong region.
 _REGION_CODES = frozenset({"AuthorizationHeaderMalformed", "PermanentRedirect",
                            "IllegalLocationConstraintException"})
@@ -97,6 +103,7 @@ class S3Denied(PermissionError):
 
     def __init__(self, status: int, code: str, message: str, url: str) -> None:
         super().__init__(f"{status} {code}: {message} ({url})")
+        self.code = code
         self.response = {"Error": {"Code": code, "Message": message},
                          "ResponseMetadata": {"HTTPStatusCode": status}}
 
@@ -182,6 +189,7 @@ def from_options(storage_options: dict[str, Any]) -> LeanS3 | None:
             return None
         region = "us-east-1"
     credentials = None
+    refresh = None
     if not opts.get("anon"):
         key = opts.get("key") or client.get("aws_access_key_id")
         secret = opts.get("secret") or client.get("aws_secret_access_key")
@@ -196,8 +204,11 @@ def from_options(storage_options: dict[str, Any]) -> LeanS3 | None:
                 from botocore.exceptions import NoCredentialsError
 
                 raise NoCredentialsError()
+            # The chain again, from scratch: a rotated key in the environment, the profile
+            # files or a credential process, or a role's new session.
+            refresh = lambda: _session(opts).get_credentials()  # noqa: E731
     style, timeouts = connection_options(opts)
-    return LeanS3(endpoint=endpoint, region=region, credentials=credentials,
+    return LeanS3(endpoint=endpoint, region=region, credentials=credentials, refresh=refresh,
                   path_style=style == "path" or (style == "auto" and bool(endpoint)),
                   connect_timeout=timeouts[0], read_timeout=timeouts[1],
                   verify=_verify(client.get("verify")))
@@ -253,9 +264,13 @@ class LeanS3:
 
     def __init__(self, *, endpoint: str | None, region: str, credentials: Any,
                  path_style: bool = True, connect_timeout: float = 5.0,
-                 read_timeout: float = 30.0, verify: Any = True) -> None:
+                 read_timeout: float = 30.0, verify: Any = True,
+                 refresh: Callable[[], Any] | None = None) -> None:
         self.region = region
         self.credentials = credentials
+        self.refresh = refresh
+        self.refreshes = 0   # credentials resolved again after S3 refused the ones held
+        self._refresh_lock = threading.Lock()
         self.endpoint = (endpoint or f"https://s3.{region}.amazonaws.com").rstrip("/")
         parts = urllib.parse.urlsplit(self.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -303,10 +318,27 @@ class LeanS3:
         # A whole object comes with S3's checksum of it, checked here (a range has none).
         headers = ({"Range": f"bytes={start}-{end - 1}"} if start is not None
                    else {"x-amz-checksum-mode": "ENABLED"})
-        signed = self._sign(url, headers)
-        resp, body = self.pool.request(host, lambda conn: conn.request("GET", path,
-                                                                        headers=signed))
-        return self._result(resp, body, url, start, end)
+        for fresh in (False, True):
+            held = self.credentials
+            signed = self._sign(url, headers)
+            resp, body = self.pool.request(host, lambda conn, signed=signed: conn.request(
+                "GET", path, headers=signed))
+            try:
+                return self._result(resp, body, url, start, end)
+            except S3Denied as exc:
+                if fresh or self.refresh is None or exc.code not in _STALE_CREDENTIALS:
+                    raise
+                self._refresh_credentials(held)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refresh_credentials(self, held: Any) -> None:
+        """Resolve the credentials again (once for all the threads that were refused with
+        ``held``): a key that was rotated, revoked or expired since it was signed with,
+        also between the prefetch plan and its GET."""
+        with self._refresh_lock:
+            if self.credentials is held:
+                self.credentials = self.refresh()
+                self.refreshes += 1
 
     def _result(self, resp: http.client.HTTPResponse, body: bytes, url: str,
                 start: int | None, end: int | None) -> bytes:
