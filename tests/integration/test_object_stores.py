@@ -27,6 +27,7 @@ from zephon_store.cli.main import main
 from zephon_store.errors import AccessDeniedError, IntegrityError, ShardNotFoundError
 from zephon_store.io.retry import RetryPolicy
 from zephon_store.io.storage import Storage
+from zephon_store.testing.azurite_server import ACCOUNT
 
 pytestmark = pytest.mark.integration
 # The S3 end-to-end tests' corpus (a module fixture) and helpers: the same data on each store.
@@ -278,3 +279,18 @@ class _AzureTokens:
         self._held = types.SimpleNamespace(token=f"az-{self.issued}",
                                            expires_on=time.time() + self.lifetime)
         return self._held
+
+
+def test_abfs_urls_name_the_account_in_the_host(az_bucket):
+    """adlfs's form, ``abfs://container@account.dfs.core.windows.net/path``, reads what
+    ``az://container/path`` wrote: the account comes from the host, blobs from the Blob
+    endpoint."""
+    Storage(f"{az_bucket.url}/ds", storage_options=az_bucket.storage_options).write_atomic(
+        "shards/a.bin", b"0123456789")
+    so = {k: v for k, v in az_bucket.storage_options.items() if k != "account_name"}
+    st = Storage(f"abfs://{az_bucket.name}@{ACCOUNT}.dfs.core.windows.net/ds",
+                 storage_options=so)
+    assert st.read_range("shards/a.bin", 2, 5) == b"234"
+    assert st.listdir("shards") == ["shards/a.bin"]
+    assert st.url("shards/a.bin").startswith(f"abfs://{az_bucket.name}@")
+
