@@ -1,5 +1,5 @@
-"""A run keeps reading across a credential rotation (issue 44): SeaweedFS with two
-identities, the first revoked while a loader reads.
+"""A run keeps reading across credential rotations (issue 44): SeaweedFS with three
+identities; the first revoked between the loader's plan and its GETs, the second mid-run.
 
 The credentials come from the provider chain (a shared credentials file, as a rotating
 agent or a credential process leaves them), never from the storage options. A GET that S3
@@ -16,7 +16,15 @@ import hashlib
 import pytest
 
 from tests.integration import test_s3_loader as s3_tests
-from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions, convert, open_dataset
+from zephon_store import (
+    BatchOptions,
+    ReadAheadOptions,
+    StopOptions,
+    Topology,
+    WorkerOptions,
+    convert,
+    open_dataset,
+)
 from zephon_store.errors import AccessDeniedError
 from zephon_store.io import storage as storage_mod
 from zephon_store.testing.s3_server import SeaweedServer
@@ -34,7 +42,7 @@ OPTS, ORDER, _open = s3_tests.OPTS, s3_tests.ORDER, s3_tests._open
 @pytest.fixture(scope="module")
 def server():
     with SeaweedServer(key="zephon-admin", secret="zephon-admin-secret") as srv:
-        for user in ("a", "b"):
+        for user in ("a", "b", "c"):
             srv.shell(f"s3.configure -user={user} -access_key=key-{user} "
                       f"-secret_key=secret-{user} -actions=Read,List -apply")
         yield srv
@@ -60,16 +68,20 @@ def credentials_file(tmp_path, monkeypatch):
 
 
 def _loader(ds, steps):
+    # No read-ahead to speak of, so that GETs are still to be sent after the rotation mid-run.
     return ZephonLoader(ds, topology=Topology(B, 1, 0), order=ORDER,
                         batch=BatchOptions(with_seq=True), stop=StopOptions(max_steps=steps),
-                        workers=WorkerOptions(prefetch=2))
+                        workers=WorkerOptions(prefetch=2),
+                        read_ahead=ReadAheadOptions(prefetch_bytes=1, decode_ahead_bytes=1))
 
 
-def _drain(it, ids, digest):
-    for batch in it:
+def _drain(it, ids, digest, *, at=None, then=None):
+    for step, batch in enumerate(it):
         ids.extend(batch["_seq"].tolist())
         for text in batch["text"]:
             digest.update(text.encode())
+        if step == at:
+            then()
 
 
 def test_a_run_reads_on_across_a_revoked_identity(server, credentials_file, corpus, tmp_path):
@@ -90,11 +102,19 @@ def test_a_run_reads_on_across_a_revoked_identity(server, credentials_file, corp
     # store revokes ``a``.
     credentials_file("b")
     server.shell("s3.configure -user=a -access_key=key-a -delete -apply")
-    ids, digest = [], hashlib.sha256()
-    _drain(it, ids, digest)
-    assert (ids, digest.hexdigest()) == (want_ids, want.hexdigest())
     client = storage_mod.lean_client(chain)
-    assert client.refreshes == 1 and client.credentials.access_key == "key-b"
+
+    def rotate_again() -> None:   # mid-run: ``b`` is rotated out for ``c``
+        assert client.refreshes == 1 and client.credentials.access_key == "key-b"
+        rotated_at.append(ds.storage.stats.requests)
+        credentials_file("c")
+        server.shell("s3.configure -user=b -access_key=key-b -delete -apply")
+
+    ids, digest, rotated_at = [], hashlib.sha256(), []
+    _drain(it, ids, digest, at=steps // 3, then=rotate_again)
+    assert (ids, digest.hexdigest()) == (want_ids, want.hexdigest())
+    assert ds.storage.stats.requests > rotated_at[0]   # GETs were made after the rotation
+    assert client.refreshes == 2 and client.credentials.access_key == "key-c"
     assert ds.storage.stats.retries == 0   # resent at once, not after a back-off
 
 
