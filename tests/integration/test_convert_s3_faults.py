@@ -154,3 +154,28 @@ def test_s3_output_with_bad_credentials_fails_before_any_input_is_parsed(s3_buck
         convert([str(src)], f"{s3_bucket.url}/ds", storage_options=so,
                 parse_fn=_recording_parse)
     assert _parsed == []
+
+
+def test_a_rerun_into_s3_with_nothing_to_do_writes_nothing(s3_bucket, src, tmp_path):
+    """Issue 41 item 3 on an S3 output: the rerun reads the record, the manifest and one
+    listing, and PUTs nothing but its lock; a shard gone from the bucket makes it convert."""
+    with FaultProxy(s3_bucket.server.ports["s3"]) as proxy:
+        options = s3_bucket.options_via(proxy.endpoint_url)
+        url = f"{s3_bucket.url}/ds"
+        opts = WriteOptions(target_shard_bytes=16 << 10, row_group_bytes=4 << 10)
+        first = convert([str(src)], url, options=opts, storage_options=options)
+        assert first.num_shards > 1
+        before = _objects(s3_bucket, "ds")
+        assert ".zephon-convert.json" in before
+        proxy.log.clear()
+        again = convert([str(src)], url, options=opts, storage_options=options)
+        assert again.unchanged and again.dataset_id == first.dataset_id
+        assert _puts(proxy, "/ds/") == _puts(proxy, ".zephon-lock")   # the lock only
+        assert _objects(s3_bucket, "ds") == before
+        shard = next(k for k in before if k.startswith("shards/"))
+        proxy.log.clear()
+        import s3fs
+        s3fs.S3FileSystem(**s3_bucket.storage_options).rm_file(f"{s3_bucket.name}/ds/{shard}")
+        third = convert([str(src)], url, options=opts, storage_options=options)
+        assert not third.unchanged and third.shards_reused == first.num_shards - 1
+        assert _objects(s3_bucket, "ds") == before

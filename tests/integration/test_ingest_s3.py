@@ -122,3 +122,35 @@ def test_convert_from_s3_inputs_through_faults_is_exact(raw, s3_bucket, proxy, t
         rows = ds.take(list(range(result.num_samples))).to_pylist()
     got = sorted((str(r["id"]), r["text"]) for r in rows)
     assert got == sorted((str(r["id"]), r["text"]) for r in RECORDS * 2)
+
+
+@pytest.mark.parametrize("listing", ["folder", "glob", "file"])
+def test_a_rerun_over_s3_inputs_reads_none_until_one_changes(s3_bucket, tmp_path, proxy,
+                                                              listing):
+    """Rerunning convert over its own output (issue 41 item 3) lists the S3 inputs and GETs
+    none; an object rewritten in place with the same size (a new ETag) is converted again,
+    which the staging's job key once missed (it keyed objects by size alone)."""
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options, skip_instance_cache=True)
+    for k in range(2):
+        part = RECORDS[k * 500:(k + 1) * 500]
+        fs.pipe(f"{s3_bucket.name}/in/p{k}.jsonl",
+                "".join(json.dumps(r) + "\n" for r in part).encode())
+    src = {"folder": f"{s3_bucket.url}/in/", "glob": f"{s3_bucket.url}/in/*.jsonl",
+           "file": f"{s3_bucket.url}/in/p1.jsonl"}[listing]
+    options = _options(s3_bucket, proxy)
+    out = str(tmp_path / "out")
+
+    def reads() -> int:   # GETs of an input object (a listing is a GET of the bucket)
+        return sum(1 for m, t, _ in proxy.log if m == "GET" and "/in/p" in t)
+
+    first = convert([src], out, input_storage_options=options)
+    assert reads() > 0
+    before = reads()
+    again = convert([src], out, input_storage_options=options)
+    assert again.unchanged and again.dataset_id == first.dataset_id
+    assert reads() == before   # listings and HEADs only: no input was read
+    body = fs.cat(f"{s3_bucket.name}/in/p1.jsonl")
+    fs.pipe(f"{s3_bucket.name}/in/p1.jsonl", body.replace(b"record", b"rekord"))
+    third = convert([src], out, input_storage_options=options, overwrite=True)
+    assert not third.unchanged and third.inputs_reused == 0
+    assert third.dataset_id != first.dataset_id

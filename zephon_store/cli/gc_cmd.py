@@ -9,7 +9,7 @@ convert holds the output's lock, storage), 2 usage error.
 
 from __future__ import annotations
 
-from .common import add_storage_options, emit
+from .common import add_storage_options, emit, format_size
 
 
 def add_gc_parser(sub) -> None:
@@ -34,5 +34,5 @@ def cmd_gc(args) -> int:
         print(f"skipped {rel}: not a name zephon writes (shards/<hash>.parquet, "
               "index/<hash>.arrow); left as it is")
     verb = "would remove" if result.dry_run else "removed"
-    print(f"{verb} {len(result.removed)} file(s), {result.bytes} bytes, from {result.url}")
+    print(f"{verb} {len(result.removed)} file(s), {format_size(result.bytes)}, from {result.url}")
     return 0

@@ -330,9 +330,17 @@ def cmd_convert(args) -> int:
                      executor=executor, **kwargs)
     if args.json:
         emit(result.to_dict())
+    elif result.unchanged:   # a rerun that found nothing to do
+        print(f"nothing to do: the output already holds this conversion of "
+              f"{_count(result.input_files, 'unchanged input')} ({result.num_samples} samples in "
+              f"{_count(result.num_shards, 'shard')}, intact) at {result.url}")
+        print(f"dataset_id {result.dataset_id}")
     else:
         print(f"wrote {result.num_samples} samples in {_count(result.num_shards, 'shard')} "
               f"({result.total_bytes / 1e6:.1f} MB) to {result.url}")
+        if result.inputs_reused or result.shards_reused:
+            print(f"reused from an earlier run: {_count(result.inputs_reused, 'parsed input')}, "
+                  f"{_count(result.shards_reused, 'stored shard')}")
         print(f"dataset_id {result.dataset_id}")
         if any(result.skipped.values()):
             counts = ", ".join(f"{k}={v}" for k, v in result.skipped.items() if v)

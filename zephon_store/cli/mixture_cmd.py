@@ -86,7 +86,7 @@ def plan_mixture(args) -> int:
         print(f"step {st['step']} (cursor {st['cursor']}):")
         for r, pairs in enumerate(st["ranks"]):
             shown = [f"{n}:{i}" for n, i in pairs[:12]] + (["..."] if len(pairs) > 12 else [])
-            print(f"  rank {r}: {shown}")
+            print(f"  rank {r}: [{', '.join(shown)}]")
     print(f"read amplification {out['read_amplification']} over {out['simulated_steps']} "
           f"steps; row groups/step/node {out['distinct_row_groups_per_step_per_node']}; "
           f"cache footprint {out['cache_footprint_bytes_max'] / 1e6:.1f} MB")

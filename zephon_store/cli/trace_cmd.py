@@ -200,15 +200,16 @@ def cmd_trace(args) -> int:
         print(f"step {d['step']} (cursor {d['cursor']}, {_readers(d)}, "
               f"B={d['global_batch']}, {where}):")
         for entry in d["ranks"]:
-            shown = (entry["ids"] if "sources" not in entry else
+            # A mixture's sample is `web:42`: a bare id is ambiguous across its sources.
+            shown = ([str(i) for i in entry["ids"]] if "sources" not in entry else
                      [f"{src}:{i}" for src, i in zip(entry["sources"], entry["ids"])])
-            print(f"  {_reader(entry)}: {shown}")
+            print(f"  {_reader(entry)}: [{', '.join(shown)}]")
             if "masked" in entry and any(entry["masked"]):
-                print(f"    masked: {[i for i, m in zip(entry['ids'], entry['masked']) if m]}")
+                print(f"    masked: [{', '.join(s for s, m in zip(shown, entry['masked']) if m)}]")
             for i, prov in enumerate(entry.get("provenance", [])):
-                print(f"    [{entry['ids'][i]}] {prov['input']} record {prov['record']}")
+                print(f"    [{shown[i]}] {prov['input']} record {prov['record']}")
             for i, rec in enumerate(entry.get("records", [])):
-                print(f"    [{entry['ids'][i]}] " + (
+                print(f"    [{shown[i]}] " + (
                     dumps(rec) if rec is not None else
                     "denied (its deny list masked it; --show-denied prints it)"))
     return 0

@@ -81,7 +81,7 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
     """
     if isinstance(inputs, str):
         inputs = [inputs]
-    found: dict[str, tuple[int, tuple[int, int] | None]] = {}
+    found: dict[str, tuple] = {}   # url -> (size, local identity, object version)
     for pattern in inputs:
         matches = _drop_datasets(_expand_one(pattern, storage_options or {}), exclude)
         if not matches:
@@ -89,17 +89,18 @@ def expand_inputs(inputs: Sequence[str] | str, *, storage_options: dict | None =
                 f"{pattern} matched no input files (names starting with '.' or '_' are skipped); "
                 f"check the path and quote globs so the shell does not expand them"
             )
-        for url, size, ident in matches:
-            found.setdefault(url, (size, ident))
+        for url, size, ident, *version in matches:
+            found.setdefault(url, (size, ident, version[0] if version else None))
     out, seen = [], set()
     for url in sorted(found):
-        size, ident = found[url]
+        size, ident, version = found[url]
         if ident is not None:
             if ident in seen:
                 continue
             seen.add(ident)
         _, compression = split_compression(url)
-        out.append(InputFile(url, detect_kind(url, options.format), compression, size))
+        out.append(InputFile(url, detect_kind(url, options.format), compression, size,
+                             version=version))
     return out
 
 
@@ -117,7 +118,8 @@ def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int, tup
             if info.get("type") == "directory":
                 out.extend(_walk(fs, name, policy))
             else:
-                out.append((_url(fs, name), int(info.get("size") or 0), None))
+                out.append((_url(fs, name), int(info.get("size") or 0), None,
+                            object_version(info)))
         return out
     try:
         info = call_with_retry(lambda: fs.info(path), policy, what=f"HEAD {pattern}", url=pattern)
@@ -125,7 +127,7 @@ def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int, tup
         return []
     if info.get("type") == "directory":
         return _walk(fs, path, policy)
-    return [(_url(fs, path), int(info.get("size") or 0), None)]
+    return [(_url(fs, path), int(info.get("size") or 0), None, object_version(info))]
 
 
 def _expand_local(path: str) -> list[localtree.Found]:
@@ -141,8 +143,21 @@ def _expand_local(path: str) -> list[localtree.Found]:
     return []
 
 
+def object_version(info: dict) -> str | None:
+    """What an fsspec listing entry says changes whenever the object's bytes do: S3's
+    ``ETag``, GCS's ``generation`` (gcsfs), Azure's ``etag`` (adlfs); None when it names none.
+
+    >>> object_version({"name": "b/a.jsonl", "size": 3, "ETag": '"9b2c"'})
+    '"9b2c"'
+    """
+    for key in ("ETag", "etag", "generation"):
+        if info.get(key) not in (None, ""):
+            return str(info[key])
+    return None
+
+
 def _walk(fs: fsspec.AbstractFileSystem, root: str,
-          policy: RetryPolicy) -> list[tuple[str, int, None]]:
+          policy: RetryPolicy) -> list[tuple[str, int, None, str | None]]:
     root = root.rstrip("/")
     out = []
     listing = retried(lambda: fs.find(root, detail=True, withdirs=False), policy, "LIST",
@@ -151,7 +166,7 @@ def _walk(fs: fsspec.AbstractFileSystem, root: str,
         rel = name[len(root):].lstrip("/") if name.startswith(root) else name
         if any(part.startswith(HIDDEN) for part in rel.split("/")):
             continue
-        out.append((_url(fs, name), int(info.get("size") or 0), None))
+        out.append((_url(fs, name), int(info.get("size") or 0), None, object_version(info)))
     return out
 
 

@@ -4,6 +4,7 @@ what was skipped (:class:`InputStats`)."""
 from __future__ import annotations
 
 import codecs
+import os
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
@@ -22,6 +23,9 @@ class InputFile:
     ``url`` is an absolute local path or a full fsspec URL (``s3://b/k``, ``memory:///x``);
     ``kind`` is one of ``jsonl parquet text csv``; ``compression`` is one of
     ``gzip zstd bz2 xz`` or None; ``size`` is the stored (compressed) size in bytes.
+    ``version`` is what an object store says changes whenever the bytes do (the listing's
+    ETag, or a GCS generation); None for local files, whose modification time stands in for
+    it (:func:`input_stamp`). A rerun of convert uses it to tell an unchanged input.
 
     >>> InputFile("/data/a.jsonl.zst", "jsonl", "zstd", 1024).kind
     'jsonl'
@@ -31,6 +35,7 @@ class InputFile:
     kind: str
     compression: str | None
     size: int
+    version: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -39,6 +44,23 @@ class InputFile:
             raise ValueError(
                 f"compression must be one of {'|'.join(COMPRESSIONS)} or None, got {self.compression!r}"
             )
+
+
+def input_stamp(f: InputFile) -> str | int | None:
+    """What changes when ``f``'s bytes do, short of reading them: an object's ``version``
+    (ETag), a local file's modification time in ns; None when neither is known (the file is
+    gone, or the store lists no ETag), which no rerun takes for unchanged.
+
+    >>> input_stamp(InputFile("s3://b/a.jsonl", "jsonl", None, 9, version='"9b2c"'))
+    '"9b2c"'
+    """
+    path = f.url.removeprefix("file://")
+    if "://" in path:
+        return f.version
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -323,8 +323,9 @@ class RunContext:
             keep = [i for j, i in enumerate(ids) if not (hide and hide[j])]
             got = iter(self._columns_of(self.source.take(keep)).to_pylist() if keep else [])
             return [None if hide and hide[j] else next(got) for j in range(len(ids))]
-        return [self._columns_of(self.part(self.source_index(src)).take([i])).to_pylist()[0]
-                for i, src in zip(ids, sources)]
+        return [None if hide and hide[j] else
+                self._columns_of(self.part(self.source_index(src)).take([i])).to_pylist()[0]
+                for j, (i, src) in enumerate(zip(ids, sources))]
 
     def _columns_of(self, table):
         """``table`` with the chosen columns it holds (all without a choice)."""

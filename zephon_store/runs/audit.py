@@ -457,7 +457,12 @@ def _source_epochs(intervals, ref, start: int, end: int,
                 # A bijection onto (source, index): distinct indices, distinct ids.
                 masked = None if deny is None else deny.masked(order.global_ids(k, ids))
                 exps[k].add(idx, ids, masked, distinct=True)
-    lo_k, hi_k = ref.consumed(start), ref.consumed(end)
+    # A resume may append stages: the schedule the run ended on keeps every stage before its
+    # cursor, so it gives what each source consumed by the end (the first one would not).
+    last = next((o for _, _, o, _ in reversed(intervals) if o is not None), ref)
+    if list(last.source_names) != list(names):   # mixture_changed: already a failure
+        last = ref
+    lo_k, hi_k = ref.consumed(start), last.consumed(end)
     out = []
     unlisted = 0
     for k, (exp, nk) in enumerate(zip(exps, sizes)):

@@ -47,10 +47,11 @@ from .executors import Executor, LocalExecutor
 from .layout import Cutter, ShardCut
 from .lock import output_lock
 from .publish import check_output, publish_manifest, stored_intact
+from .rerun import job_fingerprint, record_job, unchanged_output
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
 from .staged import StagedInput, arrow_batch_rows, read_staged
-from .staging import StagingArea, job_area, job_key, shared_storage
+from .staging import STAGING_DIRNAME, StagingArea, job_area, job_key, shared_storage
 
 
 @dataclass
@@ -73,6 +74,9 @@ class ConvertResult:
     engine: str = "local"
     workers: int = 1
     stages: dict = field(default_factory=dict)  # stage -> seconds (plan, parse, ..., publish)
+    # True for a rerun over this same conversion's intact output: no input read, nothing
+    # written (zephon_store.write.rerun)
+    unchanged: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,9 +182,18 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
     with output_lock(out) as lock:
         files = expand_inputs(list(inputs), storage_options=in_so, options=input_options,
                               exclude=_own_roots(out, staging_dir))
-        check_output(out, files, options, overwrite=overwrite)
+        fingerprint = job_fingerprint(files, options, input_options, parse_fn, extra_manifest)
         job = job_key(files, options, input_options, parse_fn, extra_manifest, out.root_url)
         area = job_area(out, job, staging_dir, shared_hosts=executor.shared_hosts)
+        # A rerun over this job's own intact output has nothing to do, unless a killed run
+        # left staging behind (the normal path below removes it).
+        done = None if area.present() or _staging_left(out) else \
+            unchanged_output(out, fingerprint)
+        if done is not None:
+            stages["plan"] = time.perf_counter() - t0
+            return _result(output, done, files, [], (len(files), done.num_shards), executor,
+                           stages, t0, unchanged=True)
+        check_output(out, files, options, overwrite=overwrite)
         active = _on_disk(area.root, lambda: area.open_job(out.root_url))
         try:
             area.remove_stale_jobs(out.root_url)
@@ -192,6 +205,7 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
             result = _on_disk(area.root, lambda: publish_manifest(
                 out, files, metas, cuts, infos, schema, options, input_options,
                 _with_found(extra_manifest, found), overwrite=overwrite, lock=lock))
+            record_job(out, result.dataset_id, fingerprint)
             stages["publish"] = time.perf_counter() - t1
         except BaseException:
             if active is not None:
@@ -204,7 +218,7 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
 
 
 def _result(output: str, manifest, files, metas, reuse, executor: Executor,
-            stages: dict[str, float], t0: float) -> ConvertResult:
+            stages: dict[str, float], t0: float, *, unchanged: bool = False) -> ConvertResult:
     """What :func:`convert` returns: the published manifest's totals, what was reused and
     skipped, and the time each stage took (``t0``: when the call began)."""
     inputs_reused, shards_reused = reuse
@@ -217,7 +231,7 @@ def _result(output: str, manifest, files, metas, reuse, executor: Executor,
         skip_examples=[e for m in metas for e in m.stats.get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3), engine=_engine_name(executor),
         workers=executor.workers,
-        stages={k: round(v, 3) for k, v in stages.items()})
+        stages={k: round(v, 3) for k, v in stages.items()}, unchanged=unchanged)
 
 
 def _engine_name(executor: Executor) -> str:
@@ -282,6 +296,11 @@ def _codec_counts(infos) -> dict[str, dict[str, int]]:
             out.setdefault(column, {})
             out[column][codec] = out[column].get(codec, 0) + 1
     return {c: dict(sorted(v.items())) for c, v in sorted(out.items())}
+
+
+def _staging_left(out: Storage) -> bool:
+    """Whether a local output holds a staging folder (a killed run's, of any job)."""
+    return out.local and os.path.exists(os.path.join(out.root_url, STAGING_DIRNAME))
 
 
 def _own_roots(out: Storage, staging_dir: str | None) -> list[str]:
@@ -491,12 +510,15 @@ def _write_staged(task):
     except ElementNullError as exc:
         raise _input_error(exc, pieces, staged) from exc
     rel = shard_path(info.name)
-    if not stored_intact(out, rel, info.bytes, info.name):  # absent or damaged: (re)write
+    # A shard already stored intact under its name (an earlier run's) is not written again,
+    # and counts as reused.
+    stored = stored_intact(out, rel, info.bytes, info.name)
+    if not stored:   # absent or damaged: (re)write
         out.write_file_from_local(rel, tmp, move=True)
     if os.path.exists(tmp):
         os.remove(tmp)
     area.write_json(f"done/{cut.index:06d}.json", info.to_dict())
-    return cut.index, info, False
+    return cut.index, info, stored
 
 
 def _input_error(exc: ElementNullError, pieces, staged) -> InputError:

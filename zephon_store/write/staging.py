@@ -31,6 +31,7 @@ from .. import __version__
 from .._util.atomic import atomic_write
 from .._util.hashing import xxh3_hex
 from ..format.manifest import canonical_json
+from ..ingest.options import input_stamp
 from ..io.storage import Storage, is_local_url, retry_policy
 
 STAGING_DIRNAME = ".zephon-staging"
@@ -39,28 +40,25 @@ _OWNER = "output.json"
 _TRASH = ".trash."
 
 
-def _stamp(url: str) -> int | None:
-    """Modification time (ns) of a local input, so an edited input is never taken for done."""
-    path = url.removeprefix("file://")
-    if "://" in path:
-        return None  # object stores: the size (part of the key) and a rerun's listing
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-def job_key(files, options, input_options, parse_fn, extra, output: str = "") -> str:
-    desc = {
-        # Two outputs of the same inputs stage apart (S3 outputs share the user cache).
-        "output": output,
-        "inputs": [[f.url, f.size, f.kind, f.compression, _stamp(f.url)] for f in files],
+def job_desc(files, options, input_options, parse_fn, extra) -> dict:
+    """What a conversion's output is a pure function of: each input's URL, size, format and
+    stamp (:func:`~zephon_store.ingest.options.input_stamp`: a local file's mtime, an
+    object's ETag, so an input edited in place is never taken for done), the writer and input
+    options, the parse function, ``extra_manifest`` and this version of zephon."""
+    return {
+        "inputs": [[f.url, f.size, f.kind, f.compression, input_stamp(f)] for f in files],
         "write": options.to_dict(),
         "input": asdict(input_options) if is_dataclass(input_options) else repr(input_options),
         "parse": f"{parse_fn.__module__}.{getattr(parse_fn, '__qualname__', repr(parse_fn))}",
         "extra": extra,
         "zephon": __version__,
     }
+
+
+def job_key(files, options, input_options, parse_fn, extra, output: str = "") -> str:
+    """The staging folder's name: :func:`job_desc` plus the output (two outputs of the same
+    inputs stage apart; S3 outputs share the user cache)."""
+    desc = {**job_desc(files, options, input_options, parse_fn, extra), "output": output}
     return xxh3_hex(canonical_json(desc))[:16]
 
 
@@ -242,6 +240,12 @@ class StagingArea:
                                             storage_options=self.storage_options))
                 removed += 1
         return removed
+
+    def present(self) -> bool:
+        """Whether this job's folder exists (a killed run left it), whatever it holds."""
+        if self.local:
+            return os.path.isdir(self.root)
+        return bool(self.storage.listdir(""))
 
     def holds_work(self) -> bool:
         """Whether an input was staged complete here (``parsed/<index>.json``): work a rerun

@@ -112,6 +112,25 @@ def test_the_run_log_trace_and_audit_of_a_mixture_with_a_deny_list(mixture, tmp_
     assert got == masked and masked["code"] > 0 and masked["web"] > 0
 
 
+def test_trace_show_reads_no_denied_record_of_a_mixture(mixture, tmp_path, capsys):
+    """A takedown's bytes stay unread by ``trace --show`` (``null``), as for one dataset,
+    and ``--show-denied`` prints them to review it."""
+    log = str(tmp_path / "run.jsonl")
+    deny = {k: {"ids": v} for k, v in DENY.items()}
+    seen = _check_batches(_loader(mixture, deny, stop=StopOptions(max_steps=12), run_log=log))
+    for flags, shown in (([], False), (["--show-denied"], True)):
+        assert main(["trace", mixture, "--log", log, "--steps", "0:12", "--show", "--json",
+                     *flags]) == 0
+        steps = json.loads(capsys.readouterr().out)["steps"]
+        for step, pairs in zip(steps, seen, strict=True):
+            for (k, i), record in zip(pairs, step["ranks"][0]["records"], strict=True):
+                if i in DENY[k] and not shown:
+                    assert record is None, (k, i)
+                else:
+                    assert record["text"].endswith(f"{k} {i}"), (k, i)
+    assert any(i in DENY[k] for st in seen for k, i in st)   # a denied sample was met
+
+
 @pytest.mark.parametrize("deny, message", [
     ({"nope": {"ids": [1]}}, "source(s) ['nope'] are not in the mixture"),
     ({"web": {"ids": [60]}}, "outside the dataset's [0, 60)"),

@@ -102,3 +102,22 @@ def test_plan_and_info_of_the_mixture(run, capsys) -> None:
     planned = json.loads(out)["steps"]
     names = ["web", "code"]
     assert [[(names.index(s), i) for s, i in step["ranks"][0]] for step in planned] == steps[:2]
+
+
+def test_the_text_form_names_each_sample_as_source_colon_id(run, capsys) -> None:
+    """``web:42`` as docs/audit.md writes it, on the rank line and on each record's line: a
+    bare ``[3]`` under a rank that read ``web:3`` and ``code:3`` says neither."""
+    mix, log, steps = run
+    names = ["web", "code"]
+    pairs = [f"{names[k]}:{i}" for k, i in steps[1]]
+    code, out, err = run_cli(capsys, "trace", mix, "--log", log, "--step", 1, "--show",
+                             "--provenance")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1] == f"  rank 0: [{', '.join(pairs)}]"
+    labels = [line.split("]")[0].strip() + "]" for line in lines[2:]]
+    assert labels == [f"[{p}]" for p in pairs] * 2
+    code, out, err = run_cli(capsys, "plan", "--mixture", mix, "--world-size", 1,
+                             "--global-batch", B, "--seed", 3, "--steps", "1:2")
+    assert code == 0, err
+    assert f"  rank 0: [{', '.join(pairs)}]" in out.splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import os
 import shutil
 import signal
@@ -240,7 +241,8 @@ def test_verify_reports_orphans_as_warnings_and_gc_removes_them(src, tmp_path, c
                                       "shards/" + "ab" * 16 + ".parquet"]
     assert dry["dry_run"] and (out / "shards" / ("ab" * 16 + ".parquet")).exists()
     assert main(["gc", str(out)]) == 0
-    assert "removed 2 file(s)" in capsys.readouterr().out
+    # Sizes in units, as the cache commands print them (issue 41 item 10).
+    assert re.search(r"removed 2 file\(s\), [\d.]+ (B|KiB), from ", capsys.readouterr().out)
     assert tree_digest(out) == clean and not verify(str(out)).findings
 
 
