@@ -42,9 +42,10 @@ OPTS, ORDER, _open = s3_tests.OPTS, s3_tests.ORDER, s3_tests._open
 @pytest.fixture(scope="module")
 def server():
     with SeaweedServer(key="zephon-admin", secret="zephon-admin-secret") as srv:
-        for user in ("a", "b", "c"):
+        for user in ("a", "b", "c", "w1", "w2"):
+            actions = "Read,Write,List" if user.startswith("w") else "Read,List"
             srv.shell(f"s3.configure -user={user} -access_key=key-{user} "
-                      f"-secret_key=secret-{user} -actions=Read,List -apply")
+                      f"-secret_key=secret-{user} -actions={actions} -apply")
         yield srv
 
 
@@ -116,6 +117,22 @@ def test_a_run_reads_on_across_a_revoked_identity(server, credentials_file, corp
     assert ds.storage.stats.requests > rotated_at[0]   # GETs were made after the rotation
     assert client.refreshes == 2 and client.credentials.access_key == "key-c"
     assert ds.storage.stats.retries == 0   # resent at once, not after a back-off
+
+
+def test_writes_carry_on_across_a_revoked_identity(server, credentials_file):
+    """The write path (s3fs: PUT, HEAD, LIST) makes a fresh client from the chain after a
+    refusal of credentials that were good once, and sends the request once more."""
+    admin = server.storage_options()
+    storage_mod.Storage("s3://rotation-w", storage_options=admin).fs.mkdir("rotation-w")
+    credentials_file("w1")
+    st = storage_mod.Storage("s3://rotation-w/ds", storage_options={
+        "endpoint_url": server.endpoint_url, "config_kwargs": {"read_timeout": 5}})
+    st.write_atomic("one.bin", b"1")
+    credentials_file("w2")
+    server.shell("s3.configure -user=w1 -access_key=key-w1 -delete -apply")
+    st.write_atomic("two.bin", b"2")
+    assert st.size("two.bin") == 1 and st.listdir("") == ["one.bin", "two.bin"]
+    assert st.stats.retries == 0
 
 
 def test_a_wrong_key_in_the_options_is_denied_without_a_refresh(server, credentials_file):

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .http_pool import ConnectionPool
+from .retry import STALE_CREDENTIAL_CODES
 
 # Storage options this client honours; the values of the nested dicts are checked below.
 _PLAIN_KEYS = frozenset({"key", "secret", "token", "endpoint_url", "anon", "profile",
@@ -64,10 +65,6 @@ _CHECKSUMS = ("crc32", "sha1", "sha256", "sha512")
 _CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _MESSAGE_RE = re.compile(rb"<Message>([^<]{0,500})</Message>")
 _REGION_RE = re.compile(rb"<Region>([a-z0-9-]{1,40})</Region>")
-# S3's answers to credentials that were good once: expired, rotated or revoked. With
-# credentials from the chain, they are resolved again and the GET sent once more.
-_STALE_CREDENTIALS = frozenset({"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired",
-                                "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 # S3's answers to a request signed for the wrong region.
 _REGION_CODES = frozenset({"AuthorizationHeaderMalformed", "PermanentRedirect",
                            "IllegalLocationConstraintException"})
@@ -326,7 +323,7 @@ class LeanS3:
             try:
                 return self._result(resp, body, url, start, end)
             except S3Denied as exc:
-                if fresh or self.refresh is None or exc.code not in _STALE_CREDENTIALS:
+                if fresh or self.refresh is None or exc.code not in STALE_CREDENTIAL_CODES:
                     raise
                 self._refresh_credentials(held)
         raise AssertionError("unreachable")  # pragma: no cover

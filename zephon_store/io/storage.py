@@ -40,7 +40,14 @@ from ..errors import (
     require,
 )
 from . import azure, gcs, object_store, s3_get
-from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle, is_transient
+from .retry import (
+    RetryPolicy,
+    call_with_retry,
+    is_checksum_error,
+    is_stale_credentials,
+    is_throttle,
+    is_transient,
+)
 from .throttle import NodeThrottle
 
 T = TypeVar("T")
@@ -553,11 +560,14 @@ class Storage:
         self._count(integrity_failures=n)
 
     def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str,
-              transient: Callable[[BaseException], bool] = is_transient) -> T:
+              transient: Callable[[BaseException], bool] = is_transient,
+              renewed: bool = False) -> T:
         """Run one storage operation with retries; map failures to zephon errors.
 
         ``transient`` says which failures are retried (default: the store's transient ones;
-        reads add bytes that failed their hash)."""
+        reads add bytes that failed their hash). An ``s3://`` operation refused for
+        credentials from the chain that were good once (rotated, revoked, expired) runs once
+        more on a fresh client, which resolves the chain again (``renewed``: it did)."""
         throttle = None if self.local else self.throttle
 
         def attempt() -> T:
@@ -593,6 +603,9 @@ class Storage:
             err.url = url  # type: ignore[attr-defined]
             raise err from exc
         except PermissionError as exc:
+            if not renewed and self._renew_s3_client(exc):
+                return self._call(fn, url=url, label=label, op=op, transient=transient,
+                                  renewed=True)
             raise self._access_denied(url, op, exc) from exc
         except Exception as exc:
             names = {c.__name__ for c in type(exc).__mro__}
@@ -603,6 +616,17 @@ class Storage:
                     f"{op} {url} failed: {type(exc).__name__}: {exc} (not retried: the error "
                     f"is permanent)") from exc
             raise
+
+    def _renew_s3_client(self, exc: BaseException) -> bool:
+        """Drop this root's s3fs client when ``exc`` refused credentials from the chain that
+        were good once; True if it did (the next use makes a fresh one)."""
+        opts = self.storage_options
+        explicit = opts.get("key") or (opts.get("client_kwargs") or {}).get("aws_access_key_id")
+        if not self._is_s3() or explicit or not is_stale_credentials(exc):
+            return False
+        with self._lock:
+            self._fs = None
+        return True
 
     def _access_denied(self, url: str, op: str, exc: BaseException) -> AccessDeniedError:
         if self.local:
