@@ -182,3 +182,17 @@ class LiveTopologyError(ZephonError, ValueError):
     """The participants of a live-elastic step disagree (cursor, count or index), or the
     commit counter moved in a way no quorum explains; nothing of the step was read. The
     message says which and what to do (``docs/live-elastic.md``)."""
+
+
+class NoDocumentTableError(ZephonError, LookupError):
+    """A dataset has no document table (format v6, packed data only): it holds unpacked
+    records, or was packed by an older writer. The message names the dataset and says to
+    re-convert with ``--tokenizer``."""
+
+
+class DocumentNotFoundError(ZephonError, KeyError):
+    """A document named by input and record, or by the xxh3 of its text, is not in a
+    dataset's document table; the message names the reference and the dataset."""
+
+    def __str__(self) -> str:   # KeyError quotes its argument; this is a sentence
+        return str(self.args[0]) if self.args else ""

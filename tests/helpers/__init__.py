@@ -244,3 +244,18 @@ def first_parse_fails(message: str) -> Iterator[list[int]]:
 
     with mock.patch.object(jsonl_mod, "parse_lines", fail_first):
         yield calls
+
+
+class CrashOnSecond:
+    """A stand-in for a conversion task function that records each task's input index
+    (``task[0]``) in ``calls`` and, while ``crash`` is set, raises KeyboardInterrupt at the
+    second call: a conversion killed part way through its tasks."""
+
+    def __init__(self, real: Callable) -> None:
+        self.real, self.calls, self.crash = real, [], False
+
+    def __call__(self, task):
+        self.calls.append(task[0])
+        if self.crash and len(self.calls) == 2:
+            raise KeyboardInterrupt("simulated crash")
+        return self.real(task)

@@ -82,9 +82,14 @@ def corpora(tmp_path_factory):
             w = csv.writer(fh)
             w.writerow(["id", "text", "score"])
             w.writerows([r["id"], r["text"], r["score"]] for r in recs)
-    packing = packing_convert_kwargs(PackingOptions(tokenizer=_tokenizer(tmp), seq_len=31))
+    tok = _tokenizer(tmp)
+    packing = packing_convert_kwargs(PackingOptions(tokenizer=tok, seq_len=31, strategy="concat"))
+    # Buffers of 16 windows: the corpus packs over many, crossing its four inputs.
+    best_fit = packing_convert_kwargs(PackingOptions(tokenizer=tok, seq_len=31,
+                                                     strategy="best-fit", buffer_windows=16))
     return {"jsonl.zst": (tmp / "jsonl", {}), "parquet": (tmp / "parquet", {}),
-            "csv": (tmp / "csv", {}), "packed": (tmp / "jsonl", packing)}
+            "csv": (tmp / "csv", {}), "packed": (tmp / "jsonl", packing),
+            "best-fit": (tmp / "jsonl", best_fit)}
 
 
 def _tokenizer(tmp) -> str:
@@ -127,7 +132,7 @@ def test_a_local_ray_convert_prints_none_of_rays_log_lines(tmp_path):
 
 # -- byte identity ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["jsonl.zst", "parquet", "csv", "packed"])
+@pytest.mark.parametrize("kind", ["jsonl.zst", "parquet", "csv", "packed", "best-fit"])
 def test_ray_with_1_and_3_workers_writes_the_local_bytes(cluster, corpora, local_refs, kind,
                                                          tmp_path):
     src, kw = corpora[kind]

@@ -257,7 +257,8 @@ def test_byte_prefetch_into_the_disk_cache(front, data, s3_bucket, tmp_path) -> 
     from zephon_store.write.packing import PackingOptions, packing_convert_kwargs
 
     kw = packing_convert_kwargs(PackingOptions(
-        tokenizer=os.path.join(os.path.dirname(url), "tokenizer.json"), seq_len=SEQ_LEN))
+        tokenizer=os.path.join(os.path.dirname(url), "tokenizer.json"), seq_len=SEQ_LEN,
+        strategy="concat"))
     convert([raw], remote, storage_options=s3_bucket.storage_options,
             options=WriteOptions(row_group_rows=4, row_group_bytes=None,
                                  target_shard_bytes=16 << 10), **kw)

@@ -631,3 +631,43 @@ def test_audit_dir_is_the_run_logs_folder(packed, tmp_path):
                               checkpoint=SimpleNamespace(enable=True, folder="checkpoint"))
     cfg = with_zephon(trainer, dataset=url, audit_dir=str(audit)).dataloader
     assert (cfg.run_log, cfg.run_log_path()) == ("", log)
+
+
+@needs_torchtitan
+@pytest.mark.parametrize("layout", ["rows", "flat"])
+def test_best_fit_padding_is_never_a_label(tmp_path, layout):
+    """Best-fit windows end in padding (formats/golden/v6/bestfit: 67 padded tokens over 38
+    windows): its labels are the ignore index, every other label is the next real token, and
+    positions restart at every segment (each piece of a document)."""
+    from types import SimpleNamespace
+
+    from zephon_store.integrations.torchtitan import IGNORE_INDEX, with_zephon
+    from zephon_store.read.dataset import open_dataset
+
+    url = os.path.join(ROOT, "formats", "golden", "v6", "bestfit")
+    table = open_dataset(url).take(range(38))
+    windows = np.array(table.column("tokens").to_pylist(), dtype=np.int64)
+    num_tokens = table.column("num_tokens").to_pylist()
+    starts = table.column("doc_starts").to_pylist()
+    trainer = SimpleNamespace(dump_folder=str(tmp_path / "out"),
+                              checkpoint=SimpleNamespace(enable=False, folder="checkpoint"))
+    cfg = with_zephon(trainer, dataset=url, seed=3).dataloader
+    kw = (dict(seq_len=15, local_batch_size=2) if layout == "rows"
+          else dict(max_context_length=15, num_tokens_per_batch=30))
+    dl = cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, **kw)
+    padded, it = 0, iter(dl)
+    for _ in range(19):   # one epoch: 38 windows, 2 a step
+        inputs, labels = next(it)
+        rows = inputs["input"].reshape(-1, 15).tolist()
+        for row, lab, pos in zip(rows, labels.reshape(-1, 15).tolist(),
+                                 inputs["positions"].reshape(-1, 15).tolist()):
+            (k,) = [i for i, w in enumerate(windows.tolist()) if w[:-1] == row]
+            n = num_tokens[k]
+            want = [t if j + 1 < n else IGNORE_INDEX for j, t in enumerate(windows[k, 1:])]
+            assert lab == want
+            assert pos == _expected_positions(starts[k])[:15]
+            padded += 16 - n
+        if layout == "flat":
+            assert inputs.num_valid_tokens == int((labels != IGNORE_INDEX).sum())
+    dl.close()
+    assert padded > 0

@@ -64,7 +64,8 @@ def make_packed_dataset(root: str, *, seq_len: int = 32, windows: int = 400) -> 
     convert([os.path.join(root, "raw")], out,
             options=WriteOptions(row_group_rows=4, row_group_bytes=None,
                                  target_shard_bytes=16 << 10),
-            **packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=seq_len)))
+            **packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=seq_len,
+                                                    strategy="concat")))
     return out
 
 

@@ -4,7 +4,7 @@ Exit codes: 0 ok, 1 findings (verify) or a runtime error, 2 usage error, 141 std
 (``| head``).
 
 >>> main(["info", tiny_dataset, "--json"])
-{"url": "...", "dataset_id": "xxh3:...", "format_version": 5, "num_samples": 100, ...}
+{"url": "...", "dataset_id": "xxh3:...", "format_version": 6, "num_samples": 100, ...}
 0
 """
 
@@ -146,15 +146,7 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                    help="records per parsed batch (default 65536; memory, not output, depends "
                         "on it)")
-    c.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="pack tokens: a local tokenizer.json (needs --seq-len)")
-    c.add_argument("--seq-len", type=int, default=None, metavar="L",
-                   help="pack documents into windows of L+1 tokens")
-    c.add_argument("--text-column", default="text", help="column holding the document text")
-    c.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
-                   help="packing: put the tokenizer's BOS token before each document")
-    c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="packing: put the tokenizer's EOS token after each document")
+    _add_packing_args(c)
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
     c.add_argument("--verbose", "-v", action="store_true",
                    help="--engine ray: show Ray's own log lines and the workers' output "
@@ -165,6 +157,26 @@ def _add_convert_parser(sub) -> None:
     add_storage_options(c)
     c.add_argument("--input-storage-options", type=_json_arg, default=None, metavar="JSON",
                    help="storage options for the inputs (default: --storage-options)")
+
+
+def _add_packing_args(c) -> None:
+    """``zephon convert``'s token-packing options (docs/packing.md)."""
+    c.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="pack tokens: a local tokenizer.json (needs --seq-len)")
+    c.add_argument("--seq-len", type=int, default=None, metavar="L",
+                   help="pack documents into windows of L+1 tokens")
+    c.add_argument("--text-column", default="text", help="column holding the document text")
+    c.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's BOS token before each document")
+    c.add_argument("--eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: put the tokenizer's EOS token after each document")
+    c.add_argument("--packing", choices=["concat", "best-fit"], default=None,
+                   help="packing: best-fit (the default: split only documents longer than a "
+                        "window, pad the rest) or concat (documents back to back, cut every "
+                        "L+1 tokens); docs/packing.md")
+    c.add_argument("--buffer-windows", type=positive_int, default=None, metavar="N",
+                   help="packing best-fit: windows per buffer (default 4096; memory per "
+                        "worker about N*(L+1)*4 bytes)")
 
 
 def _json_arg(text: str) -> dict:
@@ -308,7 +320,11 @@ def cmd_convert(args) -> int:
 
         kwargs = packing_convert_kwargs(build_options(
             PackingOptions, tokenizer=args.tokenizer, seq_len=args.seq_len,
-            text_column=args.text_column, bos=args.bos, eos=args.eos))
+            text_column=args.text_column, bos=args.bos, eos=args.eos,
+            **({"strategy": args.packing} if args.packing else {}),
+            **({"buffer_windows": args.buffer_windows} if args.buffer_windows else {})))
+    elif args.packing or args.buffer_windows:
+        raise UsageError("--packing and --buffer-windows need --tokenizer and --seq-len")
     if args.ray_address is not None and args.engine != "ray":
         raise UsageError("--ray-address needs --engine ray")
     from ..write.engines import make_executor
@@ -408,10 +424,29 @@ def _dataset_info(args) -> int:
             for col, per in codecs.items()))
     if m.packing is not None:
         print(f"packing   {_key_values(m.packing)}")
+        print(f"documents {documents_line(m.packing)}")
     print("schema")
     for f in info["schema"]:
         print(f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' not null'}")
     return 0
+
+
+def documents_line(packing: dict) -> str:
+    """``zephon info``'s summary of what packing did to the documents.
+
+    >>> documents_line({"strategy": "best-fit", "num_documents": 23, "documents_split": 16,
+    ...                 "split_pieces": 39, "num_tokens": 541, "num_windows": 38,
+    ...                 "padded_tokens": 67, "dropped_tail_tokens": 0})
+    '23 (16 split into 39 pieces), 541 tokens in 38 windows; padded 67 tokens, dropped a tail of 0 tokens (best-fit)'
+    """
+    def known(key):
+        return packing.get(key, "?")   # written before packing version 2: not recorded
+
+    return (f"{known('num_documents')} ({known('documents_split')} split into "
+            f"{known('split_pieces')} pieces), {known('num_tokens')} tokens in "
+            f"{known('num_windows')} windows; padded {known('padded_tokens')} tokens, dropped "
+            f"a tail of {known('dropped_tail_tokens')} tokens "
+            f"({packing.get('strategy', 'concat')})")
 
 
 def _count(n: int, noun: str) -> str:

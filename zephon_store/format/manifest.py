@@ -37,16 +37,22 @@ from .._util.arrow import column_np
 from .._util.hashing import DATASET_ID_PREFIX, HEX_RE, xxh3_hex
 from ..errors import ManifestError, StorageError, UnsafePathError, ZephonError
 from .chunks import CHUNK_TABLE_SCHEMA, INDEX_TABLE_SCHEMAS, ROW_GROUPS_PER_CHUNK, ChunkedDetails
+from .documents import DOCUMENT_HASHES_SCHEMA, DOCUMENT_INDEX_SCHEMA, DOCUMENT_INPUTS_SCHEMA
 from .encoding import FIXED_SIZE_BINARY_SPLIT, storage_encodings, storage_schema, to_logical
 
 FORMAT_NAME = "zephon"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # Versions this library reads; it writes FORMAT_VERSION. v1 has no storage encodings; v3
 # adds compression="auto" (a codec per column) and the top-level "codecs" record; v4 the
 # chunked row-group index (formats/SPEC.md 4.1) and zstd-compressed side tables; v5 the
 # byte-plane storage encoding (fixed_size_binary_split, the default) and zstd level 6 for
-# text under "auto" (formats/SPEC.md 3.1, 3.2).
-READ_VERSIONS = (1, 2, 3, 4, 5)
+# text under "auto" (formats/SPEC.md 3.1, 3.2); v6 the document table of packed datasets
+# (formats/SPEC.md 4.2; every other byte as in v5).
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+# The first version that may hold a document table.
+DOCUMENTS_VERSION = 6
+# The side tables of a document table (formats/SPEC.md 4.2): present together or not at all.
+DOCUMENT_TABLES = ("documents", "document_inputs", "document_hashes")
 # The first version whose storage may be fixed_size_binary_split.
 SPLIT_VERSION = 5
 # The first version whose row-group details are chunked.
@@ -106,7 +112,10 @@ TABLE_SCHEMAS = {
 # row-count types) and its chunks besides the kinds above.
 _PARSE_SCHEMAS = {**{k: (v,) for k, v in TABLE_SCHEMAS.items()},
                   "row_group_index": INDEX_TABLE_SCHEMAS,
-                  "row_group_chunk": (CHUNK_TABLE_SCHEMA,)}
+                  "row_group_chunk": (CHUNK_TABLE_SCHEMA,),
+                  "documents": (DOCUMENT_INDEX_SCHEMA,),
+                  "document_inputs": (DOCUMENT_INPUTS_SCHEMA,),
+                  "document_hashes": (DOCUMENT_HASHES_SCHEMA,)}
 
 
 def table_kind(doc: dict, kind: str) -> str:
@@ -238,15 +247,18 @@ class Manifest:
 
     def __init__(self, doc: dict, tables: dict[str, pa.Table], *, url: str = "<memory>",
                  loader=None, read_chunk: Callable[[str], bytes] | None = None,
-                 parallel: bool = False) -> None:
+                 parallel: bool = False,
+                 read_index: Callable[..., bytes] | None = None) -> None:
         """``read_chunk(xxh3) -> bytes``: a v4 row-group chunk's verified file bytes (see
         :class:`~zephon_store.format.chunks.ChunkedDetails`); ``parallel``: fetch several at
-        once (remote data)."""
+        once (remote data); ``read_index(xxh3, what=...) -> bytes``: any other index file's
+        verified bytes (v6 document chunks)."""
         self.doc = doc
         self.url = url
         self._tables = dict(tables)
         self._loader = loader
         self._read_chunk = read_chunk
+        self._read_index = read_index
         self._parallel = parallel
         self.details: ChunkedDetails | None = None
         try:
@@ -327,7 +339,8 @@ class Manifest:
 
     @property
     def tables(self) -> dict[str, pa.Table]:
-        """All side tables; provenance is fetched on first use (readers do not need it)."""
+        """All side tables; provenance is fetched on first use (readers do not need it).
+        The document table's (v6) are not among them: :meth:`side_table` fetches those."""
         for kind in TABLE_SCHEMAS:
             if kind not in self._tables and self._loader is not None:
                 table = self._loader(kind)
@@ -335,6 +348,48 @@ class Manifest:
                     self.check_provenance(table)
                 self._tables[kind] = table
         return self._tables
+
+    @property
+    def has_documents(self) -> bool:
+        """Whether the manifest names a document table (format v6 packed data)."""
+        tables = self.doc.get("tables")
+        return isinstance(tables, dict) and "documents" in tables
+
+    @property
+    def documents_per_chunk(self) -> int | None:
+        """Documents per chunk of the document table (format v6), None without one."""
+        return int(self.doc["documents_per_chunk"]) if self.has_documents else None
+
+    def side_table(self, kind: str) -> pa.Table:
+        """Side table ``kind`` (``documents``, ``document_inputs``, or any of :attr:`tables`),
+        fetched, verified and parsed on first use."""
+        if kind not in self._tables:
+            if self._loader is None:
+                raise ManifestError(f"{self.url}: side table {kind!r} is not available to this "
+                                    "manifest (built in memory without it)")
+            self._tables[kind] = self._loader(kind)
+        return self._tables[kind]
+
+    def read_index_file(self, xxh3: str, what: str) -> bytes:
+        """The verified bytes of ``index/<xxh3>.arrow`` (a document chunk, say), through the
+        node cache for remote data."""
+        if self._read_index is None:
+            raise ManifestError(f"{self.url}: {what} index/{xxh3}.arrow is not available to "
+                                "this manifest (built in memory without it)")
+        return self._read_index(xxh3, what=what)
+
+    def document_chunk_paths(self) -> dict[str, int]:
+        """``{index/<xxh3>.arrow: bytes}`` of every document-table chunk and text-hash
+        bucket (none without a document table)."""
+        if not self.has_documents:
+            return {}
+        out = {}
+        for kind in ("documents", "document_hashes"):
+            t = self.side_table(kind)
+            digests = t.column("xxh3").to_pylist()
+            out.update({f"{INDEX_DIR}/{d.hex()}.arrow": int(b)
+                        for d, b in zip(digests, column_np(t.column("bytes")))})
+        return out
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -479,6 +534,7 @@ class Manifest:
                 raise UnsafePathError(f"{self.url}: tables.{kind}: {exc}") from None
         if self.details is not None:   # named by their 16 digest bytes: always safe
             paths.update(self.details.paths())
+        paths.update(self.document_chunk_paths())
         return paths
 
     def table_sizes(self) -> dict[str, int]:
@@ -488,6 +544,7 @@ class Manifest:
         sizes = {ref["path"]: int(ref["bytes"]) for ref in self.doc["tables"].values()}
         if self.details is not None:
             sizes.update(self.details.paths())
+        sizes.update(self.document_chunk_paths())
         return sizes
 
     def unreferenced(self, listdir: Callable[[str], list[str]]) -> list[str]:
@@ -785,6 +842,24 @@ def check_version(doc: dict, url: str) -> None:
     if version >= CHUNKED_VERSION and "row_groups_per_chunk" not in doc:
         raise ManifestError(f"{url}: format_version {version} manifest lacks "
                             "'row_groups_per_chunk'; the manifest is corrupted, re-convert")
+    tables = doc.get("tables") if isinstance(doc.get("tables"), dict) else {}
+    named = [k for k in DOCUMENT_TABLES if k in tables]
+    if named and version < DOCUMENTS_VERSION:
+        raise ManifestError(f"{url}: a format_version {version} manifest cannot name a "
+                            f"document table (added in version {DOCUMENTS_VERSION}); the "
+                            "manifest is corrupted, re-convert")
+    if named and len(named) != len(DOCUMENT_TABLES):
+        raise ManifestError(f"{url}: the manifest names tables.{named[0]} without "
+                            f"tables.{[k for k in DOCUMENT_TABLES if k not in named][0]}; the "
+                            "manifest is "
+                            "corrupted, re-convert")
+    per_chunk = doc.get("documents_per_chunk")
+    if named and (type(per_chunk) is not int or not 1 <= per_chunk <= MAX_COUNT):
+        raise ManifestError(f"{url}: documents_per_chunk is {per_chunk!r}, not an integer in "
+                            f"[1, {MAX_COUNT}]; the manifest is corrupted, re-convert")
+    if not named and "documents_per_chunk" in doc:
+        raise ManifestError(f"{url}: the manifest has documents_per_chunk but no document "
+                            "table; the manifest is corrupted, re-convert")
 
 
 def require_regular_file(storage, relpath: str, *, error=StorageError) -> None:
@@ -1033,7 +1108,9 @@ def load_manifest(storage, *, check: bool = True, node_cache=None) -> Manifest:
                                           node_cache=node_cache),
                  read_chunk=functools.partial(read_index_file, storage, what="row-group chunk",
                                               url=url, node_cache=node_cache),
-                 parallel=not getattr(storage, "local", False))
+                 parallel=not getattr(storage, "local", False),
+                 read_index=functools.partial(read_index_file, storage, url=url,
+                                              node_cache=node_cache))
     if check:
         m.check()
     return m

@@ -73,8 +73,8 @@ from ..order.order import OrderOptions  # noqa: E402
 from ..order.topology import Topology  # noqa: E402
 from ..read.dataset import Dataset  # noqa: E402
 from ..torch import ZephonLoader  # noqa: E402
-from ..write.packing import DOC_STARTS_COLUMN, TOKENS_COLUMN  # noqa: E402
-from .titan_batches import TitanInputs, flat_batch, rows_batch  # noqa: E402
+from ..write.packing import DOC_STARTS_COLUMN, NUM_TOKENS_COLUMN, TOKENS_COLUMN  # noqa: E402
+from .titan_batches import IGNORE_INDEX, TitanInputs, flat_batch, rows_batch  # noqa: E402
 
 __all__ = ["ZephonDataLoader", "TORCHTITAN_API", "zephon_llama3_debug", "with_zephon",
            "dataset_seq_len"]
@@ -84,8 +84,6 @@ log = logging.getLogger("zephon_store")
 # exported variable reaches every torchrun rank.
 DATASET_ENV = "ZEPHON_DATASET"
 _DEFAULT_ORDER = OrderOptions()
-# TorchTitan's cross-entropy skips labels equal to this (components/loss.py).
-IGNORE_INDEX = -100
 
 
 def dataset_seq_len(dataset: Source | MixtureParts) -> int:
@@ -177,6 +175,13 @@ class ZephonDataLoader(BaseDataLoader):
         positions: bool = True
         """Emit ``positions`` (per-document, from ``doc_starts``) as TorchTitan 0.3.0's loader
         does; Flex/varlen attention needs them."""
+
+        documents: bool = False
+        """Per-document attention data from zephon's one implementation
+        (``BatchOptions(documents=True)``, docs/packing.md): ``positions`` restart at every
+        document and at every blank (padding, taken-down) segment, whose labels are -100;
+        the input dict carries ``cu_seqlens`` and ``max_seqlen`` as attributes. Needs a
+        dataset packed with ``doc_starts``."""
 
         audit_dir: str = ""
         """A folder for the run log: set, and ``run_log`` left "", the run log is
@@ -276,13 +281,15 @@ class ZephonDataLoader(BaseDataLoader):
         columns = [TOKENS_COLUMN]
         if config.positions and all(DOC_STARTS_COLUMN in d.schema.names for d in self._datasets):
             columns.append(DOC_STARTS_COLUMN)
+        columns += _padding_column(self._datasets)
         # Config.seed's default 0 means "not given": a mixture file's seed then applies, by
         # the source's own seed rule (the loader's); another seed is refused.
         order = config.order_options().replace(seed=seed_of(opened, config.seed or None))
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
             opened, topology=Topology(rows * dp_world_size, dp_world_size, dp_rank),
-            order=order, batch=BatchOptions(columns=tuple(columns), collate=as_numpy),
+            order=order, batch=BatchOptions(columns=tuple(columns), collate=as_numpy,
+                                            documents=config.documents),
             workers=WorkerOptions(num_workers=config.num_workers, prefetch=config.prefetch),
             stop=StopOptions(epochs=None if config.infinite else 1), run_log=self._run_log(),
             deny_list=config.deny_list or None)
@@ -347,11 +354,14 @@ class ZephonDataLoader(BaseDataLoader):
     def _batches(self) -> Iterator[tuple[dict, Any]]:
         shape = rows_batch if self.layout == "rows" else flat_batch
         positions = self.config.positions
+        # A deny list naming documents turns the document fields on (the loader's rule).
+        documents = self._loader.batch_options.documents
         for batch in self._loader:
             inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
-                                   positions=positions)
+                                   positions=positions, num_tokens=batch.get(NUM_TOKENS_COLUMN),
+                                   documents=batch if documents else None)
             masked = batch.get(MASK_KEY)
-            if masked is not None and masked.any():
+            if not documents and masked is not None and masked.any():
                 inputs, labels = _ignore_rows(inputs, labels, masked)
             yield inputs, labels
 
@@ -392,6 +402,19 @@ def _global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
+
+
+def _padding_column(datasets) -> list[str]:
+    """``[num_tokens]`` when the data is best-fit packed (its padding is then never a label),
+    ``[]`` when no source is; a mixture of both kinds is refused."""
+    padded = [NUM_TOKENS_COLUMN in d.schema.names for d in datasets]
+    if all(padded):
+        return [NUM_TOKENS_COLUMN]
+    if any(padded):
+        raise ValueError("the mixture mixes best-fit packed sources (with padding, a "
+                         "num_tokens column) and concatenated ones; convert every source with "
+                         "the same --packing")
+    return []
 
 
 def _ignore_rows(inputs, labels, masked):

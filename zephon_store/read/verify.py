@@ -8,7 +8,8 @@ manifest records (the storage schema: the logical ``schema`` with the manifest's
 ``storage`` encodings applied); with ``deep``, every row group decodes and converts to the
 logical schema. A damaged format-v4 row-group chunk is a finding that stops nothing: every
 shard is still checked, its row groups in that chunk by the shard's own hash and footer only
-(a warning names them).
+(a warning names them). A format-v6 document table is checked like the row-group index
+(:mod:`.verify_documents`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..format.manifest import (
     check_table_path,
     compute_dataset_id,
     is_dataset_file_name,
+    load_side_table,
     missing_manifest_message,
     parse_manifest_json,
     read_index_file,
@@ -44,6 +46,7 @@ from ..format.manifest import (
 )
 from ..io.storage import Storage
 from .verify_codecs import auto_codec_problems, named_codec_problem, shard_codecs
+from .verify_documents import check_documents
 
 
 @dataclass
@@ -115,7 +118,9 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     try:
         m = Manifest(doc, tables, url=murl, parallel=not st.local,
                      read_chunk=functools.partial(read_index_file, st, what="row-group chunk",
-                                                  url=murl))
+                                                  url=murl),
+                     loader=functools.partial(load_side_table, st, doc, url=murl),
+                     read_index=functools.partial(read_index_file, st, url=murl))
     except (ZephonError, KeyError, ValueError, pa.ArrowException) as exc:
         add(Finding(None, "manifest", f"{murl}: {exc}"))
         return report
@@ -149,6 +154,7 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
             report.shards_checked += 1
             per_shard.append(codecs)
     _check_auto_codecs(m, per_shard, murl, add)
+    check_documents(m, lambda kind, message: add(Finding(None, kind, message)))
     _check_orphans(st, m, add)
     return report
 

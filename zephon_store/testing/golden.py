@@ -29,6 +29,8 @@ from ..format.manifest import FORMAT_VERSION
 from ..ingest import InputOptions
 from ..read.dataset import open_dataset
 from ..write.convert import convert
+from ..write.packing import PackingOptions, packing_convert_kwargs
+from ..write.rerun import RECORD_NAME
 from ..write.shardwriter import WriteOptions
 
 # The checkout this module lives in (zephon_store/testing/golden.py -> the repository root).
@@ -126,6 +128,50 @@ def _windows_inputs(d: str) -> list[str]:
     return [path]
 
 
+# v6: packed token windows with their document table (formats/SPEC.md 4.2). The tokenizer is
+# a word-level one written here as JSON text, so its bytes (and the xxh3 the manifest records)
+# never depend on the tokenizers library's version.
+_WORDS = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(29)]
+_SPECIAL = ('{"id":%d,"content":"%s","single_word":false,"lstrip":false,"rstrip":false,'
+            '"normalized":false,"special":true}')
+
+
+def golden_tokenizer(d: str) -> str:
+    """Write the golden word-level ``tokenizer.json`` (``w0``..``w28``, ``<s>``, ``</s>``) into
+    ``d``; return its path."""
+    vocab = ",".join(f'"{w}":{i}' for i, w in enumerate(_WORDS))
+    text = ('{"version":"1.0","truncation":null,"padding":null,"added_tokens":['
+            + _SPECIAL % (1, "<s>") + "," + _SPECIAL % (2, "</s>") + '],"normalizer":null,'
+            '"pre_tokenizer":{"type":"WhitespaceSplit"},"post_processor":null,"decoder":null,'
+            '"model":{"type":"WordLevel","vocab":{' + vocab + '},"unk_token":"[UNK]"}}')
+    path = os.path.join(d, "tokenizer.json")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _packed_inputs(d: str) -> list[str]:
+    # Documents of 0 to 40 words (a window holds 16 tokens: some are split, one is empty),
+    # over two inputs so spans and best-fit buffers cross an input border.
+    x = 7
+    for name, n in (("p0.jsonl", 14), ("p1.jsonl", 9)):
+        with open(os.path.join(d, name), "w") as f:
+            for _ in range(n):
+                x = (x * 1103515245 + 12345) % 2**31
+                words = [f"w{(x >> k) % 29}" for k in range(x % 41)]
+                f.write(json.dumps({"text": " ".join(words)}) + "\n")
+    golden_tokenizer(d)
+    return [os.path.join(d, "p*.jsonl")]
+
+
+def _packing(strategy: str):
+    """The packing of a golden packed dataset, given the folder its inputs were written to."""
+    def options(d: str) -> PackingOptions:
+        return PackingOptions(tokenizer=os.path.join(d, "tokenizer.json"), seq_len=15,
+                              strategy=strategy, buffer_windows=4)
+    return options
+
+
 # The first three were written before use_dictionary="auto" became the default; they pin
 # use_dictionary=True so their bytes stay what they were. All four were written before
 # compression="auto" and pin zstd (level 3). "auto" has the defaults.
@@ -146,7 +192,21 @@ DATASETS = {
     # From v5: the default options on token windows.
     "windows": (_windows_inputs, WriteOptions(target_shard_bytes=24_000, row_group_rows=8),
                 InputOptions()),
+    # From v6: packed windows and their document table, both strategies.
+    "packed": (_packed_inputs, WriteOptions(target_shard_bytes=1500, row_group_rows=8),
+               InputOptions()),
+    "bestfit": (_packed_inputs, WriteOptions(target_shard_bytes=1500, row_group_rows=8),
+                InputOptions()),
 }
+# The packing of the packed datasets (a function of the folder their inputs are in).
+PACKING = {"packed": _packing("concat"), "bestfit": _packing("best-fit")}
+
+
+def golden_convert_kwargs(name: str, inputs_dir: str) -> dict:
+    """The packing keyword arguments of golden dataset ``name`` (none for unpacked data)."""
+    if name not in PACKING:
+        return {}
+    return packing_convert_kwargs(PACKING[name](inputs_dir))
 
 
 def _jsonable(rec):
@@ -162,7 +222,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             inputs = make_inputs(tmp)
             out = os.path.join(out_root, name)
-            res = convert(inputs, out, options=wopts, input_options=iopts)
+            res = convert(inputs, out, options=wopts, input_options=iopts,
+                          **golden_convert_kwargs(name, tmp))
+        # The rerun record names this run's temporary inputs: no part of the dataset.
+        os.remove(os.path.join(out, RECORD_NAME))
         ds = open_dataset(out)
         expected["datasets"][name] = {
             "dataset_id": res.dataset_id, "num_samples": res.num_samples,

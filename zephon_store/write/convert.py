@@ -42,6 +42,7 @@ from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
 from ..ingest import InputFile, InputOptions, InputStats, expand_inputs, read_input, unify_schemas
 from ..ingest.schema import conform_batch
 from ..io.storage import Storage
+from .documents import DOCUMENT_PARTS
 from .engines import make_executor
 from .executors import Executor, LocalExecutor
 from .layout import Cutter, ShardCut
@@ -90,7 +91,8 @@ ParseFn = Callable[[InputFile, InputOptions, "dict | None", InputStats], Iterabl
 
 # A restream pass re-stages the parsed inputs as a whole (token packing cuts windows across
 # them): ``restream(files, staged, area, executor) -> (staged, schema, found)``, where
-# ``found`` completes entries of ``extra_manifest`` (see :func:`_with_found`).
+# ``found`` completes entries of ``extra_manifest`` (see :func:`_with_found`), except its
+# DOCUMENT_PARTS: the staged parts of a document table, written at publish.
 Restream = Callable[[list[InputFile], "list[StagedInput]", StagingArea, Executor],
                     "tuple[list[StagedInput], pa.Schema, dict]"]
 
@@ -204,9 +206,11 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
                 files, out, area, options, input_options, in_so, parse_fn, executor,
                 progress, restream, stages)
             t1 = time.perf_counter()
+            documents = found.pop(DOCUMENT_PARTS, None)
             result = _on_disk(area.root, lambda: publish_manifest(
                 out, files, metas, cuts, infos, schema, options, input_options,
-                _with_found(extra_manifest, found), overwrite=overwrite, lock=lock))
+                _with_found(extra_manifest, found), overwrite=overwrite, lock=lock,
+                documents=None if documents is None else (documents, area)))
             record_job(out, result.dataset_id, fingerprint)
             stages["publish"] = time.perf_counter() - t1
         except BaseException:

@@ -167,10 +167,12 @@ def check_output(out: Storage, files, options, *, overwrite: bool) -> None:
 
 
 def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, input_options,
-                      extra, *, overwrite: bool = False, lock=None) -> Manifest:
+                      extra, *, overwrite: bool = False, lock=None,
+                      documents=None) -> Manifest:
     """Write the side tables, then ``manifest.json`` (after :func:`check_referenced` and
     ``lock.check()``, a :class:`~zephon_store.write.lock.HeldLock`), then remove what only a
-    replaced manifest referenced."""
+    replaced manifest referenced. ``documents``: ``(DocumentParts, StagingArea)`` of a
+    packed dataset, whose document table is written first (its chunks straight to ``out``)."""
     sh_cols, rg_cols, row_start, rg_index = _index_columns(cuts, infos)
     root = _common_root([f.url for f in files])
     prov = _provenance(files, metas, cuts, root)
@@ -180,6 +182,10 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
         "row_groups": index,
         "provenance": prov,
     }
+    if documents is not None:
+        parts, area = documents
+        tables.update(parts.write(area, out, [_relative(f.url, root) for f in files],
+                                  per_chunk=int(extra["documents_per_chunk"])))
     refs, blobs = _encode_tables(tables)
     blobs.update(chunk_blobs)
     doc = Manifest.build_doc(
@@ -198,7 +204,9 @@ def publish_manifest(out: Storage, files, metas, cuts, infos, schema, options, i
         row_groups_per_chunk=ROW_GROUPS_PER_CHUNK,
     )
     m = Manifest(doc, tables, url=out.url(MANIFEST_NAME),
-                 read_chunk=lambda h: blobs[f"{INDEX_DIR}/{h}.arrow"][0])
+                 read_chunk=lambda h: blobs[f"{INDEX_DIR}/{h}.arrow"][0],
+                 read_index=lambda h, what: out.read_file(f"{INDEX_DIR}/{h}.arrow",
+                                                          expected_xxh3=h, what=what))
     m.check()
     m.check_row_group_details()
     old = _previous(out)

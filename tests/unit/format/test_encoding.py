@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.helpers import reseal
 from zephon_store import ManifestError, convert, open_dataset
 from zephon_store.errors import InputError, ZephonError
+from zephon_store.format.manifest import FORMAT_VERSION
 from zephon_store.format import encoding as enc_mod
 from zephon_store.format.encoding import (
     FIXED_SIZE_BINARY_LE,
@@ -258,7 +259,7 @@ def test_dataset_round_trip_and_cuts_match_the_list_layout(tmp_path):
         assert verify(str(path), deep=True).ok
     for path, mode in ((split, "split"), (binary, "binary")):
         doc = json.loads((path / "manifest.json").read_text())
-        assert doc["format_version"] == 5 and doc["writer"]["fixed_size_lists"] == mode
+        assert doc["format_version"] == FORMAT_VERSION and doc["writer"]["fixed_size_lists"] == mode
     # The default layout without a codec: back to back, in the manifest and in the shards.
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw-binary").mkdir()
@@ -304,8 +305,9 @@ def test_manifest_rejects_inconsistent_storage(tmp_path):
     reseal(ds, lambda doc: (doc.pop("storage"), doc.update(format_version=2)))
     with pytest.raises(ManifestError, match="lacks its 'storage'"):
         open_dataset(str(ds))
-    reseal(ds, lambda doc: doc.update(format_version=6, storage={}))
-    with pytest.raises(ManifestError, match="format_version 6 is not supported.*reads 1, 2, 3, 4, 5"):
+    reseal(ds, lambda doc: doc.update(format_version=7, storage={}))
+    with pytest.raises(ManifestError,
+                       match="format_version 7 is not supported.*reads 1, 2, 3, 4, 5, 6"):
         open_dataset(str(ds))
 
 

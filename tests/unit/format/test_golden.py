@@ -107,7 +107,7 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path, monkeyp
     if exp["pyarrow"] != pa.__version__:
         pytest.skip(f"goldens written by pyarrow {exp['pyarrow']}, running {pa.__version__}")
     from zephon_store import convert
-    from zephon_store.testing.golden import DATASETS
+    from zephon_store.testing.golden import DATASETS, golden_convert_kwargs
 
     make_inputs, wopts, iopts = DATASETS[name]
     if version != f"v{FORMAT_VERSION}":
@@ -118,7 +118,7 @@ def test_current_writer_reproduces_golden_bytes(version, name, tmp_path, monkeyp
     src = tmp_path / "src"
     src.mkdir()
     res = convert(make_inputs(str(src)), str(tmp_path / "out"), options=wopts,
-                  input_options=iopts)
+                  input_options=iopts, **golden_convert_kwargs(name, str(src)))
     if version == f"v{FORMAT_VERSION}":
         assert res.dataset_id == exp["datasets"][name]["dataset_id"]
     else:
@@ -171,3 +171,29 @@ def test_v4_goldens_keep_the_v3_shards():
         for rg in range(new.num_row_groups):
             assert (int(new.rg_offset[rg]), int(new.rg_length[rg]), new.rg_xxh3(rg)) == (
                 int(old.rg_offset[rg]), int(old.rg_length[rg]), old.rg_xxh3(rg))
+
+
+def test_v6_goldens_keep_the_v5_shards_and_only_packed_data_has_a_document_table():
+    """Format v6 added the document table only: every v6 golden's shard files are its v5
+    twin's; the packed ones name a document table that reads and rebuilds every document."""
+    from zephon_store.read.documents import open_documents
+
+    v5 = {name for version, name in CASES if version == "v5"}
+    for version, name in CASES:
+        if version != "v6":
+            continue
+        new = open_dataset(str(GOLDEN / "v6" / name)).manifest
+        assert new.format_version == 6 and new.has_documents == (name in ("packed", "bestfit"))
+        if name in v5:
+            old = open_dataset(str(GOLDEN / "v5" / name)).manifest
+            assert ([new.shard_name(i) for i in range(new.num_shards)]
+                    == [old.shard_name(i) for i in range(old.num_shards)])
+    for name in ("packed", "bestfit"):
+        ds = open_dataset(str(GOLDEN / "v6" / name))
+        docs = open_documents(ds)
+        windows = ds.take(range(ds.num_samples)).column("tokens").to_pylist()
+        assert docs.num_documents == 23 and docs.inputs == ["p0.jsonl", "p1.jsonl"]
+        for d in range(docs.num_documents):
+            doc = docs.document(d)
+            got = [t for s in doc.spans for t in windows[s.window][s.offset:s.offset + s.length]]
+            assert got[:1] in ([], [1]) and (len(got) == doc.num_tokens or name == "packed")

@@ -96,6 +96,7 @@ def _expected_stream(tok_path: str, docs: list[str], bos=True, eos=True):
 
 def _convert(corpus, out, *, workers=1, seq_len=SEQ_LEN, **opts):
     tok_path, src, _ = corpus
+    opts.setdefault("strategy", "concat")   # these tests check the concatenated stream
     kw = packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=seq_len, **opts))
     return convert([str(src)], str(out), options=SMALL, workers=workers, **kw)
 
@@ -158,27 +159,21 @@ def test_byte_identical_for_any_worker_count(corpus, packed, tmp_path):
 
 
 def test_resume_reuses_staged_windows(corpus, packed, tmp_path, monkeypatch):
+    from tests.helpers import CrashOnSecond
+
     url, _ = packed
-    real = packing._pack_file
-    calls: list[int] = []
-
-    def counting(task):
-        calls.append(task[0])
-        if crash and len(calls) == 2:
-            raise KeyboardInterrupt("simulated crash")
-        return real(task)
-
-    monkeypatch.setattr(packing, "_pack_file", counting)
-    crash = False
+    task = CrashOnSecond(packing._pack_file)
+    calls = task.calls
+    monkeypatch.setattr(packing, "_pack_file", task)
     _convert(corpus, tmp_path / "clean")
     every = list(calls)
     assert len(every) >= 3
     calls.clear()
-    crash = True
+    task.crash = True
     with pytest.raises(KeyboardInterrupt):
         _convert(corpus, tmp_path / "ds")
     calls.clear()
-    crash = False
+    task.crash = False
     _convert(corpus, tmp_path / "ds")
     # The input staged before the crash is reused; the crashed one is redone. (Inputs after
     # it may have been staged by the converter's second thread before the crash surfaced.)
@@ -203,7 +198,7 @@ def test_cli_convert_with_packing(corpus, packed, tmp_path, capsys):
     url, _ = packed
     out = tmp_path / "cli"
     rc = main(["convert", str(src), "--output", str(out), "--tokenizer", tok_path,
-               "--seq-len", str(SEQ_LEN), "--target-shard-size", "24KiB",
+               "--seq-len", str(SEQ_LEN), "--packing", "concat", "--target-shard-size", "24KiB",
                "--row-group-size", "4KiB", "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
@@ -308,7 +303,8 @@ def test_null_text_raises_or_is_skipped(corpus, tmp_path):
 def test_packing_totals_are_returned_not_written_in_place(corpus, packed, tmp_path):
     tok_path, src, docs = corpus
     url, res = packed
-    kw = packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=SEQ_LEN))
+    kw = packing_convert_kwargs(PackingOptions(tokenizer=tok_path, seq_len=SEQ_LEN,
+                                               strategy="concat"))
     before = json.loads(json.dumps(kw["extra_manifest"]))
     first = convert([str(src)], str(tmp_path / "a"), options=SMALL, **kw)
     second = convert([str(src)], str(tmp_path / "b"), options=SMALL, **kw)   # the same kwargs
