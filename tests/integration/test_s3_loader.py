@@ -116,7 +116,7 @@ def test_stream_equals_local_and_second_epoch_fetches_nothing(corpus, remote, tm
 
 
 @pytest.mark.parametrize("fault", ["reset", "http503", "truncate", "blackhole", "latency",
-                                   "down"])
+                                   "down", "corrupt"])
 def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_path, fault):
     url, bucket, _ = remote
     steps = 12
@@ -128,7 +128,9 @@ def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_pat
         # inject after the manifest is loaded, while row groups stream
         {"reset": lambda: proxy.reset_next(3), "http503": lambda: proxy.http503_next(3),
          "truncate": lambda: proxy.truncate_next(2, 200), "blackhole": lambda: proxy.blackhole_next(1),
-         "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0)}[fault]()
+         "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0),
+         # issue 44: ten damaged shard responses in a row are ridden out like 503s
+         "corrupt": lambda: proxy.corrupt_next(10, path=".parquet")}[fault]()
         got = _stream(ds, steps)[:2]
         assert got == want
         assert ds.row_groups.range_fetcher().ranges >= 1   # through coalesced ranges
@@ -183,9 +185,13 @@ def test_checksum_errors_on_manifest_and_side_tables_are_retried(corpus, remote,
         assert _stream(ds, 4)[:2] == want
 
 
+# A stored corrupt object stays corrupt on every re-fetch: reported when the deadline ends.
+SHORT = RetryPolicy(base_delay=0.05, max_delay=0.2, deadline=1.0)
+
+
 def test_corrupt_object_is_reported_never_returned(corpus, remote, tmp_path):
     url, bucket, _ = remote
-    ds = _open(url, bucket.storage_options, tmp_path)
+    ds = _open(url, bucket.storage_options, tmp_path, retry=SHORT)
     fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True)
     m = ds.manifest
     rg = 0
@@ -288,7 +294,7 @@ def test_loader_coalesce_option_reaches_the_prefetcher(corpus, remote, tmp_path)
 
 def test_a_flipped_byte_in_a_coalesced_range_names_shard_and_row_group(corpus, remote, tmp_path):
     url, bucket, _ = remote
-    ds = _open(url, bucket.storage_options, tmp_path)
+    ds = _open(url, bucket.storage_options, tmp_path, retry=SHORT)
     m = ds.manifest
     shard = int(m.rg_shard[0])
     rg = int(np.flatnonzero(m.rg_shard == shard)[2])   # inside the shard's first range

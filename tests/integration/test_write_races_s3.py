@@ -172,12 +172,13 @@ def lock_write_gate(monkeypatch):
 RACE: dict = {}
 
 
-@pytest.fixture(params=["s3", "local"])
+@pytest.fixture(params=["s3", "gcs", "az", "local"])
 def where(request, tmp_path):
-    """(base URL, storage options) of the output: a fresh S3 bucket, or a local folder (the
-    same rules hold for the flock of a local output)."""
-    if request.param == "s3":
-        bucket = request.getfixturevalue("s3_bucket")
+    """(base URL, storage options) of the output: a fresh S3 or GCS bucket (generation
+    preconditions instead of ETags) or Azure container, or a local folder (the same rules hold for the flock of
+    a local output)."""
+    if request.param in ("s3", "gcs", "az"):
+        bucket = request.getfixturevalue(f"{request.param}_bucket")
         return bucket.url, bucket.storage_options
     return str(tmp_path / "out"), None
 
