@@ -89,11 +89,13 @@ def test_convert_verify_info_get_on_s3(corpus, remote, capsys):
     assert main(["get", url, "3", "700", "--json", "--storage-options", so]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows == local.take([3, 700]).to_pylist()
-    # one PUT per shard and per side table, manifest last: nothing else in the bucket
+    # one PUT per shard and per side table, the manifest, and the rerun record
+    # (.zephon-convert.json, formats/SPEC.md 1): nothing else in the bucket
     fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True)
     names = sorted(p.split("/ds/")[1] for p in fs.find(f"{bucket.name}/ds"))
-    assert names[-1] == "manifest.json" or "manifest.json" in names
-    assert all(n == "manifest.json" or n.startswith(("shards/", "index/")) for n in names)
+    assert "manifest.json" in names and ".zephon-convert.json" in names
+    assert all(n in ("manifest.json", ".zephon-convert.json") or n.startswith(("shards/", "index/"))
+               for n in names)
 
 
 def test_stream_equals_local_and_second_epoch_fetches_nothing(corpus, remote, tmp_path):
