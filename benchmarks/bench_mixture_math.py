@@ -18,13 +18,12 @@ is the median of ``--runs`` repetitions in this process, after a warm-up call.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import numpy as np
 
 from zephon_store.order.mixture import MixtureSchedule
+
+from .harness import median_seconds, print_results
 
 
 def _schedules(k: int) -> tuple[MixtureSchedule, MixtureSchedule]:
@@ -37,32 +36,22 @@ def _schedules(k: int) -> tuple[MixtureSchedule, MixtureSchedule]:
             MixtureSchedule([(0, w1)], normalize=True))
 
 
-def _median_seconds(fn, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure(k: int, runs: int) -> dict:
     s, one = _schedules(k)
     bulk = np.arange(1 << 20, dtype=np.int64)
     batch = np.arange(1024, dtype=np.int64)
     far = batch + 10**12
     out: dict = {"sources": k, "bound": float(s.bound)}
-    out["locate_bulk_pos_per_s"] = len(bulk) / _median_seconds(lambda: s.locate(bulk), runs)
-    t_batch = _median_seconds(lambda: one.locate(batch), runs * 20)
+    out["locate_bulk_pos_per_s"] = len(bulk) / median_seconds(lambda: s.locate(bulk), runs)
+    t_batch = median_seconds(lambda: one.locate(batch), runs * 20)
     out["locate_batch1024_us_at_0"] = t_batch * 1e6
     out["locate_batch1024_pos_per_s"] = len(batch) / t_batch
-    out["locate_batch1024_us_at_1e12"] = _median_seconds(lambda: one.locate(far), runs * 20) * 1e6
-    out["consumed_us_at_0"] = _median_seconds(lambda: one.consumed(0), runs * 20) * 1e6
-    out["consumed_us_at_1e12"] = _median_seconds(lambda: one.consumed(10**12), runs * 20) * 1e6
+    out["locate_batch1024_us_at_1e12"] = median_seconds(lambda: one.locate(far), runs * 20) * 1e6
+    out["consumed_us_at_0"] = median_seconds(lambda: one.consumed(0), runs * 20) * 1e6
+    out["consumed_us_at_1e12"] = median_seconds(lambda: one.consumed(10**12), runs * 20) * 1e6
     src, idx = s.locate(bulk)
     sel = idx[src == 0]
-    out["position_of_pos_per_s"] = len(sel) / _median_seconds(lambda: s.position_of(0, sel), runs)
+    out["position_of_pos_per_s"] = len(sel) / median_seconds(lambda: s.position_of(0, sel), runs)
     return out
 
 
@@ -71,13 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    results = [measure(k, args.runs) for k in (3, 64)]
-    if args.json:
-        print(json.dumps({"mixture_math": results}, indent=1))
-    else:
-        for r in results:
-            print(", ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
-                            for key, val in r.items()))
+    print_results("mixture_math", [measure(k, args.runs) for k in (3, 64)], args.json)
     return 0
 
 

@@ -51,3 +51,29 @@ def run_child(module: str, *args: str, pkg: str | None = None, env: dict | None 
         raise RuntimeError(f"{module} {' '.join(args)} failed ({out.returncode}):\n"
                            f"{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_seconds(fn, runs: int) -> float:
+    """The median wall time of ``runs`` calls of ``fn``, after one warm-up call."""
+    import statistics
+    import time
+
+    fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def print_results(name: str, results: list[dict], as_json: bool) -> None:
+    """A suite's results: ``{name: results}`` as JSON, or one ``key=value`` line each."""
+    import json
+
+    if as_json:
+        print(json.dumps({name: results}, indent=1))
+        return
+    for r in results:
+        print(", ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                        for key, val in r.items()))

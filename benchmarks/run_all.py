@@ -121,6 +121,7 @@ def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
                                           ["--kind", "tokens", "--mb", "60", "--runs", "1",
                                            "--resume-reps", "2", "--epochs", "1"])),
         "mixture_math": ("bench_mixture_math", ["--runs", pick(["7"], ["2"])[0]]),
+        "documents": ("bench_documents", ["--runs", pick(["9"], ["2"])[0]]),
         "decoded_cache": ("bench_decoded_cache", pick(["--runs", "5"],
                                                       ["--runs", "1", "--kinds", "tokens"])),
         "grain_source": ("bench_grain_source", pick(["--mb", "60", "--runs", "5"],

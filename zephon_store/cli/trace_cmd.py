@@ -58,16 +58,32 @@ def add_trace_parsers(sub) -> None:
                    "(a sample the segment's deny list masked is not read: 'denied')")
     t.add_argument("--show-denied", action="store_true",
                    help="with --show, print denied records too (e.g. to review a takedown)")
+    t.add_argument("--documents", action="store_true",
+                   help="add each window's documents (input, record, offset, length) from the "
+                        "dataset's document table (packed data, format v6)")
     _common_args(t, order=True)
 
     w = sub.add_parser("where", help="when each sample id is read: its position per epoch, "
                        "and with a run log the step and rank that consumed it")
     w.add_argument("dataset", metavar="DATASET")
-    w.add_argument("seqs", nargs="+", metavar="SEQ",
+    w.add_argument("seqs", nargs="*", metavar="SEQ",
                    help="sample ids; for a mixture SOURCE:ID (a source name or index)")
+    w.add_argument("--document", action="append", default=[], metavar="INPUT:RECORD",
+                   help="a document of a packed dataset (its input as 'zephon info' lists it, "
+                        "its 0-based record; or xxh3:<hash of its text>): every step, rank "
+                        "and window that read a piece of it; repeatable")
+    w.add_argument("--xxh3", action="append", default=[], metavar="HASH",
+                   help="a document by the xxh3-128 of its text (as --document xxh3:HASH)")
+    w.add_argument("--source", default=None, metavar="NAME",
+                   help="with --document on a mixture: the source the document is in")
+    w.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="I",
+                   help="with --document: checkpoints every I steps; names the last one "
+                        "that never trained on the document")
     w.add_argument("--epochs", type=positive_int, default=1, metavar="E",
                    help="epochs 0..E-1 (default 1)")
     w.add_argument("--log", default=None, metavar="RUNLOG")
+    w.add_argument("--world-size", type=positive_int, default=1, metavar="W",
+                   help="with --document, without --log: the planned run's ranks (default 1)")
     _end_step_arg(w, "with --log: the step the run reached (default: the last segment is "
                      "open-ended)")
     _common_args(w, order=True)
@@ -79,6 +95,12 @@ def add_trace_parsers(sub) -> None:
     _end_step_arg(a, "the step the run reached (the log records where segments start, not "
                      "where the last one stopped; default: audit up to the last segment's "
                      "first step)")
+    summary = {"--summary": "the consumption report (Markdown; JSON with --json): samples, "
+                              "tokens, documents and epochs per group, from the audit's count",
+               "--by": "with --summary: group by source, input and/or columns the conversion "
+                       "kept (url: by domain); default source,input"}
+    a.add_argument("--summary", action="store_true", help=summary["--summary"])
+    a.add_argument("--by", type=_columns, default=None, metavar="DIM,...", help=summary["--by"])
     _common_args(a, order=False)
 
 
@@ -145,6 +167,8 @@ def _context(args):
 
 
 def cmd_trace(args) -> int:
+    from ..runs.document_reads import trace_documents
+
     if (args.step is None) == (args.steps is None):
         raise UsageError("pass --step S or --steps A:B")
     ctx = _context(args)
@@ -183,6 +207,9 @@ def cmd_trace(args) -> int:
         for entry in d["ranks"]:
             if args.provenance:
                 entry["provenance"] = ctx.origin(entry["ids"], entry.get("sources"))
+            if args.documents:
+                with _answers(args.log):
+                    entry["documents"] = trace_documents(ctx, entry["ids"], entry.get("sources"))
             if args.show:
                 # A takedown's bytes stay unread unless asked for (--show-denied).
                 entry["records"] = ctx.records(
@@ -208,6 +235,10 @@ def cmd_trace(args) -> int:
                 print(f"    masked: [{', '.join(s for s, m in zip(shown, entry['masked']) if m)}]")
             for i, prov in enumerate(entry.get("provenance", [])):
                 print(f"    [{shown[i]}] {prov['input']} record {prov['record']}")
+            for i, pieces in enumerate(entry.get("documents", [])):
+                print(f"    [{shown[i]}] " + ", ".join(
+                    f"{p['input']}:{p['record']} [{p['offset']}, {p['offset'] + p['length']})"
+                    for p in pieces))
             for i, rec in enumerate(entry.get("records", [])):
                 print(f"    [{shown[i]}] " + (
                     dumps(rec) if rec is not None else
@@ -217,6 +248,13 @@ def cmd_trace(args) -> int:
 
 def cmd_where(args) -> int:
     ctx = _context(args)
+    refs = args.document + [f"xxh3:{h.removeprefix('xxh3:')}" for h in args.xxh3]
+    if refs and args.seqs:
+        raise UsageError("pass sample ids or --document/--xxh3, not both")
+    if not refs and not args.seqs:
+        raise UsageError("pass sample ids (SEQ...) or --document INPUT:RECORD")
+    if refs:
+        return _where_documents(ctx, args, refs)
     wanted = _parse_seqs(ctx, args.seqs)
     with _answers(None):
         ctx.base_order()   # built (and refused) before the clock starts
@@ -246,6 +284,61 @@ def cmd_where(args) -> int:
             line += "; not consumed by the logged steps"
         print(line)
     return 0
+
+
+def _where_documents(ctx, args, refs: list[str]) -> int:
+    """``zephon where --document``: every read of each document (runs/document_reads.py)."""
+    from ..runs.document_reads import where_documents
+
+    segments = None
+    if ctx.segments is None and args.global_batch is not None:
+        with _answers(None):
+            segments = [ctx.planned_segment(global_batch=args.global_batch,
+                                            world_size=args.world_size)]
+    with _answers(args.log):
+        source = ctx.source_index(args.source) if args.source is not None else None
+        found = where_documents(ctx, refs, source=source, epochs=range(args.epochs),
+                                end_step=args.end_step, segments=segments,
+                                checkpoint_every=args.checkpoint_every)
+    if args.json:
+        emit({"dataset_id": ctx.dataset_id, "documents": found})
+        return 0
+    for d in found:
+        print(f"document {d['input']}:{d['record']} (xxh3:{d['xxh3']}, {d['num_tokens']} "
+              f"tokens, {len(d['spans'])} span(s) in windows "
+              f"{_ranges(sorted({s['window'] for s in d['spans']}))})")
+        for r in d["reads"]:
+            how = ("planned" if segments else f"log line {r['line']}"
+                   + ("" if r["reached"] else ", if the run got that far"))
+            print(f"  step {r['step']} {_reader(r)}: window {r['window']} (epoch {r['epoch']}, "
+                  f"position {r['position']}, {how})"
+                  + (", masked: its tokens never reached the model" if r["masked"] else ""))
+        if ctx.segments is None and not segments:
+            print("  positions (pass --log, or --global-batch for a planned run, for steps): "
+                  + ", ".join(f"window {p['window']} epoch {p['epoch']} at {p['position']}"
+                              for p in d["positions"]))
+            continue
+        clean = d["clean_checkpoint"]
+        if clean is None:
+            print("  never trained on: no checkpoint of these steps included it")
+            continue
+        print(f"  first trained on at step {d['first_step']}: a checkpoint saved after at most "
+              f"{clean['max_step']} steps never included it"
+              + (f"; with one every {clean['every']} steps, the last such is step "
+                 f"{clean['step']}" if "step" in clean else ""))
+    return 0
+
+
+def _ranges(values: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5, 9``."""
+    out, start = [], None
+    for j, v in enumerate(values):
+        if start is None:
+            start = v
+        if j + 1 == len(values) or values[j + 1] != v + 1:
+            out.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
 
 
 def _readers(step: dict) -> str:
@@ -295,13 +388,20 @@ def _step_span(d: dict) -> str:
 
 
 def cmd_audit(args) -> int:
+    if args.by is not None and not args.summary:
+        raise UsageError("--by groups the consumption report: pass --summary with it")
     ctx = _context(args)
+    if args.summary:
+        return _summary(ctx, args)
+    from ..runs.consumption import audit_with_documents
+
     t0 = time.perf_counter()
     with _answers(args.log):
-        report = ctx.audit(end_step=args.end_step)
+        report, documents = audit_with_documents(ctx, end_step=args.end_step)
     elapsed = time.perf_counter() - t0
     out = report.to_dict()
     out["deny_lists"] = ctx.deny_lists(report.end_step)
+    out["documents"] = documents
     out["seconds"] = elapsed
     out["positions_per_second"] = report.positions / elapsed if elapsed > 0 else None
     if args.json:
@@ -316,12 +416,17 @@ def cmd_audit(args) -> int:
             print(f"  {src}epoch {e.epoch} ({kind}, {e.expected} expected): once {e.once}, "
                   f"repeated {e.repeated}, skipped {e.skipped}, unexpected {e.unexpected}"
                   + (f", masked {e.masked}" if e.masked else "")
+                  + (f", document tokens masked {e.masked_tokens}" if e.masked_tokens else "")
                   + ("" if e.ok else "  <- NOT exactly once"))
         if any(d["id"] for d in out["deny_lists"]):
             for d in out["deny_lists"]:
                 print(f"  line {d['line']} ({_step_span(d)}): " + (
-                    f"deny list {d['id']} ({d['count']} ids, {d['path'] or 'no path'})"
-                    if d["id"] else "no deny list"))
+                    f"deny list {d['id']} ({d['count']} ids, "
+                    + (f"{d['documents']} documents, " if d["documents"] else "")
+                    + f"{d['path'] or 'no path'})" if d["id"] else "no deny list"))
+        for d in documents:
+            print(f"  documents of {d['source']}: read whole {d['documents_whole']}, in part "
+                  f"{d['documents_part']}, not read {d['documents_unseen']}")
         for ev in report.events:
             mark = "DISCREPANCY" if ev.failure else "note"
             print(f"  {mark} at step {ev.step} (log line {ev.line}): {ev.kind}: {ev.detail}")
@@ -330,3 +435,17 @@ def cmd_audit(args) -> int:
         print("OK: every sample exactly once per epoch" if report.ok
               else "FAIL: the run is not exactly-once", file=sys.stdout)
     return 0 if report.ok else 1
+
+
+def _summary(ctx, args) -> int:
+    """``zephon audit --summary``: the consumption report (runs/consumption.py)."""
+    from ..runs.consumption import consumption
+
+    with _answers(args.log):
+        report = consumption(ctx, end_step=args.end_step,
+                             by=tuple(args.by or ("source", "input")))
+    if args.json:
+        emit(report.to_dict())
+    else:
+        sys.stdout.write(report.to_markdown())
+    return 0 if report.audit.ok else 1

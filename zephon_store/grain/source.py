@@ -49,8 +49,9 @@ import pyarrow as pa
 
 from .._util.to_numpy import table_to_numpy
 from ..load.denylist import MASK_KEY, blank_denied, open_deny_list
+from ..load.documents import DocumentColumns, add_document_fields, blank_spans
 from ..load.options import FLAT, ReadAheadOptions, SourceOptions, grouped
-from ..load.source import open_source, plan_of
+from ..load.source import open_parts, open_source, plan_of
 from ..order.order import OrderOptions
 from ..read.dataset import gather_rows
 
@@ -93,7 +94,9 @@ class ZephonSource:
     works and warns); ``deny_list``: a takedown
     list, as the loaders take it (a file or ``DenyList``; a mixture's: a file or dict per
     source, :func:`~zephon_store.load.denylist.open_deny_list`): denied records are blanked
-    and flagged in ``_masked``, and keep their index. ``run_log`` is refused: which index a
+    and flagged in ``_masked``, and keep their index; ``documents``: each record (packed
+    windows only) adds ``position_ids``, ``cu_seqlens``, ``max_seqlen`` and ``loss_mask``,
+    the loaders' ``BatchOptions(documents=True)`` fields (docs/packing.md). ``run_log`` is refused: which index a
     step reads is Grain's sampler's (``ZephonIterDataset`` logs a run).
 
     A record is a dict: numbers and booleans as numpy scalars, lists (token windows) as
@@ -109,7 +112,8 @@ class ZephonSource:
                  order: OrderOptions | None = None, length: int | None = None,
                  with_seq: bool = False, global_batch: int | None = None,
                  source: SourceOptions | None = None, read_ahead: ReadAheadOptions | None = None,
-                 deny_list=None, run_log: str | None = None, **deprecated) -> None:
+                 deny_list=None, documents: bool = False, run_log: str | None = None,
+                 **deprecated) -> None:
         if run_log is not None:
             raise TypeError("ZephonSource keeps no run log: Grain's sampler decides which index "
                             "each step reads; log a run with "
@@ -117,9 +121,15 @@ class ZephonSource:
         groups = grouped("ZephonSource", {"source": source, "read_ahead": read_ahead},
                          deprecated, allowed=_FLAT)
         source, read_ahead = groups["source"], groups["read_ahead"]
+        open_kwargs = source.open_kwargs()
+        self.documents = None
+        if documents:   # the document fields are made from these columns (the loaders' rule)
+            dataset, open_kwargs = open_parts(dataset, **open_kwargs), {}
+            self.documents = DocumentColumns.of(dataset)
+            columns = self.documents.with_columns(columns)
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=global_batch, **source.open_kwargs()))
+            global_batch=global_batch, **open_kwargs))
         self.source = self.plan.source
         missing = [c for c in columns or () if c not in self.source.schema.names]
         if missing:
@@ -142,6 +152,9 @@ class ZephonSource:
         self.coalesce = read_ahead.coalesce
         self.deny_list = (None if deny_list is None
                           else open_deny_list(deny_list, self.plan.deny_ids()))
+        if self.deny_list is not None and self.deny_list.spans is not None and not documents:
+            raise ValueError("the deny list names documents: their takedown blanks their "
+                             "tokens and says so in the document fields; pass documents=True")
         n = self.source.num_samples
         if order is not None:
             end = self.plan.end
@@ -222,10 +235,15 @@ class ZephonSource:
         rows blanked before anything else sees them (as the loaders' pipeline does)."""
         table, extra, ids = self._rows(indices)
         cols = {**table_to_numpy(table), **extra}
+        masked = blank = None
         if self.deny_list is not None:
             masked = self.deny_list.masked(ids)
             cols = blank_denied(cols, masked, dict(zip(table.schema.names, table.schema.types)))
             cols[MASK_KEY] = masked
+            if self.deny_list.spans is not None:   # a document takedown (docs/audit.md)
+                cols, blank = blank_spans(cols, self.documents, self.deny_list.spans_in(ids))
+        if self.documents is not None:
+            cols = add_document_fields(cols, self.documents, masked, blank)
         return table, cols
 
     def _rows(self, indices: Sequence[int]):

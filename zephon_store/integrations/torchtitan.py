@@ -176,6 +176,13 @@ class ZephonDataLoader(BaseDataLoader):
         """Emit ``positions`` (per-document, from ``doc_starts``) as TorchTitan 0.3.0's loader
         does; Flex/varlen attention needs them."""
 
+        documents: bool = False
+        """Per-document attention data from zephon's one implementation
+        (``BatchOptions(documents=True)``, docs/packing.md): ``positions`` restart at every
+        document and at every blank (padding, taken-down) segment, whose labels are -100;
+        the input dict carries ``cu_seqlens`` and ``max_seqlen`` as attributes. Needs a
+        dataset packed with ``doc_starts``."""
+
         audit_dir: str = ""
         """A folder for the run log: set, and ``run_log`` left "", the run log is
         ``<audit_dir>/zephon-runlog.jsonl`` (``zephon trace --log`` of it gives each rank's
@@ -281,7 +288,8 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_world_size, self.dp_rank, self.rows = dp_world_size, dp_rank, rows
         self._loader = ZephonLoader(
             opened, topology=Topology(rows * dp_world_size, dp_world_size, dp_rank),
-            order=order, batch=BatchOptions(columns=tuple(columns), collate=as_numpy),
+            order=order, batch=BatchOptions(columns=tuple(columns), collate=as_numpy,
+                                            documents=config.documents),
             workers=WorkerOptions(num_workers=config.num_workers, prefetch=config.prefetch),
             stop=StopOptions(epochs=None if config.infinite else 1), run_log=self._run_log(),
             deny_list=config.deny_list or None)
@@ -346,11 +354,14 @@ class ZephonDataLoader(BaseDataLoader):
     def _batches(self) -> Iterator[tuple[dict, Any]]:
         shape = rows_batch if self.layout == "rows" else flat_batch
         positions = self.config.positions
+        # A deny list naming documents turns the document fields on (the loader's rule).
+        documents = self._loader.batch_options.documents
         for batch in self._loader:
             inputs, labels = shape(batch[TOKENS_COLUMN], batch.get(DOC_STARTS_COLUMN),
-                                   positions=positions, num_tokens=batch.get(NUM_TOKENS_COLUMN))
+                                   positions=positions, num_tokens=batch.get(NUM_TOKENS_COLUMN),
+                                   documents=batch if documents else None)
             masked = batch.get(MASK_KEY)
-            if masked is not None and masked.any():
+            if not documents and masked is not None and masked.any():
                 inputs, labels = _ignore_rows(inputs, labels, masked)
             yield inputs, labels
 

@@ -46,8 +46,8 @@ from .._util.regular import NotRegularFileError, read_regular
 from ..errors import DenyListError
 
 __all__ = ["DenyList", "DenyListError", "MASK_KEY", "MixtureIds", "blank_denied", "blank_value",
-           "load_deny_list", "load_logged_copy", "logged_copy_path", "open_deny_list",
-           "provenance_ids", "save_logged_copy"]
+           "document_spans", "load_deny_list", "load_logged_copy", "logged_copy_path",
+           "open_deny_list", "provenance_ids", "save_logged_copy"]
 
 MASK_KEY = "_masked"
 DENY_MODE = "mask"
@@ -65,20 +65,67 @@ MAX_ID = 1 << 63
 
 @dataclass(frozen=True)
 class DenyList:
-    """Sorted, distinct sample ids to mask; ``path`` is where it was read from (or "")."""
+    """Sorted, distinct sample ids to mask; ``path`` is where it was read from (or "").
+
+    A list that names documents (packed data with a document table) also holds their
+    ``spans``: ``[k, 3]`` int64 rows ``(window, offset, length)``, sorted, in the ids'
+    space (a mixture's: each source's windows at its offset); those tokens are blanked
+    and the rest of each window trains (:func:`blank_documents`). ``documents``: the
+    ``(source index or -1, document number)`` pairs they come from.
+    """
 
     ids: np.ndarray
     dataset_id: str
     path: str = ""
+    spans: np.ndarray | None = None
+    documents: tuple = ()
 
     def __post_init__(self) -> None:
         ids = np.unique(np.asarray(self.ids, dtype=np.int64))
         object.__setattr__(self, "ids", ids)
+        if self.spans is not None:
+            spans = np.asarray(self.spans, dtype=np.int64).reshape(-1, 3)
+            spans = np.unique(spans, axis=0) if spans.size else spans
+            object.__setattr__(self, "spans", spans if spans.size else None)
+        object.__setattr__(self, "documents", tuple(sorted({(int(k), int(d))
+                                                            for k, d in self.documents})))
 
     @property
     def identity(self) -> str:
-        """``xxh3:...`` of the dataset id and the sorted ids: equal lists, equal identity."""
-        return "xxh3:" + xxh3_hex(self.dataset_id.encode() + b"\0" + self.ids.tobytes())
+        """``xxh3:...`` of the dataset id and the sorted ids (and the documents' spans, when
+        it names documents): equal lists, equal identity."""
+        data = self.dataset_id.encode() + b"\0" + self.ids.tobytes()
+        if self.spans is not None:
+            data += b"\0documents\0" + self.spans.tobytes()
+        return "xxh3:" + xxh3_hex(data)
+
+    def spans_in(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(row, offset, length)`` of every denied document span in the windows ``ids``
+        (row ``j``: ``ids[j]``); empty arrays when none.
+
+        >>> d = DenyList([], "x", spans=[[7, 2, 3], [9, 0, 1]])
+        >>> [a.tolist() for a in d.spans_in(np.array([9, 5, 7]))]
+        [[0, 2], [0, 2], [1, 3]]
+        """
+        none = np.zeros(0, dtype=np.int64)
+        if self.spans is None:
+            return none, none, none
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        win = self.spans[:, 0]
+        lo, hi = np.searchsorted(win, ids, "left"), np.searchsorted(win, ids, "right")
+        count = hi - lo
+        if not count.any():
+            return none, none, none
+        rows = np.repeat(np.arange(ids.size), count)
+        at = np.concatenate([np.arange(a, b) for a, b in zip(lo[count > 0], hi[count > 0])])
+        return rows, self.spans[at, 1], self.spans[at, 2]
+
+    def blanked_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """Tokens of denied documents in each window of ``ids`` (int64, same shape)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows, _, length = self.spans_in(ids)
+        return np.bincount(rows, weights=length, minlength=ids.size).astype(np.int64).reshape(
+            ids.shape)
 
     @property
     def mode(self) -> str:
@@ -104,6 +151,13 @@ class DenyList:
             bad = int(self.ids[0]) if int(self.ids[0]) < 0 else int(self.ids[-1])
             raise DenyListError(f"{where}: id {bad} is outside the dataset's "
                                 f"[0, {manifest.num_samples})")
+
+    def with_spans(self, spans, documents) -> DenyList:
+        """This list plus documents' ``spans`` (``[k, 3]``) and their ``documents`` pairs."""
+        mine = np.zeros((0, 3), np.int64) if self.spans is None else self.spans
+        return DenyList(self.ids, self.dataset_id, self.path,
+                        np.concatenate([mine, np.asarray(spans, np.int64).reshape(-1, 3)]),
+                        self.documents + tuple(documents))
 
     def to_log(self) -> dict:
         """The run log's ``deny_list`` entry."""
@@ -164,14 +218,14 @@ def _checked_ids(ids: list, n: int, what: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def load_deny_list(path: str, manifest) -> DenyList:
+def load_deny_list(path: str, manifest, *, source: int = -1) -> DenyList:
     """Read a deny list file (module docstring) for the dataset of ``manifest`` (ids
     checked against its size, input names against its provenance); a malformed file raises
     :class:`DenyListError` naming it, and the key or line."""
     text = _read_regular(path, "deny list")
     where = f"deny list {path}"
     if text.lstrip().startswith("{"):
-        return _from_doc(_json(text, "deny list", path), manifest, where, path)
+        return _from_doc(_json(text, "deny list", path), manifest, where, path, source)
     ids: list = []
     for n, line in enumerate(text.splitlines(), start=1):
         line = line.split("#", 1)[0].strip()
@@ -184,15 +238,17 @@ def load_deny_list(path: str, manifest) -> DenyList:
     return DenyList(_checked_ids(ids, manifest.num_samples, where), manifest.dataset_id, path)
 
 
-def _from_doc(doc, manifest, where: str, path: str = "") -> DenyList:
-    """A deny list from its JSON object ``{"ids": [...], "inputs": [...]}`` (either key may
-    be missing) for the dataset of ``manifest``."""
+def _from_doc(doc, manifest, where: str, path: str = "", source: int = -1) -> DenyList:
+    """A deny list from its JSON object ``{"ids": [...], "inputs": [...], "documents":
+    [...]}`` (any key may be missing) for the dataset of ``manifest`` (mixture source
+    ``source``; -1: one dataset)."""
     if not isinstance(doc, dict):
         raise DenyListError(f"{where}: expected an object with \"ids\" and/or \"inputs\", "
                             f"got {doc!r:.80}")
-    unknown = sorted(set(doc) - {"ids", "inputs"})
+    unknown = sorted(set(doc) - {"ids", "inputs", "documents"})
     if unknown:
-        raise DenyListError(f"{where}: unknown key(s) {unknown}; use \"ids\" and \"inputs\""
+        raise DenyListError(f"{where}: unknown key(s) {unknown}; use \"ids\", \"inputs\" "
+                            "and \"documents\""
                             + ("; a mixture's list names its sources under \"sources\""
                                if "sources" in doc else ""))
     ids = doc.get("ids", [])
@@ -208,7 +264,40 @@ def _from_doc(doc, manifest, where: str, path: str = "") -> DenyList:
             arr = np.concatenate([arr, provenance_ids(manifest, inputs)])
         except DenyListError as exc:
             raise DenyListError(f"{where}: {exc}") from None
-    return DenyList(arr, manifest.dataset_id, path)
+    deny = DenyList(arr, manifest.dataset_id, path)
+    if "documents" in doc:
+        spans, docs = document_spans(doc["documents"], manifest, where)
+        deny = deny.with_spans(spans, [(source, d) for d in docs])
+    return deny
+
+
+def document_spans(refs, manifest, where: str) -> tuple[np.ndarray, list[int]]:
+    """``(spans [k, 3], document numbers)`` of the documents a deny list's ``documents``
+    names (``{"input": ..., "record": ...}`` or ``{"xxh3": ...}``), from the dataset's
+    document table; refused in one line naming the list and the reference."""
+    from ..errors import DocumentNotFoundError, NoDocumentTableError
+    from ..read.documents import DocumentTable
+
+    if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+        raise DenyListError(f"{where}: 'documents' must be a list of {{\"input\": FILE, "
+                            f"\"record\": N}} or {{\"xxh3\": HASH}} objects, got {refs!r:.80}")
+    try:
+        table = DocumentTable(manifest)
+    except NoDocumentTableError as exc:
+        raise DenyListError(f"{where}: 'documents' needs a document table: {exc}") from None
+    for ref in refs:
+        record = ref.get("record")
+        if "input" in ref and (not isinstance(record, int) or isinstance(record, bool)
+                               or record < 0):
+            raise DenyListError(f"{where}: document {ref!r:.80}: 'record' must be an int >= 0 "
+                                "(the record's 0-based index in its input)")
+    try:
+        docs = table.resolve(refs)
+    except (DocumentNotFoundError, ValueError) as exc:
+        raise DenyListError(f"{where}: {str(exc).strip(chr(34) + chr(39))}") from None
+    found = table.spans([d.id for d in docs])
+    spans = np.stack([found.window, found.offset, found.length], axis=1)
+    return spans, [d.id for d in docs]
 
 
 # -- a mixture's list: one list per source, in the mixture's ids -----------------------------
@@ -276,6 +365,8 @@ def _mixture_list(per_source: Mapping, space: MixtureIds, where: str, path: str)
         raise DenyListError(f"{where}: source(s) {unknown} are not in the mixture; its "
                             f"sources are {list(space.names)}")
     parts = [np.zeros(0, dtype=np.int64)]
+    spans: list[np.ndarray] = []
+    documents: list[tuple[int, int]] = []
     for k, name in enumerate(space.names):
         if name not in per_source:
             continue
@@ -285,14 +376,18 @@ def _mixture_list(per_source: Mapping, space: MixtureIds, where: str, path: str)
             given.check_for(manifest)
             one = given
         elif isinstance(given, Mapping):
-            one = _from_doc(dict(given), manifest, at)
+            one = _from_doc(dict(given), manifest, at, source=k)
         else:
             try:
-                one = load_deny_list(str(given), manifest)
+                one = load_deny_list(str(given), manifest, source=k)
             except DenyListError as exc:
                 raise DenyListError(f"{at}: {exc}") from None
         parts.append(one.ids + space.offsets[k])
-    return DenyList(np.concatenate(parts), space.dataset_id, path)
+        if one.spans is not None:
+            spans.append(one.spans + np.array([space.offsets[k], 0, 0]))
+            documents += [(k, d) for _, d in one.documents]
+    deny = DenyList(np.concatenate(parts), space.dataset_id, path)
+    return deny.with_spans(np.concatenate(spans), documents) if spans else deny
 
 
 # -- what a denied row looks like ------------------------------------------------------------
@@ -395,6 +490,9 @@ def save_logged_copy(deny: DenyList, run_log: str) -> str:
                "dataset_id": deny.dataset_id, "count": int(deny.ids.size),
                "path": os.path.abspath(deny.path) if deny.path else "",
                "ids": deny.ids.tolist()}
+        if deny.spans is not None:   # the documents' spans as resolved: the run's list
+            doc["spans"] = deny.spans.tolist()
+            doc["documents"] = [list(d) for d in deny.documents]
         atomic_write(path, (json.dumps(doc) + "\n").encode())
     return path
 
@@ -419,8 +517,17 @@ def load_logged_copy(run_log: str, entry: dict, num_samples: int) -> DenyList | 
     ids, dataset_id = doc.get("ids"), doc.get("dataset_id")
     if not isinstance(ids, list) or not isinstance(dataset_id, str):
         raise DenyListError(f"{where}: 'ids' must be a list and 'dataset_id' a string")
+    spans, documents = doc.get("spans"), doc.get("documents", [])
+    if spans is not None and not (isinstance(spans, list) and isinstance(documents, list)
+                                  and all(isinstance(x, list) and len(x) == 3 for x in spans)
+                                  and all(isinstance(x, list) and len(x) == 2
+                                          for x in documents)):
+        raise DenyListError(f"{where}: 'spans' must be [window, offset, length] triples and "
+                            "'documents' [source, document] pairs")
     deny = DenyList(_checked_ids(ids, num_samples, where), dataset_id,
-                    str(doc.get("path") or entry.get("path") or ""))
+                    str(doc.get("path") or entry.get("path") or ""),
+                    None if spans is None else np.array(spans, dtype=np.int64).reshape(-1, 3),
+                    tuple(tuple(d) for d in documents))
     if deny.identity != entry["id"]:
         raise DenyListError(f"{where}: its ids hash to {deny.identity}, the run log names "
                             f"{entry['id']}; the copy was changed: restore it from a backup")

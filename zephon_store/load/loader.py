@@ -33,6 +33,7 @@ from ..order.assign import step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
 from .denylist import open_deny_list, save_logged_copy
+from .documents import DocumentColumns
 from .options import (
     BatchOptions,
     ReadAheadOptions,
@@ -44,7 +45,7 @@ from .options import (
 from .pipeline import MAX_AUTO_AHEAD_BYTES, two_working_sets_bytes
 from .runlog import RunSegment, append_segment
 from .share_reader import ShareReader, prepare_workers_soon
-from .source import open_source, plan_of
+from .source import open_parts, open_source, plan_of
 from .state import MAX_CURSOR, LoaderState, check_state
 from .stream import RankStream
 from .workers import Workers, as_workers
@@ -109,12 +110,18 @@ class Loader:
             # The forked workers' S3 stack, readied while the node's metadata is fetched.
             prepare_workers_soon(dataset, self.workers.multiprocessing_context,
                                  source.storage_options)
+        open_kwargs = source.open_kwargs()
+        if self.batch_options.documents:
+            # The parts first: the columns the document fields need (a best-fit dataset's
+            # num_tokens too) are known from them; refused here, in one line, if not packed.
+            dataset, open_kwargs = open_parts(dataset, **open_kwargs), {}
+            columns = DocumentColumns.of(dataset).with_columns(columns)
+            self.batch_options = dataclasses.replace(self.batch_options, columns=columns)
         # A URL, a Dataset or a mixture (docs/mixtures.md), as one Source (load/source.py),
         # and the plan this run reads it by (load/plan.py).
         self.plan = plan_of(open_source(
             dataset, columns=None if columns is None else list(columns),
-            global_batch=topology.global_batch, defer_stage_order=True,
-            **source.open_kwargs()))
+            global_batch=topology.global_batch, defer_stage_order=True, **open_kwargs))
         # The plan's seed rule (a mixture file's seed applies unless one is given).
         order = order.replace(seed=self.plan.order_seed(order.seed if seed_given else None))
         # The order options asked for, and the ones in use: lanes="auto" is resolved here,
@@ -135,8 +142,24 @@ class Loader:
         if deny_list is not None:
             deny_list = open_deny_list(deny_list, self.plan.deny_ids())
             self.batch_options = self.batch_options.with_deny_list(deny_list)
+            if deny_list.spans is not None:
+                self._documents_for_takedown(columns)
         self._max_cursor = self.stop.end_position(self.dataset.num_samples)
         self._check_working_set()
+
+    def _documents_for_takedown(self, columns) -> None:
+        """A deny list naming documents turns the document fields on: a taken-down
+        document's tokens become padding, and only ``loss_mask`` and the segments of
+        ``position_ids``/``cu_seqlens`` tell the training loop so (docs/audit.md)."""
+        if self.batch_options.documents:
+            return
+        need = DocumentColumns.of(self.plan.source).names
+        if columns is not None and not set(need) <= set(columns):
+            raise ValueError(
+                f"the deny list names documents, whose takedown needs the columns {list(need)} "
+                f"read (the batch says which tokens were removed); columns={list(columns)} "
+                "leaves some out: add them, or pass BatchOptions(documents=True)")
+        self.batch_options = dataclasses.replace(self.batch_options, documents=True)
 
     @property
     def dataset(self):

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..io.coalesce import CoalesceOptions
 from ..io.prefetch import DEFAULT_PREFETCH_BYTES
+from .documents import DocumentColumns
 from .state import MAX_CURSOR
 
 __all__ = ["BatchOptions", "ReadAheadOptions", "SourceOptions", "StopOptions", "WorkerOptions",
@@ -79,17 +80,32 @@ class BatchOptions:
     front end's own: numpy dicts from ``Loader`` and Grain, tensors from the torch loaders;
     :func:`as_numpy` keeps them numpy), ``deny_list`` (a
     :class:`~zephon_store.load.denylist.DenyList`, set by the loader from its ``deny_list=``)
-    blanks the denied rows before the transform and adds ``_masked`` (bool per sample)."""
+    blanks the denied rows before the transform and adds ``_masked`` (bool per sample).
+    ``documents`` (packed data only) adds ``position_ids``, ``cu_seqlens``, ``max_seqlen``
+    and ``loss_mask`` per window (:mod:`zephon_store.load.documents`, docs/packing.md),
+    reading ``tokens`` and ``doc_starts`` whatever ``columns`` says.
+
+    >>> BatchOptions(columns=["tokens"], documents=True).read_columns()
+    ('tokens', 'doc_starts')
+    """
 
     columns: tuple[str, ...] | None = None            # the columns read (None: all)
     with_seq: bool = False                            # add _seq (and a mixture's _source)
     transform: Callable[[dict], dict] | None = None   # maps each decoded batch dict
     collate: Callable[[dict], object] | None = None   # each batch as the loop takes it
     deny_list: Any = None                             # a DenyList: its rows blanked, _masked
+    documents: bool = False                           # add per-document attention data
 
     def __post_init__(self) -> None:
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The columns a reader selects: ``columns``, plus the packing's token and
+        document-start columns when ``documents`` is on (None: all)."""
+        if self.columns is None or not self.documents:
+            return self.columns
+        return self.columns + tuple(c for c in DocumentColumns().names if c not in self.columns)
 
     def with_deny_list(self, deny_list) -> BatchOptions:
         """A copy that masks ``deny_list``'s samples."""

@@ -46,6 +46,7 @@ from .._util.to_numpy import array_type, array_view, column_to_numpy, table_to_n
 from ..order.assign import step_cursor
 from ..read.dataset import gather_rows
 from .denylist import MASK_KEY, DenyListError, blank_denied
+from .documents import DocumentColumns, add_document_fields, blank_spans
 
 # Decoded bytes queued ahead, at least (the working set of a shuffled order may need more).
 MIN_AHEAD_BYTES = 16 << 20
@@ -60,6 +61,10 @@ PLAN_AHEAD_IDS = 2048
 # decoded bytes such a group may hold.
 GROUP_IDS = 256
 GROUP_BYTES = 4 << 20
+
+
+# The step's sample ids, carried through split_group for a deny list that names documents.
+_IDS_KEY = "_zephon_ids"
 
 
 @dataclass
@@ -350,7 +355,7 @@ class BatchPipeline:
                  transform: Callable[[dict], dict] | None = None,
                  ahead_bytes: int | None = None, decode_threads: int | None = None,
                  stop: threading.Event | None = None, deny_list=None,
-                 group: int | None = None) -> None:
+                 documents: DocumentColumns | None = None, group: int | None = None) -> None:
         self.stream = stream
         self.dataset = stream.dataset
         self.start_cursor = int(start_cursor)
@@ -362,6 +367,9 @@ class BatchPipeline:
         self.deny_list = deny_list
         self._payload = None if deny_list is None else {
             f.name: f.type for f in stream.select(self.dataset.schema.empty_table()).schema}
+        # Per-document attention data (load/documents.py), added after the blanking, so a
+        # denied window is one blank segment, and before the transform.
+        self.documents = documents
         self.ahead_bytes = default_ahead_bytes(stream) if ahead_bytes is None else ahead_bytes
         self.decode_threads = decode_threads or default_decode_threads(self.dataset)
         self._per_rg = int(self.dataset.decoded_row_group_bytes())
@@ -433,11 +441,14 @@ class BatchPipeline:
 
     def _with_id_fields(self, batch: dict, step: _Step) -> dict:
         """``batch`` with the fields of the step's ids: ``_seq`` (``with_seq``) and
-        ``_masked`` (a deny list)."""
+        ``_masked`` (a deny list), and, for a list naming documents, the ids themselves
+        under a private key that :meth:`_handed_out` takes out again."""
         if self.stream.with_seq:
             batch.update(self.stream.seq_fields(step.ids))
         if self.deny_list is not None:
             batch[MASK_KEY] = self.deny_list.masked(step.ids)
+            if self.deny_list.spans is not None:
+                batch[_IDS_KEY] = np.asarray(step.ids, dtype=np.int64)
         return batch
 
     def _transformed(self, batch: dict):
@@ -515,9 +526,16 @@ class BatchPipeline:
             table_to_numpy(self.stream.select(self.dataset.schema.empty_table())), step)
 
     def _handed_out(self, sub: dict):
-        """One step's batch as the caller gets it: denied rows blanked, then transformed."""
+        """One step's batch as the caller gets it: denied rows blanked, the document fields
+        added (``documents``), then transformed."""
+        blank = None
         if self.deny_list is not None:
             sub = blank_denied(sub, sub[MASK_KEY], self._payload)
+            ids = sub.pop(_IDS_KEY, None)
+            if ids is not None:   # a document takedown: only its tokens leave the window
+                sub, blank = blank_spans(sub, self.documents, self.deny_list.spans_in(ids))
+        if self.documents is not None:
+            sub = add_document_fields(sub, self.documents, sub.get(MASK_KEY), blank)
         if self.transform is not None:
             sub = self._transformed(sub)
         return sub

@@ -27,6 +27,7 @@ from ..io.storage import Storage
 from ..order.assign import batches_for_worker, step_cursor
 from ..order.order import OrderOptions
 from ..order.topology import Topology
+from .documents import DocumentColumns
 from .options import BatchOptions, ReadAheadOptions
 from .pipeline import BatchPipeline, default_decode_threads
 from .stream import RankStream
@@ -48,7 +49,8 @@ class ShareReader:
                  start_cursor: int = 0, num_batches: int | None = None,
                  end: int | None = None, split=None) -> None:
         batch = batch or BatchOptions()
-        columns = None if batch.columns is None else list(batch.columns)
+        columns = batch.read_columns()
+        columns = None if columns is None else list(columns)
         self.stream = RankStream(dataset, order_options, topology, columns=columns,
                                  with_seq=batch.with_seq, end=end, split=split)
         self.batch = batch
@@ -117,7 +119,9 @@ class ShareReader:
                                  transform=self.batch.transform if transform else None,
                                  ahead_bytes=self.read_ahead.decode_ahead_bytes,
                                  stop=stop, decode_threads=threads,
-                                 deny_list=self.batch.deny_list)
+                                 deny_list=self.batch.deny_list,
+                                 documents=(DocumentColumns.of(self.dataset)
+                                            if self.batch.documents else None))
         self._pipelines.append(pipeline)
         return pipeline
 

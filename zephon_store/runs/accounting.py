@@ -253,8 +253,10 @@ class RunContext:
         for seg, a, b in segment_steps(self.segments, end_step):
             entry = seg.deny_list or {}
             copy = entry and logged_copy_path(self.log, entry["id"])
+            deny = self.deny_for(seg) if entry else None
             out.append({"line": seg.line, "first_step": a, "end_step": b,
                         "id": entry.get("id"), "count": int(entry.get("count", 0)),
+                        "documents": 0 if deny is None else len(deny.documents),
                         "path": entry.get("path"),
                         "copy": copy if copy and os.path.isfile(copy) else None})
         return out
@@ -335,13 +337,15 @@ class RunContext:
 
     # The audit questions, with this context's orders and deny lists.
 
-    def audit(self, end_step: int | None = None):
-        """:func:`~zephon_store.runs.audit.audit_run` of the log (what ``zephon audit`` runs)."""
+    def audit(self, end_step: int | None = None, *, tallies=None):
+        """:func:`~zephon_store.runs.audit.audit_run` of the log (what ``zephon audit`` runs);
+        ``tallies``: one :class:`~zephon_store.runs.audit.ExposureTally` per source, filled
+        by the same count (``zephon audit --summary``)."""
         from .audit import audit_run
 
         return audit_run(self.segments, self.order_for, end_step=end_step,
                          dataset_id=self.dataset_id if self.source_names is None else None,
-                         deny_for=self.deny_for)
+                         deny_for=self.deny_for, tallies=tallies)
 
     def trace(self, steps: Iterable[int], *, rank: int | None = None,
               end_step: int | None = None, segments: Sequence[Any] | None = None):
@@ -353,11 +357,14 @@ class RunContext:
                      rank=rank, deny_for=self.deny_for, end_step=end_step)
 
     def where(self, ids: Sequence[int], epochs: Iterable[int], *, source: int | None = None,
-              end_step: int | None = None) -> list[dict[str, Any]]:
-        """:func:`~zephon_store.runs.audit.where` with the base order, and with a log the
-        step and rank that consumed each id."""
+              end_step: int | None = None,
+              segments: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """:func:`~zephon_store.runs.audit.where` with the base order, and with a log (or
+        ``segments``, e.g. ``[ctx.planned_segment(...)]``) the step and rank that consumed
+        each id."""
         from .audit import where
 
-        return where(self.base_order(), ids, epochs, segments=self.segments,
-                     order_for=self.order_for if self.segments else None,
+        segments = self.segments if segments is None else segments
+        return where(self.base_order(), ids, epochs, segments=segments,
+                     order_for=self.order_for if segments else None,
                      end_step=end_step, source=source)

@@ -59,7 +59,8 @@ from ..load.runlog import MAX_POSITION, RunLogError, RunSegment, segment_steps
 from ..order.assign import positions_for_participant, positions_for_rank, step_owners, step_ranks
 from ..order.order import Order
 
-__all__ = ["AuditReport", "AuditRequestError", "ConsumedStep", "EpochExposure", "Exposures",
+__all__ = ["AuditReport", "AuditRequestError", "ConsumedStep", "EpochExposure", "ExposureTally",
+           "Exposures",
            "RunAudit", "RunEvent", "TraceStep", "audit_run", "audit_stream", "trace", "where",
            "MAX_LISTED_SKIPPED_EPOCHS", "MAX_TRACE_IDS", "MAX_WHERE_ANSWERS"]
 
@@ -94,7 +95,9 @@ class EpochExposure:
     ``once``: expected samples seen exactly once; ``repeated``: samples seen more than once
     (``extra_exposures`` counts the surplus); ``skipped``: expected samples never seen;
     ``unexpected``: samples seen that the covered positions do not hold; ``masked``:
-    exposures of denied samples (they took their positions, flagged ``_masked``).
+    exposures of denied samples (they took their positions, flagged ``_masked``);
+    ``masked_tokens``: tokens of denied documents blanked in the windows read (a deny list
+    naming documents).
     """
 
     epoch: int
@@ -107,6 +110,7 @@ class EpochExposure:
     skipped: int
     unexpected: int
     masked: int = 0
+    masked_tokens: int = 0
     source: str | None = None      # a mixture's source (its own epochs), None for a dataset
 
     @property
@@ -132,14 +136,20 @@ class Exposures:
     [(0, 4, 0, 0), (1, 2, 1, 1)]
     """
 
-    def __init__(self, num_samples: int) -> None:
+    def __init__(self, num_samples: int, *, tally: ExposureTally | None = None) -> None:
         self.n = int(num_samples)
         self._counts: dict[int, np.ndarray] = {}
         self._masked: Counter = Counter()
+        self._masked_tokens: Counter = Counter()
+        # Exposures per id over every epoch, for the consumption report (runs/consumption.py):
+        # counted here, from the same parts, so the report is the audit's own count.
+        self.tally = tally
 
     def add(self, positions: np.ndarray, ids: np.ndarray,
-            masked: np.ndarray | None = None, *, distinct: bool = False) -> None:
-        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``.
+            masked: np.ndarray | None = None, *, distinct: bool = False,
+            masked_tokens: np.ndarray | None = None) -> None:
+        """Count one exposure of ``ids[j]`` in the epoch of ``positions[j]``
+        (``masked_tokens[j]``: its tokens a deny list blanked, a document takedown's).
 
         ``distinct``: the caller knows each epoch's part holds each id at most once (ids an
         order's bijection gave for distinct positions), which skips the check for repeats.
@@ -158,12 +168,18 @@ class Exposures:
                 counts = self._counts[e] = np.zeros(self.n, dtype=np.uint16)
             # np.add.at is exact for repeated ids; a plain fancy += is faster when the part
             # holds each id once (a bijection's output, the common case).
-            if not distinct and part.size > 1 and np.unique(part).size != part.size:
+            unique = distinct or part.size <= 1 or np.unique(part).size == part.size
+            if not unique:
                 np.add.at(counts, part, 1)
             else:
                 counts[part] += 1
-            if masked is not None:
-                self._masked[e] += int(np.count_nonzero(np.asarray(masked)[sel]))
+            part_masked = None if masked is None else np.asarray(masked)[sel]
+            if part_masked is not None:
+                self._masked[e] += int(np.count_nonzero(part_masked))
+            if masked_tokens is not None:
+                self._masked_tokens[e] += int(np.asarray(masked_tokens)[sel].sum())
+            if self.tally is not None:
+                self.tally.add(part, part_masked, unique=unique)
 
     def open_epochs(self) -> list[int]:
         return sorted(self._counts)
@@ -189,7 +205,38 @@ class Exposures:
             extra_exposures=int((counts[rep].astype(np.int64) - 1).sum()),
             skipped=int(np.count_nonzero(want & ~seen)),
             unexpected=int(np.count_nonzero(~want & seen)),
-            masked=int(self._masked.pop(epoch, 0)))
+            masked=int(self._masked.pop(epoch, 0)),
+            masked_tokens=int(self._masked_tokens.pop(epoch, 0)))
+
+
+class ExposureTally:
+    """Exposures per sample id over all epochs: ``seen`` (the model got the sample) and
+    ``masked`` (a deny list blanked it), fed by :class:`Exposures` as it counts. uint32:
+    4 bytes per sample each.
+
+    >>> t = ExposureTally(3)
+    >>> e = Exposures(3, tally=t)
+    >>> e.add(np.arange(6), np.array([0, 1, 2, 2, 1, 0]), np.array([0, 0, 1, 0, 0, 0], bool))
+    >>> t.seen.tolist(), t.masked.tolist()
+    ([2, 2, 1], [0, 0, 1])
+    """
+
+    def __init__(self, num_samples: int) -> None:
+        self.seen = np.zeros(int(num_samples), dtype=np.uint32)
+        self.masked = np.zeros(int(num_samples), dtype=np.uint32)
+
+    def add(self, ids: np.ndarray, masked: np.ndarray | None, *, unique: bool) -> None:
+        """Count ``ids`` (``unique``: each at most once here) as seen, or as masked where
+        ``masked`` is true."""
+        if masked is None or not masked.any():
+            parts = ((self.seen, ids),)
+        else:
+            parts = ((self.seen, ids[~masked]), (self.masked, ids[masked]))
+        for counts, part in parts:
+            if unique:
+                counts[part] += 1
+            else:
+                np.add.at(counts, part, 1)
 
 
 # --------------------------------------------------------------------------- run log
@@ -285,7 +332,8 @@ def _boundary_events(prev: RunSegment, seg: RunSegment, stop_prev: int) -> list[
 def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
               end_step: int | None = None, dataset_id: str | None = None,
               deny_for: Callable[[RunSegment], Any] | None = None,
-              chunk: int = _AUDIT_CHUNK, workers: int | None = None) -> RunAudit:
+              chunk: int = _AUDIT_CHUNK, workers: int | None = None,
+              tallies: Sequence[ExposureTally] | None = None) -> RunAudit:
     """Recompute every exposure of the run the log describes and check it, per epoch.
 
     ``order_for(segment)`` gives the stream order a segment read (built from the dataset
@@ -296,7 +344,8 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
     ``deny_for(segment)``: the segment's :class:`~zephon_store.load.denylist.DenyList` (or
     None) to count masked exposures. The reference for "what a covered position holds" is
     the first segment's order. ``chunk`` positions are recomputed per pass, ``workers``
-    passes at once in threads (default: the CPU count).
+    passes at once in threads (default: the CPU count). ``tallies``: one
+    :class:`ExposureTally` per source (one dataset: one) that the count also fills.
     """
     segs = list(segments)
     spans = segment_steps(segs, end_step)
@@ -324,9 +373,10 @@ def audit_run(segments: Sequence[RunSegment], order_for: OrderFor, *,
     if intervals and ref.source_orders[0] is ref:
         # One source whose stream positions are the positions: the same count as
         # _source_epochs, with an epoch held at a time and chunks recomputed in threads.
-        epochs_out, unlisted = _dataset_epochs(intervals, ref, start, end, chunk, workers)
+        epochs_out, unlisted = _dataset_epochs(intervals, ref, start, end, chunk, workers,
+                                               tallies)
     elif intervals:
-        epochs_out, unlisted = _source_epochs(intervals, ref, start, end, chunk)
+        epochs_out, unlisted = _source_epochs(intervals, ref, start, end, chunk, tallies)
     if unlisted:
         notes.append(f"{unlisted} more whole epochs (of the dataset, or of a mixture's "
                      "sources) were never read by any segment (a cursor gap): every sample "
@@ -364,8 +414,8 @@ def _segment_intervals(spans, order_for: OrderFor, deny_for, dataset_id: str | N
     return intervals
 
 
-def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int,
-                    workers: int | None) -> tuple[list[EpochExposure], int]:
+def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int, workers: int | None,
+                    tallies=None) -> tuple[list[EpochExposure], int]:
     """``(epochs, whole epochs not listed)`` of a single dataset's run: each listed epoch's
     exposures recomputed from the intervals that reach it, checked against ``ref`` where the
     run's span ``[start, end)`` covers only part of the epoch."""
@@ -375,7 +425,7 @@ def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int,
     # bounded by the positions the log's steps reach, whatever its cursors say.
     read = [(lo, hi) for lo, hi, order, _ in intervals if order is not None and hi > lo]
     listed, unlisted = _epochs_to_list(read, start, end, n)
-    exp = Exposures(n)
+    exp = Exposures(n, tally=tallies[0] if tallies else None)
     pool = ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1),
                               thread_name_prefix="zephon-audit")
     try:
@@ -394,7 +444,7 @@ def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int,
                 for pos, ids in pool.map(ids_of, range(a, b, chunk)):
                     # One order, one epoch, distinct positions: distinct ids.
                     exp.add(pos, ids, None if deny is None else deny.masked(ids),
-                            distinct=True)
+                            distinct=True, masked_tokens=_blanked(deny, ids))
             cov_lo, cov_hi = max(e_lo, start), min(e_hi, end)
             expected = None
             if (cov_lo, cov_hi) != (e_lo, e_hi):
@@ -404,6 +454,13 @@ def _dataset_epochs(intervals, ref, start: int, end: int, chunk: int,
     finally:
         pool.shutdown()
     return epochs_out, unlisted
+
+
+def _blanked(deny, ids: np.ndarray) -> np.ndarray | None:
+    """Tokens of ``deny``'s documents in each window ``ids`` (None: it names none)."""
+    if deny is None or getattr(deny, "spans", None) is None:
+        return None
+    return deny.blanked_tokens(ids)
 
 
 def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: int, *,
@@ -435,8 +492,8 @@ def _epochs_to_list(read: Sequence[tuple[int, int]], start: int, end: int, n: in
     return sorted(touched.union(gaps)), extra
 
 
-def _source_epochs(intervals, ref, start: int, end: int,
-                   chunk: int) -> tuple[list[EpochExposure], int]:
+def _source_epochs(intervals, ref, start: int, end: int, chunk: int,
+                   tallies=None) -> tuple[list[EpochExposure], int]:
     """Per source and source epoch: a position is (source k, index i in k's own stream),
     and exposures count in k's epoch ``i // N_k`` (one dataset: source 0, i the position).
     Every source epoch touched is held until the end (2 bytes per sample of each). Also
@@ -444,7 +501,8 @@ def _source_epochs(intervals, ref, start: int, end: int,
     (:func:`_epochs_to_list`)."""
     names = ref.source_names
     sizes = _epoch_sizes(ref)
-    exps = [Exposures(nk) for nk in sizes]
+    exps = [Exposures(nk, tally=tallies[k] if tallies else None)
+            for k, nk in enumerate(sizes)]
     for lo, hi, order, deny in intervals:
         if order is None:
             continue
@@ -455,8 +513,10 @@ def _source_epochs(intervals, ref, start: int, end: int,
                 idx = index[src == k]
                 ids = order.source_orders[k].sample_at(idx)
                 # A bijection onto (source, index): distinct indices, distinct ids.
-                masked = None if deny is None else deny.masked(order.global_ids(k, ids))
-                exps[k].add(idx, ids, masked, distinct=True)
+                gids = order.global_ids(k, ids)
+                masked = None if deny is None else deny.masked(gids)
+                exps[k].add(idx, ids, masked, distinct=True,
+                            masked_tokens=_blanked(deny, gids))
     # A resume may append stages: the schedule the run ended on keeps every stage before its
     # cursor, so it gives what each source consumed by the end (the first one would not).
     last = next((o for _, _, o, _ in reversed(intervals) if o is not None), ref)

@@ -22,7 +22,9 @@ COLUMNS = ["`ZephonLoader`", "`LiveZephonLoader` (torchft)", "TorchTitan (`Zepho
            "Grain (`ZephonIterDataset`)", "Grain (`ZephonSource`)"]
 ROWS = ["a single dataset", "a mixture with stages", "a deny list",
         "the run log + `zephon audit` passing on the run", "byte prefetch into the disk cache",
-        "the decoded cache", "process workers", "an elastic resume"]
+        "the decoded cache", "process workers", "an elastic resume",
+        "per-document attention data (`documents`)",
+        "a document takedown (a deny list naming documents)"]
 # The value each column's cases of tests/integration/test_front_ends.py are parametrized by.
 FRONT_END_CASE = {COLUMNS[0]: "torch", COLUMNS[2]: "titan", COLUMNS[3]: "grain"}
 TEST_ID = re.compile(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`")

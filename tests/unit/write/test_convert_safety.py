@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
