@@ -1,8 +1,14 @@
 """Raw pyarrow: the limit every other system is measured against.
 
-One Parquet file written by ``pq.write_table`` (zstd level 3, Zephon's default codec, row
-groups of ~1 MiB of Arrow data like Zephon's default), read back with plain pyarrow. No
-manifest, no hashing, no order, no checkpoint: what is left when all of that is free.
+Conversion is the fastest raw writer of the same data (issue 43): the corpus is read into
+one Arrow table in the layout Zephon's default writes for it *before* the clock starts
+(:func:`prepare_convert`; format v5, ``formats/SPEC.md`` 3.1: token windows as
+``fixed_size_binary`` in byte planes, made with numpy), then the clock times one
+``pq.write_table`` with Zephon's codecs (3.2: text at zstd level 6, the planes at LZ4,
+Parquet's LZ4_RAW), no dictionary, row groups of ~1 MiB of Arrow data. No parsing, byte
+planes, manifest, hashing or staging: what is left when all of that is free. The file is read back with plain pyarrow (token planes undone
+with numpy, as any reader of that layout must). ``benchmarks/bench_convert.py`` checks
+that this file and Zephon's shards hold the same codecs and physical types.
 """
 
 from __future__ import annotations
@@ -29,14 +35,53 @@ def _read_input(kind: str, inp: str):
                             for p in sorted(os.listdir(inp)))
 
 
-def convert(kind: str, inp: str, out: str, workers: int = 1) -> None:
+#: Zephon's default codecs for these corpora (``compression="auto"``, format v5).
+TEXT_LEVEL = 6
+
+
+def prepare_convert(kind: str, inp: str):
+    """The input as one Arrow table in memory, token windows already in byte planes: what
+    the raw writer starts from (untimed)."""
+    import pyarrow as pa
+
+    table = _read_input(kind, inp).combine_chunks()
+    if kind == "tokens":
+        table = pa.table({"tokens": _byte_planes(table.column("tokens").chunk(0))})
+    return table
+
+
+def _byte_planes(col) -> object:
+    """Fixed-size lists of int32 as ``fixed_size_binary`` whose bytes are in planes: plane
+    ``k`` of a row holds byte ``k`` of each of its elements (``formats/SPEC.md`` 3.1)."""
+    import pyarrow as pa
+
+    n, rows = col.type.list_size, len(col)
+    values = col.values.slice(col.offset * n, rows * n).to_numpy()
+    planes = values.view(np.uint8).reshape(rows, n, 4).transpose(0, 2, 1).copy()
+    return pa.Array.from_buffers(pa.binary(n * 4), rows, [None, pa.py_buffer(planes)])
+
+
+def _from_planes(col):
+    """The inverse of :func:`_byte_planes`: a 2-D int32 array of the windows."""
+    rows = len(col)
+    data = np.frombuffer(col.buffers()[1], np.uint8, rows * WINDOW * 4, col.offset * WINDOW * 4)
+    return data.reshape(rows, 4, WINDOW).transpose(0, 2, 1).copy().view(np.int32).reshape(
+        rows, WINDOW)
+
+
+def convert(kind: str, inp: str, out: str, workers: int = 1, prepared=None) -> None:
+    """Write ``prepared`` (else the input, read now) with Zephon's default codecs."""
     import pyarrow.parquet as pq
 
-    table = _read_input(kind, inp)
+    table = prepared if prepared is not None else prepare_convert(kind, inp)
     rows = max(1, int((1 << 20) * table.num_rows / max(1, table.nbytes)))
+    if kind == "tokens":
+        codec = {"compression": "lz4"}
+    else:
+        codec = {"compression": "zstd", "compression_level": TEXT_LEVEL}
     os.makedirs(out, exist_ok=True)
-    pq.write_table(table, os.path.join(out, "data.parquet"), compression="zstd",
-                   compression_level=3, row_group_size=rows)
+    pq.write_table(table, os.path.join(out, "data.parquet"), row_group_size=rows,
+                   use_dictionary=False, **codec)
 
 
 def _file(path: str) -> str:
@@ -47,9 +92,13 @@ def decode(kind: str, rb) -> dict:
     """A record batch (or table) as the benchmark's batch: lists of str, or a 2-D array."""
     if kind == "text":
         return {"path": rb.column("path").to_pylist(), "text": rb.column("text").to_pylist()}
+    import pyarrow as pa
+
     col = rb.column("tokens")
     if hasattr(col, "combine_chunks"):
         col = col.combine_chunks()
+    if col.type.equals(pa.binary(WINDOW * 4)):   # byte planes
+        return {"tokens": _from_planes(col)}
     return {"tokens": col.flatten().to_numpy().reshape(-1, WINDOW)}
 
 
@@ -84,12 +133,16 @@ def read(kind: str, path: str, *, shuffle: bool) -> int:
 
 def random_access(kind: str, path: str):
     """``get(i)`` on the table held in memory (the limit: no I/O, no decompression)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(_file(path)).combine_chunks()
     if kind == "text":
         return lambda i: table.slice(i, 1).to_pylist()[0]
-    return lambda i: {"tokens": table.column(0).chunk(0)[i].values.to_numpy()}
+    col = table.column(0).chunk(0)
+    if col.type.equals(pa.binary(WINDOW * 4)):   # byte planes
+        return lambda i: {"tokens": _from_planes(col.slice(i, 1))[0]}
+    return lambda i: {"tokens": col[i].values.to_numpy()}
 
 
 def resume_state(kind: str, path: str, cursor: int, *, shuffle: bool = True) -> dict:

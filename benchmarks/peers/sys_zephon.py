@@ -6,14 +6,16 @@ from .common import BATCH, SEED
 
 
 def convert(kind: str, inp: str, out: str, workers: int = 1,
-            compression: str | None = None) -> None:
+            compression: str | None = None) -> dict:
     """``compression``: a named codec (``WriteOptions(compression=...)``) instead of the
-    default; ab.py's ``--compression``."""
+    default; ab.py's ``--compression``. Returns the phases' wall seconds and the seconds of
+    each kind of work (``ConvertResult.stages``, ``work_seconds``; absent before issue 43)."""
     from zephon_store import WriteOptions
     from zephon_store import convert as zconvert
 
     options = None if compression is None else WriteOptions(compression=compression)
-    zconvert([inp], out, workers=workers, progress=False, options=options)
+    r = zconvert([inp], out, workers=workers, progress=False, options=options)
+    return {"stages": r.stages, "work": getattr(r, "work_seconds", {})}
 
 
 def _loader(path: str, kind: str, *, shuffle: bool, workers: int = 0, collate=True,

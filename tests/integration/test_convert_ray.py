@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import ROOT, tree_digest, write_jsonl_corpus
+from tests.helpers.tty import run_on_tty
 from zephon_store import convert
 from zephon_store.errors import InputError, OutputLockedError
 from zephon_store.ingest import InputOptions
@@ -130,6 +131,18 @@ def test_a_local_ray_convert_prints_none_of_rays_log_lines(tmp_path):
     assert "wrote 50 samples in 1 shard " in r.stdout
 
 
+def test_a_ray_convert_on_a_terminal_shows_its_start_and_bars(tmp_path):
+    # Issue 43 item 6; the test above is the same command on a pipe: nothing on stderr.
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(50)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    rc, out, shown = run_on_tty(_cli(str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "ds"),
+                                     "--engine", "ray", "--workers", "1"),
+                                env=dict(env, PYTHONPATH=ROOT))
+    assert rc == 0, shown[-2000:]
+    assert "start: ray workers ..." in shown and "parse:" in shown and "write:" in shown, shown
+    assert "wrote 50 samples in 1 shard " in out
+
+
 # -- byte identity ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["jsonl.zst", "parquet", "csv", "packed", "best-fit"])
@@ -147,6 +160,8 @@ def test_ray_with_1_and_3_workers_writes_the_local_bytes(cluster, corpora, local
         assert (res.engine, res.workers) == ("ray", workers)
         assert res.dataset_id == ref.dataset_id and tree_digest(out) == ref_tree
         assert set(res.stages) >= {"plan", "parse", "cut", "write", "publish"}
+        # Timed inside the Ray tasks and sent back with their results (issue 43 item 5).
+        assert res.work_seconds["read"] > 0 and res.work_seconds["compress"] > 0
     assert verify(str(out), deep=True).ok
 
 

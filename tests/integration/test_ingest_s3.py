@@ -154,3 +154,21 @@ def test_a_rerun_over_s3_inputs_reads_none_until_one_changes(s3_bucket, tmp_path
     third = convert([src], out, input_storage_options=options, overwrite=True)
     assert not third.unchanged and third.inputs_reused == 0
     assert third.dataset_id != first.dataset_id
+
+
+def test_an_arrow_ipc_input_on_s3_reads_exactly_through_faults(s3_bucket, proxy, monkeypatch):
+    monkeypatch.setattr(source_mod, "BLOCK_BYTES", BLOCK)
+    table = pa.Table.from_pylist(RECORDS)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=700)
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options, skip_instance_cache=True)
+    fs.pipe(f"{s3_bucket.name}/ipc/d.arrow", sink.getvalue().to_pybytes())
+    options = _options(s3_bucket, proxy)
+    (f,) = expand_inputs([f"{s3_bucket.url}/ipc/d.arrow"], storage_options=options)
+    assert f.kind == "arrow"
+    proxy.http503_next(1)
+    proxy.reset_next(1)
+    before = proxy.injected
+    assert [r for b in read_input(f, storage_options=options) for r in b.to_pylist()] == RECORDS
+    assert proxy.injected == before + 2

@@ -66,7 +66,8 @@ def cmd_fill(args) -> int:
 
     budget = _budget(args.budget) if args.budget is not None else None
     report = fill_decoded_cache(args.url, _decoded_dir(args.dir), budget_bytes=budget,
-                                storage_options=args.storage_options)
+                                storage_options=args.storage_options,
+                                progress=False if args.json else None)
     if args.json:
         emit(report.to_dict())
         return 0

@@ -24,7 +24,8 @@ def add_gc_parser(sub) -> None:
 def cmd_gc(args) -> int:
     from ..write.gc import gc
 
-    result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options)
+    result = gc(args.url, dry_run=args.dry_run, storage_options=args.storage_options,
+                progress=False if args.json else None)
     if args.json:
         emit(result.to_dict())
         return 0

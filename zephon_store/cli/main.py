@@ -128,7 +128,7 @@ def _add_convert_parser(sub) -> None:
     c.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--engine ray: the cluster to join (e.g. 127.0.0.1:6379 or auto); "
                         "default: start a local Ray instance")
-    c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv"], default=None,
+    c.add_argument("--format", choices=["jsonl", "parquet", "text", "csv", "arrow"], default=None,
                    help="input format (default: from each file name)")
     c.add_argument("--text-mode", choices=["file", "line"], default="file",
                    help="plain text: one sample per file or per line")
@@ -149,8 +149,10 @@ def _add_convert_parser(sub) -> None:
     _add_packing_args(c)
     c.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
     c.add_argument("--verbose", "-v", action="store_true",
-                   help="--engine ray: show Ray's own log lines and the workers' output "
-                        "(default: Ray's errors only)")
+                   help="print where the time went (each phase's wall time, and the seconds "
+                        "of each kind of work summed over the tasks); with --engine ray also "
+                        "show Ray's own log lines and the workers' output (default: Ray's "
+                        "errors only)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset already at --output (what only its "
                         "manifest references is removed after the new one is published)")
@@ -363,14 +365,27 @@ def cmd_convert(args) -> int:
             print(f"skipped (--on-error skip): {counts}")
             for example in result.skip_examples:
                 print(f"  e.g. {example}")
+        if args.verbose:
+            print(_convert_times(result))
     return 0
+
+
+def _convert_times(result) -> str:
+    """``convert --verbose``: each phase's wall time, then the seconds of each kind of work
+    summed over the tasks (zephon_store.write.stage_times)."""
+    def line(seconds: dict) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+
+    across = f"{_count(result.workers, 'worker')} ({result.engine})"
+    return (f"time {result.seconds:.2f} s: {line(result.stages)}\n"
+            f"work, s summed over the tasks of {across}: {line(result.work_seconds)}")
 
 
 def cmd_verify(args) -> int:
     from ..read.verify import verify
 
     report = verify(args.url, deep=args.deep, storage_options=args.storage_options,
-                    workers=args.workers, progress=not args.json and sys.stderr.isatty())
+                    workers=args.workers, progress=False if args.json else None)
     if args.json:
         emit(report.to_dict())
     else:

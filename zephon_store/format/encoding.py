@@ -247,13 +247,13 @@ def _chunk_to_storage(arr: pa.FixedSizeListArray, name: str, row0: int,
                                  null_count=arr.null_count, offset=arr.offset)
 
 
-def to_storage(table: pa.Table, encodings: dict[str, str]) -> pa.Table:
+def to_storage(table: pa.Table, encodings: dict[str, str], *, row0: int = 0) -> pa.Table:
     """Re-type the encoded columns of a logical ``table`` into their storage types.
 
     Zero-copy for the values of ``fixed_size_binary_le`` columns (the child buffer becomes
     the binary data buffer), one copy for ``fixed_size_binary_split``; raises
     :class:`ElementNullError` naming the column and row if an element inside a valid row
-    is null.
+    is null (``row0``: the number of the table's first row, for a slice of a larger one).
 
     >>> t = pa.table({"x": pa.array([[1, 2]], pa.list_(pa.uint16(), 2))})
     >>> to_storage(t, {"x": FIXED_SIZE_BINARY_LE}).column("x").to_pylist()
@@ -270,10 +270,10 @@ def to_storage(table: pa.Table, encodings: dict[str, str]) -> pa.Table:
         if field.name not in encodings:
             columns.append(column)
             continue
-        chunks, row0 = [], 0
+        chunks, first = [], row0
         for chunk in column.chunks:
-            chunks.append(_chunk_to_storage(chunk, field.name, row0, encodings[field.name]))
-            row0 += len(chunk)
+            chunks.append(_chunk_to_storage(chunk, field.name, first, encodings[field.name]))
+            first += len(chunk)
         columns.append(pa.chunked_array(chunks, type=target.field(field.name).type))
     return pa.Table.from_arrays(columns, schema=target)
 

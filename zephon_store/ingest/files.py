@@ -24,6 +24,7 @@ KIND_SUFFIXES = {
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
     ".parquet": "parquet", ".pq": "parquet",
     ".csv": "csv", ".tsv": "csv",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
 }
 # Plain-text and source-code suffixes; documented in docs/inputs.md, keep both in step.
 TEXT_SUFFIXES = (
@@ -56,7 +57,7 @@ def detect_kind(url: str, format: str | None = None) -> str:
     if suffix in KIND_SUFFIXES:
         return KIND_SUFFIXES[suffix]
     raise InputError(
-        f"cannot tell the format of {url}; pass --format jsonl|parquet|text|csv", path=url
+        f"cannot tell the format of {url}; pass --format jsonl|parquet|text|csv|arrow", path=url
     )
 
 

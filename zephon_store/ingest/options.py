@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-KINDS = ("jsonl", "parquet", "text", "csv")
+KINDS = ("jsonl", "parquet", "text", "csv", "arrow")
 COMPRESSIONS = ("gzip", "zstd", "bz2", "xz")
 TEXT_MODES = ("file", "line")
 ON_ERROR = ("raise", "skip")

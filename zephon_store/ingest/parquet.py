@@ -20,26 +20,16 @@ import pyarrow.parquet as pq
 from ..errors import InputError, ZephonError
 from .options import InputFile, InputOptions, InputStats
 from .schema import normalize_batch
-from .source import open_raw
-
-_READ_ERRORS = (pa.ArrowException, OSError, ValueError)
+from .self_compressed import READ_ERRORS, open_self_compressed
 
 
 def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dict | None,
                  stats: InputStats | None) -> Iterator[pa.RecordBatch]:
     """Record batches of one Parquet file, at most ``options.batch_rows`` rows each."""
-    if file.compression is not None:
-        raise InputError(
-            f"{file.url}: Parquet compresses its pages itself and cannot be read through "
-            f"{file.compression}; decompress the file first", path=file.url)
-    with open_raw(file, storage_options) as raw:
-        try:
-            pf = pq.ParquetFile(raw, page_checksum_verification=True)
-        except ZephonError:
-            raise  # storage gave up after retries (pyarrow passes our errors through)
-        except _READ_ERRORS as exc:
-            raise InputError(f"{file.url}: not a readable Parquet file ({exc}); check that it "
-                             f"is Parquet and complete, or pass --format", path=file.url) from exc
+    with open_self_compressed(
+            file, storage_options, format="Parquet", compresses="pages",
+            check="check that it is Parquet and complete",
+            open_fn=lambda raw: pq.ParquetFile(raw, page_checksum_verification=True)) as pf:
         row = 0
         for rg in range(pf.num_row_groups):
             # One row group at a time, so an error can say where it happened.
@@ -50,7 +40,7 @@ def read_parquet(file: InputFile, *, options: InputOptions, storage_options: dic
                         yield normalize_batch(batch)
             except ZephonError:
                 raise
-            except _READ_ERRORS as exc:
+            except READ_ERRORS as exc:
                 what = "a page fails its CRC checksum" if "CRC checksum" in str(exc) \
                     else "cannot read Parquet"
                 raise InputError(

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from .arrow_ipc import read_arrow
 from .csv import read_csv
 from .files import open_stream
 from .jsonl import read_jsonl
@@ -45,6 +46,8 @@ def read_input(file: InputFile, *, options: InputOptions = DEFAULT_OPTIONS,
         batches = read_parquet(file, options=options, storage_options=storage_options, stats=stats)
     elif file.kind == "csv":
         batches = read_csv(file, options=options, storage_options=storage_options, stats=stats)
+    elif file.kind == "arrow":
+        batches = read_arrow(file, options=options, storage_options=storage_options, stats=stats)
     else:
         batches = _streamed(file, options=options, storage_options=storage_options, stats=stats)
     for batch in batches:

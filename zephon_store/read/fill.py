@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._util.progress import progress_bar
+
 
 @dataclass(frozen=True)
 class FillReport:
@@ -71,12 +73,14 @@ def how_jobs_read(cache, budget_flag: int | None) -> tuple[dict[str, str], bool,
 
 def fill_decoded_cache(url: str, decoded_dir: str | None = None, *,
                        budget_bytes: int | None = None, threads: int | None = None,
-                       storage_options: dict | None = None) -> FillReport:
+                       storage_options: dict | None = None,
+                       progress: bool | None = False) -> FillReport:
     """Decode the row groups of ``url`` into the decoded cache at ``decoded_dir`` (default:
     ``$ZEPHON_DECODED_CACHE_DIR`` or the user cache's ``decoded`` folder), in order, until
     all are there or 90% of the budget is filled (beyond it, eviction would undo the fill).
     ``budget_bytes`` (default: ``$ZEPHON_DECODED_CACHE_BUDGET`` or 20 GiB) is also written
     into the report's ``job_env`` when given; ``threads`` defaults to one per core, at most 4.
+    ``progress``: a bar of the row groups on stderr (None: when it is a terminal).
 
     >>> import os
     >>> fill_decoded_cache(tiny_dataset, os.path.join(tmp, "d"), threads=2).present
@@ -93,13 +97,16 @@ def fill_decoded_cache(url: str, decoded_dir: str | None = None, *,
     threads = threads if threads is not None else min(4, os.cpu_count() or 1)
     # cache=False: a remote dataset's compressed bytes are not kept beside the decoded ones.
     with open_dataset(url, storage_options=storage_options, cache=False,
-                      decoded_cache=cache) as ds, ThreadPoolExecutor(threads) as pool:
+                      decoded_cache=cache) as ds, ThreadPoolExecutor(threads) as pool, \
+            progress_bar(progress, ds.manifest.num_row_groups, "fill", "row group") as bar:
         rgs = ds.row_groups
         n = ds.manifest.num_row_groups
         while done < n and size <= limit:
             batch = range(done, min(n, done + threads))
             size += sum(t.nbytes for t in pool.map(lambda rg: rgs.read(rg, keep=False), batch))
             done += len(batch)
+            bar.update(len(batch))
+            bar.set_postfix(decoded=f"{size / 1e6:,.1f}MB")
         cached = sum(cache.contains(rgs.decoded_key(rg)) for rg in range(n))
     job_env, read_here, warning = how_jobs_read(cache, budget_bytes)
     return FillReport(url=url, decoded_dir=cache.directory, row_groups=n, filled=cached,

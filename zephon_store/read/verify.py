@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._util.hashing import xxh3_hex
+from .._util.progress import progress_bar
 from ..errors import ManifestError, UnsafePathError, ZephonError
 from ..format.footer import chunk_range_problem
 from ..format.manifest import (
@@ -143,16 +144,15 @@ def verify(url: str, *, deep: bool = False, storage_options: dict | None = None,
     except ManifestError as exc:
         add(Finding(None, "manifest", str(exc)))
     shards = range(m.num_shards)
-    from tqdm import tqdm
-
     per_shard: list[dict | None] = []
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = pool.map(lambda s: _check_shard(st, m, s, deep, bad_chunks), shards)
-        for found, codecs in tqdm(results, total=len(shards), desc="verify", unit="shard",
-                                  disable=not progress, leave=False):
+    with ThreadPoolExecutor(max(1, workers)) as pool, \
+            progress_bar(progress, len(shards), "verify", unit="shard") as bar:
+        for found, codecs in pool.map(lambda s: _check_shard(st, m, s, deep, bad_chunks),
+                                      shards):
             report.findings.extend(found)
             report.shards_checked += 1
             per_shard.append(codecs)
+            bar.update(1)
     _check_auto_codecs(m, per_shard, murl, add)
     check_documents(m, lambda kind, message: add(Finding(None, kind, message)))
     _check_orphans(st, m, add)

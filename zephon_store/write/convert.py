@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -36,6 +35,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 import pyarrow as pa
 
+from .._util.progress import progress_bar, progress_note
 from ..errors import DiskFullError, InputError, OutputExistsError
 from ..format.encoding import ElementNullError
 from ..format.manifest import schema_from_base64, schema_to_base64, shard_path
@@ -51,6 +51,7 @@ from .publish import check_output, publish_manifest, stored_intact
 from .rerun import job_fingerprint, record_job, unchanged_output
 from .rowsize import table_row_nbytes
 from .shardwriter import ShardInfo, WriteOptions, write_shard
+from .stage_times import StageTimes, stage
 from .staged import StagedInput, arrow_batch_rows, read_staged
 from .staging import STAGING_DIRNAME, StagingArea, job_area, job_key, shared_storage
 
@@ -74,10 +75,13 @@ class ConvertResult:
     seconds: float = 0.0
     engine: str = "local"
     workers: int = 1
-    stages: dict = field(default_factory=dict)  # stage -> seconds (plan, parse, ..., publish)
+    stages: dict = field(default_factory=dict)  # phase -> wall seconds (plan, parse, ..., publish)
     # True for a rerun over this same conversion's intact output: no input read, nothing
     # written (zephon_store.write.rerun)
     unchanged: bool = False
+    # kind of work -> seconds summed over every task (stage_times.WORK: read, size, ...,
+    # hash, write, publish); tasks that ran at once can add up to more than the wall time
+    work_seconds: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,16 +153,15 @@ def convert(
         inputs = [inputs]
     in_so = storage_options if input_storage_options is None else input_storage_options
     parse_fn = parse_fn or _default_parse
-    if progress is None:
-        progress = sys.stderr.isatty()
 
     stages: dict[str, float] = {}
+    work = StageTimes()
     out = Storage(output, storage_options=storage_options)
     made = _check_local_output(out)
     try:
         return _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn,
                                executor, progress, staging_dir, extra_manifest, restream,
-                               overwrite, stages, t0)
+                               overwrite, stages, work, t0)
     except BaseException:
         if made:   # a failed convert leaves no folder behind that it made itself
             with contextlib.suppress(OSError):
@@ -178,7 +181,8 @@ def _check_local_output(out: Storage) -> bool:
 
 
 def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn, executor,
-                    progress, staging_dir, extra_manifest, restream, overwrite, stages, t0):
+                    progress, staging_dir, extra_manifest, restream, overwrite, stages, work,
+                    t0):
     """:func:`convert` under the output's lock."""
     # First: a second convert (or an S3 output without credentials) fails before any work.
     with output_lock(out) as lock:
@@ -194,7 +198,7 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
         if done is not None:
             stages["plan"] = time.perf_counter() - t0
             return _result(output, done, files, [], (len(files), done.num_shards), executor,
-                           stages, t0, unchanged=True)
+                           stages, work, t0, unchanged=True)
         check_output(out, files, options, overwrite=overwrite)
         active = _on_disk(area.root, lambda: area.open_job(out.root_url))
         try:
@@ -202,7 +206,7 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
             stages["plan"] = time.perf_counter() - t0
             metas, cuts, infos, schema, reuse, found = _stage_and_write(
                 files, out, area, options, input_options, in_so, parse_fn, executor,
-                progress, restream, stages)
+                progress, restream, stages, work)
             t1 = time.perf_counter()
             documents = found.pop(DOCUMENT_PARTS, None)
             result = _on_disk(area.root, lambda: publish_manifest(
@@ -211,6 +215,7 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
                 documents=None if documents is None else (documents, area)))
             record_job(out, result.dataset_id, fingerprint)
             stages["publish"] = time.perf_counter() - t1
+            work.add("publish", stages["publish"])
         except BaseException:
             if active is not None:
                 os.close(active)  # the staged work stays for a rerun ...
@@ -218,13 +223,15 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
                 area.finish_job(None)   # ... unless there is none: no input was staged
             raise
         area.finish_job(active)
-    return _result(output, result, files, metas, reuse, executor, stages, t0)
+    return _result(output, result, files, metas, reuse, executor, stages, work, t0)
 
 
 def _result(output: str, manifest, files, metas, reuse, executor: Executor,
-            stages: dict[str, float], t0: float, *, unchanged: bool = False) -> ConvertResult:
+            stages: dict[str, float], work: StageTimes, t0: float, *,
+            unchanged: bool = False) -> ConvertResult:
     """What :func:`convert` returns: the published manifest's totals, what was reused and
-    skipped, and the time each stage took (``t0``: when the call began)."""
+    skipped, the wall time of each phase and the seconds of each kind of work (``t0``: when
+    the call began)."""
     inputs_reused, shards_reused = reuse
     return ConvertResult(
         url=output, dataset_id=manifest.dataset_id, num_samples=manifest.num_samples,
@@ -235,7 +242,8 @@ def _result(output: str, manifest, files, metas, reuse, executor: Executor,
         skip_examples=[e for m in metas for e in m.stats.get("examples", [])][:10],
         seconds=round(time.perf_counter() - t0, 3), engine=_engine_name(executor),
         workers=executor.workers,
-        stages={k: round(v, 3) for k, v in stages.items()}, unchanged=unchanged)
+        stages={k: round(v, 3) for k, v in stages.items()}, unchanged=unchanged,
+        work_seconds=work.rounded())
 
 
 def _engine_name(executor: Executor) -> str:
@@ -244,7 +252,7 @@ def _engine_name(executor: Executor) -> str:
 
 
 def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, executor,
-                     progress, restream, stages):
+                     progress, restream, stages, work):
     t = time.perf_counter()
 
     def lap(name: str) -> None:
@@ -253,10 +261,12 @@ def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, 
         stages[name] = now - t
         t = now
 
-    with executor:
+    with contextlib.ExitStack() as running:
+        with progress_note(progress, f"start: {_engine_name(executor)} workers"):
+            running.enter_context(executor)
         lap("start")  # starting workers (a local Ray instance takes seconds)
         metas, inputs_reused = _parse_all(files, area, input_options, in_so, parse_fn, executor,
-                                          progress)
+                                          progress, work)
         lap("parse")
         if not any(m.rows for m in metas):
             raise InputError(f"no records found in {len(files)} input file(s) ({files[0].url}, "
@@ -268,10 +278,11 @@ def _stage_and_write(files, out, area, options, input_options, in_so, parse_fn, 
             # returns what it learnt for the manifest (the packing totals).
             metas, schema, found = restream(files, metas, area, executor)
             lap("restream")
+            work.add("pack", stages["restream"])
         cuts = _cut_shards(metas, area, options)
         lap("cut")
         infos, shards_reused = _write_all(cuts, metas, area, schema, options, out, executor,
-                                          progress)
+                                          progress, work)
         lap("write")
         if options.compression == "auto":
             found = {**found, "codecs": _codec_counts(infos)}
@@ -330,22 +341,15 @@ def _on_disk(path: str, fn):
         raise
 
 
-def _bar(progress: bool, total: int, desc: str, unit: str = "B"):
-    from tqdm import tqdm
-
-    # Bytes scale (kB, MB); counts of shards stay whole numbers (scaled, tqdm prints 1.00/9.00).
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", disable=not progress,
-                leave=False, file=sys.stderr)
-
-
 # -- phase 1: parse ------------------------------------------------------------------------
-def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
+def _parse_all(files, area, input_options, so, parse_fn, executor, progress, work):
     tasks = [(i, f, area, input_options, so, parse_fn) for i, f in enumerate(files)]
     metas: list[StagedInput | None] = [None] * len(files)
     t0, rows, parsed, reused = time.perf_counter(), 0, 0, 0
-    with _bar(progress, sum(f.size for f in files), "parse") as bar:
-        for meta, was_reused in executor.map(_parse_one, tasks, name="parse"):
+    with progress_bar(progress, sum(f.size for f in files), "parse") as bar:
+        for meta, was_reused, seconds in executor.map(_parse_one, tasks, name="parse"):
             metas[meta.index] = meta
+            work.merge(seconds)
             rows += meta.rows
             reused += was_reused
             bar.update(meta.input_bytes)
@@ -357,13 +361,18 @@ def _parse_all(files, area, input_options, so, parse_fn, executor, progress):
     return metas, reused
 
 
-def _parse_one(task) -> tuple[StagedInput, bool]:
+def _parse_one(task) -> tuple[StagedInput, bool, dict[str, float]]:
+    """Parse and stage one input: its record, whether it was reused, and the seconds of
+    its work by kind (:mod:`stage_times`)."""
     # A rerun reuses an input staged complete; the check runs here, in the task, so the
     # driver makes no request per input.
     meta = read_staged(task[2], f"parsed/{task[0]:06d}.json")
     if meta is not None and meta.complete(task[2]):
-        return meta, True
-    return _on_disk(task[2].root, lambda: _parse_staged(task)), False
+        return meta, True, {}
+    times = StageTimes()
+    with times.active():
+        meta = _on_disk(task[2].root, lambda: _parse_staged(task))
+    return meta, False, times.seconds
 
 
 def _parse_staged(task) -> StagedInput:
@@ -373,8 +382,13 @@ def _parse_staged(task) -> StagedInput:
     rows, sizes, schema = 0, [], None
     writer = None
     tmp = area.scratch(f"{base}.arrow")
+    batches = iter(parse_fn(f, input_options, so, stats))
     try:
-        for batch in parse_fn(f, input_options, so, stats):
+        while True:
+            with stage("read"):   # a tokenizing parse_fn charges its own part to "tokenize"
+                batch = next(batches, None)
+            if batch is None:
+                break
             if batch.num_rows == 0:
                 continue
             if writer is None:
@@ -386,8 +400,10 @@ def _parse_staged(task) -> StagedInput:
                 writer.close()
                 writer = _rewrite_with_schema(tmp, schema, area.ipc_options)
                 batch = conform_batch(pa.Table.from_batches([batch]), schema).to_batches()[0]
-            writer.write_batch(batch)
-            sizes.append(table_row_nbytes(batch))
+            with stage("stage"):
+                writer.write_batch(batch)
+            with stage("size"):
+                sizes.append(table_row_nbytes(batch))
             rows += batch.num_rows
     finally:
         if writer is not None:
@@ -469,7 +485,7 @@ def _pieces(cut: ShardCut, input_starts: np.ndarray, input_rows: np.ndarray):
 
 
 # -- phase 3: write ------------------------------------------------------------------------
-def _write_all(cuts, metas, area, schema, options, out, executor, progress):
+def _write_all(cuts, metas, area, schema, options, out, executor, progress, work):
     input_rows = np.array([m.rows for m in metas], dtype=np.int64)
     input_starts = np.concatenate([[0], np.cumsum(input_rows)[:-1]]).astype(np.int64)
     infos: list[ShardInfo | None] = [None] * len(cuts)
@@ -481,9 +497,10 @@ def _write_all(cuts, metas, area, schema, options, out, executor, progress):
         tasks.append((p, pieces, area, {i: metas[i] for i, _, _ in pieces}, schema_b64,
                       options, out))
     reused = written = 0
-    with _bar(progress, len(cuts), "write", unit="shard") as bar:
-        for index, info, was_reused in executor.map(_write_one, tasks, name="write"):
+    with progress_bar(progress, len(cuts), "write", unit="shard") as bar:
+        for index, info, was_reused, seconds in executor.map(_write_one, tasks, name="write"):
             infos[index] = info
+            work.merge(seconds)
             reused += was_reused
             written += info.bytes
             bar.update(1)
@@ -492,7 +509,11 @@ def _write_all(cuts, metas, area, schema, options, out, executor, progress):
 
 
 def _write_one(task):
-    return _on_disk(task[2].root, lambda: _write_staged(task))
+    """Write one shard: ``(index, info, reused, seconds of its work by kind)``."""
+    times = StageTimes()
+    with times.active():
+        index, info, reused = _on_disk(task[2].root, lambda: _write_staged(task))
+    return index, info, reused, times.seconds
 
 
 def _write_staged(task):
@@ -506,22 +527,25 @@ def _write_staged(task):
         if stored_intact(out, shard_path(info.name), info.bytes, info.name):
             return cut.index, info, True
     schema = schema_from_base64(schema_b64)
-    parts = [conform_batch(staged[i].read_rows(area, local, n), schema) for i, local, n in pieces]
-    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    with stage("stage"):
+        parts = [conform_batch(staged[i].read_rows(area, local, n), schema)
+                 for i, local, n in pieces]
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     tmp = area.scratch(f"tmp/{cut.index:06d}") + ".parquet"
     try:
-        info = write_shard(table, cut.row_group_rows, tmp, options)
+        info = write_shard(table, cut.row_group_rows, tmp, options)  # encode, compress, hash
     except ElementNullError as exc:
         raise _input_error(exc, pieces, staged) from exc
-    rel = shard_path(info.name)
-    # A shard already stored intact under its name (an earlier run's) is not written again,
-    # and counts as reused.
-    stored = stored_intact(out, rel, info.bytes, info.name)
-    if not stored:   # absent or damaged: (re)write
-        out.write_file_from_local(rel, tmp, move=True)
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    area.write_json(f"done/{cut.index:06d}.json", info.to_dict())
+    with stage("write"):
+        rel = shard_path(info.name)
+        # A shard already stored intact under its name (an earlier run's) is not written
+        # again, and counts as reused.
+        stored = stored_intact(out, rel, info.bytes, info.name)
+        if not stored:   # absent or damaged: (re)write
+            out.write_file_from_local(rel, tmp, move=True)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        area.write_json(f"done/{cut.index:06d}.json", info.to_dict())
     return cut.index, info, stored
 
 

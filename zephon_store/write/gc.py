@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .._util.progress import progress_bar
 from ..errors import ManifestError
 from ..format.manifest import (
     INDEX_DIR,
@@ -43,8 +44,10 @@ class GcResult:
         return asdict(self)
 
 
-def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) -> GcResult:
+def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None,
+       progress: bool | None = False) -> GcResult:
     """Remove the orphans of the dataset at ``url``; with ``dry_run`` only list them.
+    ``progress``: a bar of the files removed on stderr (None: when it is a terminal).
 
     Takes the output's lock (:class:`~zephon_store.errors.OutputLockedError` while a convert
     runs, or when the lock is lost before the first delete) and needs a manifest that loads
@@ -79,8 +82,10 @@ def gc(url: str, *, dry_run: bool = False, storage_options: dict | None = None) 
                 result.skipped.append(rel)
         if not dry_run and result.removed:
             lock.check("removing orphans (nothing was removed)")
-            for rel in result.removed:
-                st.delete(rel)
+            with progress_bar(progress, len(result.removed), "gc", unit="file") as bar:
+                for rel in result.removed:
+                    st.delete(rel)
+                    bar.update(1)
     return result
 
 

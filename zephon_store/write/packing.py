@@ -50,6 +50,7 @@ from ..format.documents import DOCUMENTS_PER_CHUNK
 from ..format.manifest import schema_to_base64
 from .bestfit import stage_buffers
 from .documents import DOCUMENT_PARTS, DocumentParts, stage_concat_documents
+from .stage_times import stage
 from .staged import StagedInput, arrow_batch_rows, read_staged
 from .staging import StagingArea
 
@@ -313,8 +314,11 @@ class TokenizeDocuments:
             row += batch.num_rows
             for i in range(0, len(texts), _ENCODE_DOCS):
                 docs = texts[i:i + _ENCODE_DOCS]
-                yield self._to_batch([e.ids for e in encode(docs, add_special_tokens=False)],
-                                     records[i:i + _ENCODE_DOCS], docs)
+                with stage("tokenize"):
+                    tokens = self._to_batch(
+                        [e.ids for e in encode(docs, add_special_tokens=False)],
+                        records[i:i + _ENCODE_DOCS], docs)
+                yield tokens
 
     def _texts(self, f, batch: pa.RecordBatch, options, stats,
                row0: int) -> tuple[list[str], list[int]]:

@@ -12,6 +12,7 @@ writer re-types them to the storage types of :mod:`encoding` just before Parquet
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,8 +23,15 @@ import pyarrow.parquet as pq
 from .._util.arrow import is_flat_binary
 from .._util.hashing import xxh3_ranges
 from .._util.sizes import parse_size
-from ..format.encoding import FIXED_SIZE_LIST_MODES, storage_encodings, to_storage
+from ..format.encoding import (
+    FIXED_SIZE_BINARY_SPLIT,
+    FIXED_SIZE_LIST_MODES,
+    storage_encodings,
+    storage_schema,
+    to_storage,
+)
 from ..format.footer import row_group_byte_range
+from .stage_times import stage
 
 #: ``WriteOptions.compression`` values; ``"lz4"`` is Parquet's LZ4_RAW (pyarrow's name for it).
 COMPRESSIONS = ("auto", "zstd", "lz4", "snappy", "gzip", "brotli", "none")
@@ -159,33 +167,82 @@ def write_shard(table: pa.Table, row_group_rows: list[int], path: str,
     """
     if sum(row_group_rows) != table.num_rows:
         raise ValueError(f"row groups hold {sum(row_group_rows)} rows, table has {table.num_rows}")
-    encodings = storage_encodings(table.schema, options.fixed_size_lists, options.compression)
-    table = to_storage(table, encodings)
+    with stage("encode"):
+        encodings = storage_encodings(table.schema, options.fixed_size_lists,
+                                      options.compression)
+        schema, writer_options, codecs = _writer_plan(table, encodings, options)
+    try:
+        with stage("compress"), pq.ParquetWriter(path, schema, **writer_options) as writer:
+            start = 0
+            for n in row_group_rows:
+                # One row group in storage types at a time, just before it is compressed:
+                # a buffer the size of a row group, still in cache, where a whole shard in
+                # byte planes was a second copy of it and its page faults (docs/benchmarks.md,
+                # "Conversion (local engine)"). Parquet sees the same values in the same chunks.
+                with stage("encode"):
+                    part = to_storage(table.slice(start, n), encodings, row0=start)
+                writer.write_table(part, row_group_size=n)
+                start += n
+    except BaseException:
+        with contextlib.suppress(OSError):   # no half-written shard left behind
+            os.remove(path)
+        raise
+    with stage("hash"):
+        info = describe_shard(path)
+    info.codecs = codecs
+    return info
+
+
+def _writer_plan(table: pa.Table, encodings: dict[str, str],
+                 options: WriteOptions) -> tuple[pa.Schema, dict, dict]:
+    """The storage schema of the logical ``table``, the ``pq.ParquetWriter`` keyword arguments
+    that write it as ``options`` say, and the codecs ``compression="auto"`` chose (else
+    empty): decided from the shard's first rows, so the shard is never converted whole."""
+    schema = storage_schema(table.schema, encodings)
     codecs: dict[str, str] = {}
     if options.compression == "auto":
-        codecs = choose_codecs(table)
-        compression, level = _per_leaf(table.schema, codecs)
+        codecs = _codecs_of(schema, _storage_samples(table, encodings, schema))
+        compression, level = _per_leaf(schema, codecs)
     else:
         compression = options.compression
         level = options.compression_level if compression in ("zstd", "gzip", "brotli") else None
     use_dictionary: bool | list[str] = options.use_dictionary is not False
     if options.use_dictionary == "auto":
-        use_dictionary = dictionary_columns(table, exclude=encodings)
+        head = to_storage(table.slice(0, DICTIONARY_SAMPLE_ROWS), encodings)
+        use_dictionary = dictionary_columns(head, exclude=encodings)
     elif use_dictionary and encodings:
-        use_dictionary = [p for p in _leaf_paths(table.schema) if p not in encodings]
-    with pq.ParquetWriter(
-        path, table.schema, compression=compression, compression_level=level,
-        use_dictionary=use_dictionary, write_statistics=options.write_statistics,
-        data_page_size=options.data_page_size, version=options.parquet_version,
-        store_schema=True, write_page_index=False,
-    ) as writer:
-        start = 0
-        for n in row_group_rows:
-            writer.write_table(table.slice(start, n), row_group_size=n)
-            start += n
-    info = describe_shard(path)
-    info.codecs = codecs
-    return info
+        use_dictionary = [p for p in _leaf_paths(schema) if p not in encodings]
+    kwargs = dict(compression=compression, compression_level=level,
+                  use_dictionary=use_dictionary, write_statistics=options.write_statistics,
+                  data_page_size=options.data_page_size, version=options.parquet_version,
+                  store_schema=True, write_page_index=False)
+    return schema, kwargs, codecs
+
+
+def _storage_samples(table: pa.Table, encodings: dict[str, str],
+                     schema: pa.Schema) -> list[bytes]:
+    """Per column, the bytes :func:`choose_codecs` samples of ``to_storage(table,
+    encodings)`` (whose schema is ``schema``), converting only the rows it samples.
+
+    A column in byte planes without nulls has ``rows * width`` bytes of storage buffers,
+    so the sampled rows are known before converting; any other encoded column (back to
+    back, a zero-copy view; or holding nulls, whose validity buffer counts) is converted
+    whole, as :func:`choose_codecs` would see it.
+    """
+    out = []
+    for i, f in enumerate(table.schema):
+        col = table.column(i)
+        if f.name not in encodings:
+            out.append(_sample(col, f))
+            continue
+        rows = len(col)
+        if encodings[f.name] == FIXED_SIZE_BINARY_SPLIT and not col.null_count:
+            nbytes = rows * schema.field(i).type.byte_width
+            if nbytes > AUTO_SAMPLE_BYTES:
+                rows = max(1, rows * AUTO_SAMPLE_BYTES // nbytes)
+        stored = to_storage(table.select([i]).slice(0, rows), {f.name: encodings[f.name]})
+        out.append(_sample(stored.column(0), stored.schema.field(0)))
+    return out
 
 
 #: ``compression="auto"``, per top-level column of each shard (formats/SPEC.md, "Compression";
@@ -223,9 +280,14 @@ def choose_codecs(table: pa.Table) -> dict[str, str]:
     >>> choose_codecs(t)
     {'text': 'zstd-6', 'n': 'zstd-1', 'h': 'none'}
     """
+    return _codecs_of(table.schema, [_sample(table.column(i), f)
+                                     for i, f in enumerate(table.schema)])
+
+
+def _codecs_of(schema: pa.Schema, samples: list[bytes]) -> dict[str, str]:
+    """:func:`choose_codecs` on each storage column's sampled bytes."""
     out = {}
-    for i, f in enumerate(table.schema):
-        raw = _sample(table.column(i), f)
+    for f, raw in zip(schema, samples, strict=True):
         out[f.name] = auto_codec(
             _variable_bytes(f.type), len(raw) / pa.Codec("zstd", 1).compress(raw).size,
             lambda raw=raw: len(raw) / pa.Codec("lz4_raw").compress(raw).size)

@@ -58,7 +58,7 @@ def one(path, **kw) -> InputFile:
 @pytest.mark.parametrize("kwargs, message", [
     ({"batch_rows": 0}, "batch_rows must be > 0, got 0"),
     ({"batch_rows": True}, "batch_rows must be an int, got True"),
-    ({"format": "xml"}, "format must be one of jsonl|parquet|text|csv or None, got 'xml'"),
+    ({"format": "xml"}, "format must be one of jsonl|parquet|text|csv|arrow or None, got 'xml'"),
     ({"text_mode": "para"}, "text_mode must be one of file|line, got 'para'"),
     ({"on_error": "ignore"}, "on_error must be one of raise|skip, got 'ignore'"),
     ({"text_column": ""}, "text_column must be a non-empty string"),
@@ -110,7 +110,7 @@ def test_unknown_kind_says_what_to_pass():
     with pytest.raises(InputError) as err:
         detect_kind("data/part-0000.bin.gz")
     assert str(err.value) == ("cannot tell the format of data/part-0000.bin.gz; "
-                              "pass --format jsonl|parquet|text|csv")
+                              "pass --format jsonl|parquet|text|csv|arrow")
     assert detect_kind("data/part-0000.bin.gz", "jsonl") == "jsonl"
 
 
