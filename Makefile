@@ -6,6 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zephon-installed
 DEMO_STAMP := $(VENV)/.zephon-demo
+# Azurite (npm), the Azure Blob server of the tests; zephon_store/testing/azurite_server.py
+# finds it here. Pinned: a new Azurite can change what it honours.
+AZURITE := .azurite/node_modules/.bin/azurite-blob
+AZURITE_VERSION := 3.35.0
 
 .PHONY: env demo test test-titan-main lint bench bench-peers bench-start bench-format clean
 
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(venv_with_torch)
 	# One resolver run for everything: torchtitan 0.3.0 pulls datasets, which caps fsspec, and
 	# s3fs must match that fsspec; separate installs would leave them inconsistent.
-	$(PY) -m pip install -q -e '.[test,s3,torch,tokenize,torchtitan,ray,live,grain]'
+	$(PY) -m pip install -q -e '.[test,s3,gcs,azure,torch,tokenize,torchtitan,ray,live,grain]'
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -35,7 +39,10 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP)
+$(AZURITE):
+	npm install --prefix .azurite --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+
+test: $(STAMP) $(AZURITE)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests zephon_store docs/design.md --doctest-modules --doctest-glob=design.md
 
 # Optional (CI cannot reach GitHub): the TorchTitan integration against TorchTitan main, in its
@@ -77,4 +84,4 @@ bench-format: $(STAMP)
 	$(PY) -m benchmarks.format
 
 clean:
-	rm -rf $(VENV) .demo .bench
+	rm -rf $(VENV) .demo .bench .azurite

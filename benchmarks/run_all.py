@@ -101,6 +101,7 @@ def suites(quick: bool, before: str | None) -> dict[str, tuple[str, list[str]]]:
         "loader": ("bench_loader", pick([], ["--quick"])),
         "plan": ("bench_plan", pick([], ["--quick"])),
         "s3": ("bench_s3", pick([], ["--quick"])),
+        "gcs_client": ("bench_gcs_client", ["--runs", pick(["5"], ["2"])[0]]),
         "convert": ("bench_convert", pick(["--mb", "300", "--runs", "5"],
                                           ["--mb", "40", "--runs", "3"])),
         "manifest": ("bench_manifest", ["--shards", pick(["1000000"], ["100000"])[0]]),

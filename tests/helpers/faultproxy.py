@@ -13,7 +13,7 @@ Usage (the tests in tests/integration show it against a real SeaweedFS)::
     fs = s3fs.S3FileSystem(endpoint_url=proxy.endpoint_url, ...)
     proxy.requests, proxy.injected # (3, 2) after one GET that was retried twice
 
-Faults: ``reset_next``, ``http503_next``, ``truncate_next``, ``corrupt_next`` (a flipped body
+Faults: ``reset_next``, ``http503_next``, ``http_status_next`` (any status, JSON body), ``truncate_next``, ``corrupt_next`` (a flipped body
 byte), ``bad_checksum_next`` (a wrong S3 checksum header), ``blackhole_next``, ``latency``,
 ``down``/``down_forever``/``up``.
 
@@ -111,6 +111,7 @@ class FaultProxy:
         self.bytes_down = 0
         self.injected = 0
         self.log: list[tuple[str, str, str | None]] = []
+        self.auth_seen: list[str | None] = []   # each request's Authorization header
         self._faults: deque[tuple[str, int, str | None]] = deque()
         self._latency = 0.0
         self._lock = threading.Lock()
@@ -140,6 +141,11 @@ class FaultProxy:
     def reset_next(self, n: int = 1) -> None:
         """Answer the next ``n`` requests with a TCP reset."""
         self._queue("reset", n)
+
+    def http_status_next(self, status: int, n: int = 1) -> None:
+        """Answer the next ``n`` requests with HTTP ``status`` and a JSON error body (GCS's
+        shape; e.g. 429, 401, 403)."""
+        self._queue("status", n, status)
 
     def http503_next(self, n: int = 1) -> None:
         """Answer the next ``n`` requests with ``503 SlowDown`` (S3 XML error body)."""
@@ -179,6 +185,7 @@ class FaultProxy:
     def reset_counters(self) -> None:
         self.connections = self.requests = self.bytes_down = self.injected = 0
         self.log.clear()
+        self.auth_seen.clear()
 
     def down(self, seconds: float) -> None:
         """Drop every connection and refuse new ones for ``seconds`` (nothing listens)."""
@@ -262,6 +269,7 @@ class FaultProxy:
                 elif head.get("Content-Length"):
                     body = await creader.readexactly(int(head.get("Content-Length") or 0))
                 self.requests += 1
+                self.auth_seen.append(head.get("Authorization"))
                 fault = self._next_fault(target)
                 self.log.append((method, target, fault[0] if fault else None))
                 if fault is not None:
@@ -285,6 +293,14 @@ class FaultProxy:
                         b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
                         b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n"
                         % len(_SLOWDOWN_BODY) + payload)
+                    await cwriter.drain()
+                    continue
+                if kind == "status":
+                    error = b'{"error": {"code": %d, "message": "faultproxy"}}' % fault[1]
+                    self.bytes_down += len(error)
+                    cwriter.write(b"HTTP/1.1 %d Fault\r\nContent-Type: application/json\r\n"
+                                  b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n"
+                                  % (fault[1], len(error)) + (b"" if method == "HEAD" else error))
                     await cwriter.drain()
                     continue
                 # 'expect' is not signed by SigV4; we already answered 100 ourselves.

@@ -43,7 +43,9 @@ def behind_proxy(corpus, bucket, *, labels: int) -> Iterator[tuple[str, Counting
     ``(url, proxy)``."""
     url = f"{bucket.url}/ds"
     convert([str(corpus)], url, options=OPTS, storage_options=bucket.storage_options)
-    with CountingProxy(bucket.server.ports["s3"], labels=labels) as proxy:
+    server = bucket.server
+    port = server.ports["s3"] if hasattr(server, "ports") else server.port   # S3 or GCS
+    with CountingProxy(port, labels=labels) as proxy:
         yield url, proxy
 
 

@@ -169,12 +169,12 @@ def test_a_forked_child_never_uses_its_parent_s_connection():
         opts = {"key": "k", "secret": "s", "endpoint_url": url}
         st = Storage("s3://b/ds", storage_options=opts)
         assert st.read_file("a") == b"parent"   # its connection now idle in the pool
-        idle = next(iter(storage_mod.lean_client(opts)._idle.values()))[0]
+        idle = next(iter(storage_mod.lean_client(opts).pool._idle.values()))[0]
         assert in_fork(lambda: st.read_file("c")) == str(b"child")
         ports = {path: port for path, _, port in srv.seen}
         assert ports["/b/ds/c"] != ports["/b/ds/a"]   # the child opened its own connection
         assert st.read_file("a") == b"parent"   # the parent's connection still works
-        assert idle in sum(storage_mod.lean_client(opts)._idle.values(), [])
+        assert idle in sum(storage_mod.lean_client(opts).pool._idle.values(), [])
 
 
 def test_the_region_comes_from_the_options_the_environment_or_the_config_file(

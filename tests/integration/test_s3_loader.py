@@ -89,11 +89,13 @@ def test_convert_verify_info_get_on_s3(corpus, remote, capsys):
     assert main(["get", url, "3", "700", "--json", "--storage-options", so]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows == local.take([3, 700]).to_pylist()
-    # one PUT per shard and per side table, manifest last: nothing else in the bucket
+    # one PUT per shard and per side table, the manifest, and the rerun record
+    # (.zephon-convert.json, formats/SPEC.md 1): nothing else in the bucket
     fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True)
     names = sorted(p.split("/ds/")[1] for p in fs.find(f"{bucket.name}/ds"))
-    assert names[-1] == "manifest.json" or "manifest.json" in names
-    assert all(n == "manifest.json" or n.startswith(("shards/", "index/")) for n in names)
+    assert "manifest.json" in names and ".zephon-convert.json" in names
+    assert all(n in ("manifest.json", ".zephon-convert.json") or n.startswith(("shards/", "index/"))
+               for n in names)
 
 
 def test_stream_equals_local_and_second_epoch_fetches_nothing(corpus, remote, tmp_path):
@@ -116,7 +118,7 @@ def test_stream_equals_local_and_second_epoch_fetches_nothing(corpus, remote, tm
 
 
 @pytest.mark.parametrize("fault", ["reset", "http503", "truncate", "blackhole", "latency",
-                                   "down"])
+                                   "down", "corrupt"])
 def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_path, fault):
     url, bucket, _ = remote
     steps = 12
@@ -128,7 +130,9 @@ def test_faults_while_streaming_do_not_change_the_output(corpus, remote, tmp_pat
         # inject after the manifest is loaded, while row groups stream
         {"reset": lambda: proxy.reset_next(3), "http503": lambda: proxy.http503_next(3),
          "truncate": lambda: proxy.truncate_next(2, 200), "blackhole": lambda: proxy.blackhole_next(1),
-         "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0)}[fault]()
+         "latency": lambda: proxy.latency(0.05), "down": lambda: proxy.down(1.0),
+         # issue 44: ten damaged shard responses in a row are ridden out like 503s
+         "corrupt": lambda: proxy.corrupt_next(10, path=".parquet")}[fault]()
         got = _stream(ds, steps)[:2]
         assert got == want
         assert ds.row_groups.range_fetcher().ranges >= 1   # through coalesced ranges
@@ -183,9 +187,13 @@ def test_checksum_errors_on_manifest_and_side_tables_are_retried(corpus, remote,
         assert _stream(ds, 4)[:2] == want
 
 
+# A stored corrupt object stays corrupt on every re-fetch: reported when the deadline ends.
+SHORT = RetryPolicy(base_delay=0.05, max_delay=0.2, deadline=1.0)
+
+
 def test_corrupt_object_is_reported_never_returned(corpus, remote, tmp_path):
     url, bucket, _ = remote
-    ds = _open(url, bucket.storage_options, tmp_path)
+    ds = _open(url, bucket.storage_options, tmp_path, retry=SHORT)
     fs = s3fs.S3FileSystem(**bucket.storage_options, skip_instance_cache=True)
     m = ds.manifest
     rg = 0
@@ -288,7 +296,7 @@ def test_loader_coalesce_option_reaches_the_prefetcher(corpus, remote, tmp_path)
 
 def test_a_flipped_byte_in_a_coalesced_range_names_shard_and_row_group(corpus, remote, tmp_path):
     url, bucket, _ = remote
-    ds = _open(url, bucket.storage_options, tmp_path)
+    ds = _open(url, bucket.storage_options, tmp_path, retry=SHORT)
     m = ds.manifest
     shard = int(m.rg_shard[0])
     rg = int(np.flatnonzero(m.rg_shard == shard)[2])   # inside the shard's first range

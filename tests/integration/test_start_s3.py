@@ -43,8 +43,16 @@ def _metadata(reqs) -> Counter:
                    for r in reqs if METADATA.search(r.key) and r.status != 503)
 
 
-def test_startup_requests_per_node_do_not_grow_with_ranks_or_workers(node):
-    url, bucket, proxy, tmp = node
+@pytest.fixture(params=["s3", "gcs", "az"])
+def any_node(request, corpus, tmp_path):
+    """``node`` on each object store: the start's requests do not depend on the store."""
+    bucket = request.getfixturevalue(f"{request.param}_bucket")
+    with behind_proxy(corpus, bucket, labels=8) as (url, proxy):
+        yield url, bucket, proxy, tmp_path
+
+
+def test_startup_requests_per_node_do_not_grow_with_ranks_or_workers(any_node):
+    url, bucket, proxy, tmp = any_node
     seen = {}
     # 1, 4 and 8 ranks; 0 and 2 workers; a cold start and a resume at 50%. (8 x 2 is the
     # throttled test's node.)

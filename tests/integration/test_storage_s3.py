@@ -74,7 +74,7 @@ def any_root(request, tmp_path):
     if request.param == "local":
         return Storage(str(tmp_path / "ds"))
     bucket = request.getfixturevalue("s3_bucket")
-    return Storage(f"{bucket.url}/ds", storage_options=bucket.storage_options)
+    return Storage(f"{bucket.url}/ds", storage_options=bucket.storage_options, retry=FAST)
 
 
 def test_round_trip(any_root, tmp_path):
@@ -102,7 +102,9 @@ def test_round_trip(any_root, tmp_path):
     st.delete("shards/b.bin")
     st.delete("shards/b.bin")  # missing is fine
     assert st.listdir("shards") == ["shards/a.bin"]
-    assert st.stats.integrity_failures == 3 and st.stats.retries == 0  # the short read, 3 times
+    # The short read: once locally (a disk's bytes are the stored ones), and on S3 again
+    # after each back-off until the policy runs out (FAST: 6 attempts).
+    assert (st.stats.integrity_failures, st.stats.retries) == ((1, 0) if st.local else (6, 5))
 
     copy = pickle.loads(pickle.dumps(st))  # e.g. a DataLoader worker
     assert copy.read_range("shards/a.bin", 0, 10) == DATA[:10]
@@ -339,8 +341,25 @@ def test_corrupt_object_raises_integrity_error_after_refetching(dataset, s3_buck
     msg = str(err)
     assert url in msg and "shard obj row group 0" in msg and "zephon verify" in msg
     assert PIECE_XXH3 in msg and err.actual in msg
-    assert st.stats.integrity_failures == 3 and st.stats.requests == 3
-    assert proxy.requests == 3 and st.stats.retries == 0
+    assert "6 reads over" in msg   # FAST allows 6 attempts, each after a back-off
+    assert st.stats.integrity_failures == 6 and st.stats.requests == 6
+    assert proxy.requests == 6 and st.stats.retries == 5
+
+
+def test_ten_corrupted_responses_in_a_row_are_ridden_out_like_a_5xx(dataset, s3_bucket, proxy):
+    """Issue 44: a range that fails its hash is fetched again after a back-off, within the
+    read's deadline, like a 503; ten damaged responses in a row once raised IntegrityError
+    after three reads in 0.2 s."""
+    policy = RetryPolicy(base_delay=0.02, max_delay=0.1, deadline=20.0, jitter=False)
+    st = warmed(via_proxy(dataset, s3_bucket, proxy, retry=policy), proxy)
+    proxy.corrupt_next(10)
+    t0 = time.monotonic()
+    assert st.read_range("shards/obj.bin", START, END, expected_xxh3=PIECE_XXH3) == PIECE
+    elapsed = time.monotonic() - t0
+    assert (proxy.requests, proxy.injected) == (11, 10)
+    assert st.stats.integrity_failures == 10 and st.stats.retries == 10
+    # The back-offs were slept: 0.02 + 0.04 + 0.08 + 7 x 0.1 s without jitter.
+    assert elapsed >= sum(policy.backoff(k) for k in range(1, 11)) - 0.01
 
 
 def test_missing_object_fails_fast(dataset, s3_bucket, proxy):
@@ -378,10 +397,10 @@ def test_checksum_error_on_a_whole_object_get_is_refetched(dataset, s3_bucket, p
 
 def test_a_checksum_error_on_every_get_raises_integrity_error(dataset, s3_bucket, proxy):
     st = via_proxy(dataset, s3_bucket, proxy)
-    proxy.bad_checksum_next(3)
+    proxy.bad_checksum_next(6)
     with pytest.raises(IntegrityError) as info:
         st.read_file("shards/obj.bin", what="manifest")
     msg = str(info.value)
-    assert f"{dataset}/shards/obj.bin" in msg and "checksum" in msg and "3 reads" in msg
-    assert info.value.url == f"{dataset}/shards/obj.bin"
-    assert (proxy.requests, st.stats.integrity_failures) == (3, 3)
+    assert f"{dataset}/shards/obj.bin" in msg and "checksum" in msg and "6 reads" in msg
+    assert "zephon verify" in msg and info.value.url == f"{dataset}/shards/obj.bin"
+    assert (proxy.requests, st.stats.integrity_failures) == (6, 6)

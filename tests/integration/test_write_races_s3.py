@@ -34,6 +34,7 @@ from zephon_store.errors import OutputLockedError
 from zephon_store.io.storage import Storage
 from zephon_store.read.verify import verify
 from zephon_store.write.lock import LOCK_NAME
+from zephon_store.write.rerun import RECORD_NAME
 from zephon_store.write.shardwriter import WriteOptions
 
 pytestmark = pytest.mark.integration
@@ -172,12 +173,13 @@ def lock_write_gate(monkeypatch):
 RACE: dict = {}
 
 
-@pytest.fixture(params=["s3", "local"])
+@pytest.fixture(params=["s3", "gcs", "az", "local"])
 def where(request, tmp_path):
-    """(base URL, storage options) of the output: a fresh S3 bucket, or a local folder (the
-    same rules hold for the flock of a local output)."""
-    if request.param == "s3":
-        bucket = request.getfixturevalue("s3_bucket")
+    """(base URL, storage options) of the output: a fresh S3 or GCS bucket (generation
+    preconditions instead of ETags) or Azure container, or a local folder (the same rules hold for the flock of
+    a local output)."""
+    if request.param in ("s3", "gcs", "az"):
+        bucket = request.getfixturevalue(f"{request.param}_bucket")
         return bucket.url, bucket.storage_options
     return str(tmp_path / "out"), None
 
@@ -238,6 +240,9 @@ def test_two_overwrite_converts_race_one_wins_and_the_dataset_verifies(
             # A published dataset P (inputs a), then a convert that died holding the lock.
             ids["P"] = convert([a], url, storage_options=so, options=SMALL,
                                progress=False).dataset_id
+            # As an older writer left it: without the rerun record, B's re-conversion of P's
+            # inputs is a real one (with it, B would find nothing to do and end before A).
+            st.delete(RECORD_NAME)
             _stale_lock(st, dead_pid)
         racers = Racers(2)
         publish_rendezvous.update(racers=racers, other={"A": "B", "B": "A"})

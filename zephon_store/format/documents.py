@@ -89,7 +89,6 @@ class DocumentChunk:
 
     @classmethod
     def from_table(cls, table: pa.Table) -> DocumentChunk:
-        n = table.num_rows
         spans = table.column("spans").combine_chunks()
         flat = spans.flatten()
         text = digest_rows(table.column("text_xxh3"))

@@ -370,6 +370,17 @@ class Manifest:
             self._tables[kind] = self._loader(kind)
         return self._tables[kind]
 
+    def side_tables(self, kinds) -> dict[str, pa.Table]:
+        """Side tables ``kinds``, as :meth:`side_table`; those not fetched yet are fetched side
+        by side for remote data (one round trip)."""
+        missing = [k for k in kinds if k not in self._tables]
+        if len(missing) > 1 and self._parallel and self._loader is not None:
+            with concurrent.futures.ThreadPoolExecutor(
+                    len(missing), thread_name_prefix="zephon-index") as pool:
+                for kind, table in zip(missing, pool.map(self._loader, missing)):
+                    self._tables.setdefault(kind, table)
+        return {k: self.side_table(k) for k in kinds}
+
     def read_index_file(self, xxh3: str, what: str) -> bytes:
         """The verified bytes of ``index/<xxh3>.arrow`` (a document chunk, say), through the
         node cache for remote data."""

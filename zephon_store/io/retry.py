@@ -187,6 +187,25 @@ def is_checksum_error(exc: BaseException) -> bool:
     return False
 
 
+# The answers to credentials that were good once: expired, rotated or revoked. Permanent for
+# the request that got one; a client that resolves its credentials again may succeed.
+STALE_CREDENTIAL_CODES = frozenset({
+    "ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken",
+    "InvalidAccessKeyId", "SignatureDoesNotMatch",
+})
+
+
+def is_stale_credentials(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) is S3 refusing credentials that may have been
+    rotated, revoked or expired since they were resolved (``InvalidAccessKeyId``,
+    ``ExpiredToken``...).
+
+    >>> is_stale_credentials(PermissionError("denied"))
+    False
+    """
+    return any(_s3_code(e)[0] in STALE_CREDENTIAL_CODES for e in _chain(exc))
+
+
 def is_throttle(exc: BaseException) -> bool:
     """True when ``exc`` (or its cause) is the store throttling: S3 ``SlowDown``, HTTP 429 or
     503 (``Throttling``, ``TooManyRequests``, ``ServiceUnavailable``). Transient too.

@@ -28,20 +28,19 @@ falls back to s3fs (botocore follows S3's region redirects).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import hashlib
 import http.client
 import os
 import re
-import ssl
 import threading
 import urllib.parse
-import weakref
 import zlib
+from collections.abc import Callable
 from typing import Any
 
-from ..observe import causes
+from .http_pool import ConnectionPool
+from .retry import STALE_CREDENTIAL_CODES
 
 # Storage options this client honours; the values of the nested dicts are checked below.
 _PLAIN_KEYS = frozenset({"key", "secret", "token", "endpoint_url", "anon", "profile",
@@ -101,6 +100,7 @@ class S3Denied(PermissionError):
 
     def __init__(self, status: int, code: str, message: str, url: str) -> None:
         super().__init__(f"{status} {code}: {message} ({url})")
+        self.code = code
         self.response = {"Error": {"Code": code, "Message": message},
                          "ResponseMetadata": {"HTTPStatusCode": status}}
 
@@ -186,6 +186,7 @@ def from_options(storage_options: dict[str, Any]) -> LeanS3 | None:
             return None
         region = "us-east-1"
     credentials = None
+    refresh = None
     if not opts.get("anon"):
         key = opts.get("key") or client.get("aws_access_key_id")
         secret = opts.get("secret") or client.get("aws_secret_access_key")
@@ -200,8 +201,11 @@ def from_options(storage_options: dict[str, Any]) -> LeanS3 | None:
                 from botocore.exceptions import NoCredentialsError
 
                 raise NoCredentialsError()
+            # The chain again, from scratch: a rotated key in the environment, the profile
+            # files or a credential process, or a role's new session.
+            refresh = lambda: _session(opts).get_credentials()  # noqa: E731
     style, timeouts = connection_options(opts)
-    return LeanS3(endpoint=endpoint, region=region, credentials=credentials,
+    return LeanS3(endpoint=endpoint, region=region, credentials=credentials, refresh=refresh,
                   path_style=style == "path" or (style == "auto" and bool(endpoint)),
                   connect_timeout=timeouts[0], read_timeout=timeouts[1],
                   verify=_verify(client.get("verify")))
@@ -252,15 +256,18 @@ class LeanS3:
     ``endpoint``: ``http(s)://host[:port]`` (None: AWS, ``https://s3.<region>.amazonaws.com``);
     ``credentials``: botocore credentials (None: unsigned, for public buckets); ``path_style``:
     ``<endpoint>/<bucket>/<key>`` instead of ``<bucket>.<endpoint>/<key>``. Safe to share
-    between threads (each request takes its own connection from the pool) and across
-    ``fork`` (a child never reuses its parent's connections).
+    between threads and across ``fork`` (its :class:`~zephon_store.io.http_pool.ConnectionPool`).
     """
 
     def __init__(self, *, endpoint: str | None, region: str, credentials: Any,
                  path_style: bool = True, connect_timeout: float = 5.0,
-                 read_timeout: float = 30.0, verify: Any = True) -> None:
+                 read_timeout: float = 30.0, verify: Any = True,
+                 refresh: Callable[[], Any] | None = None) -> None:
         self.region = region
         self.credentials = credentials
+        self.refresh = refresh
+        self.refreshes = 0   # credentials resolved again after S3 refused the ones held
+        self._refresh_lock = threading.Lock()
         self.endpoint = (endpoint or f"https://s3.{region}.amazonaws.com").rstrip("/")
         parts = urllib.parse.urlsplit(self.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -271,11 +278,8 @@ class LeanS3:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.verify = verify
-        self._ssl: ssl.SSLContext | None = None
-        self._lock = threading.Lock()
-        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
-        self._pid = os.getpid()
-        _CLIENTS.add(self)
+        self.pool = ConnectionPool(self.scheme, connect_timeout=connect_timeout,
+                                   read_timeout=read_timeout, verify=verify)
 
     # -- addressing -------------------------------------------------------------------------
 
@@ -311,32 +315,27 @@ class LeanS3:
         # A whole object comes with S3's checksum of it, checked here (a range has none).
         headers = ({"Range": f"bytes={start}-{end - 1}"} if start is not None
                    else {"x-amz-checksum-mode": "ENABLED"})
-        signed = self._sign(url, headers)
-        for reused in self._attempts(host):
-            conn = reused or self._connect(host)
+        for fresh in (False, True):
+            held = self.credentials
+            signed = self._sign(url, headers)
+            resp, body = self.pool.request(host, lambda conn, signed=signed: conn.request(
+                "GET", path, headers=signed))
             try:
-                conn.request("GET", path, headers=signed)
-                resp = conn.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                conn.close()
-                if reused is None:
+                return self._result(resp, body, url, start, end)
+            except S3Denied as exc:
+                if fresh or self.refresh is None or exc.code not in STALE_CREDENTIAL_CODES:
                     raise
-                # The server had closed the idle connection: once more, fresh. The request
-                # went out, so it counts (observe/causes.py), as a reconnect, not a retry.
-                causes.count("requests.get_range" if start is not None else "requests.get")
-                causes.count("reconnects")
-                continue
-            except BaseException:
-                conn.close()
-                raise
-            try:
-                body = resp.read()
-            except BaseException:
-                conn.close()
-                raise
-            self._release(host, conn, resp)
-            return self._result(resp, body, url, start, end)
+                self._refresh_credentials(held)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refresh_credentials(self, held: Any) -> None:
+        """Resolve the credentials again (once for all the threads that were refused with
+        ``held``): a key that was rotated, revoked or expired since it was signed with,
+        also between the prefetch plan and its GET."""
+        with self._refresh_lock:
+            if self.credentials is held:
+                self.credentials = self.refresh()
+                self.refreshes += 1
 
     def _result(self, resp: http.client.HTTPResponse, body: bytes, url: str,
                 start: int | None, end: int | None) -> bytes:
@@ -375,69 +374,9 @@ class LeanS3:
                     ).add_auth(request)
         return dict(request.headers.items())
 
-    # -- connections ------------------------------------------------------------------------
-
-    def _attempts(self, host: str):
-        """Yield an idle kept-alive connection (or None for a fresh one), then None."""
-        with self._lock:
-            if self._pid != os.getpid():   # forked: the parent's sockets are not ours
-                self._idle, self._pid = {}, os.getpid()
-            idle = self._idle.get(host)
-            conn = idle.pop() if idle else None
-        yield conn
-        if conn is not None:
-            yield None
-
-    def _connect(self, host: str) -> http.client.HTTPConnection:
-        if self.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, timeout=self.connect_timeout, context=self._ssl_context())
-        else:
-            conn = http.client.HTTPConnection(host, timeout=self.connect_timeout)
-        conn.connect()
-        conn.sock.settimeout(self.read_timeout)
-        return conn
-
-    def _release(self, host: str, conn: http.client.HTTPConnection,
-                 resp: http.client.HTTPResponse) -> None:
-        if resp.will_close or os.getpid() != self._pid:
-            conn.close()
-            return
-        with self._lock:
-            self._idle.setdefault(host, []).append(conn)
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            if self.verify is False:
-                ctx = ssl.create_default_context()
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif isinstance(self.verify, str):
-                ctx = ssl.create_default_context(cafile=self.verify)
-            else:
-                ctx = ssl.create_default_context()
-            self._ssl = ctx
-        return self._ssl
-
     def close(self) -> None:
         """Close the idle connections (a later request opens new ones)."""
-        with self._lock:
-            idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for conn in conns:
-                conn.close()
-
-
-# Every client of this process, so that their idle connections are closed at exit (not left
-# to the garbage collector, which warns about each unclosed socket).
-_CLIENTS: weakref.WeakSet[LeanS3] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for client in list(_CLIENTS):
-        if client._pid == os.getpid():
-            client.close()
+        self.pool.close()
 
 
 def _check_checksum(resp: http.client.HTTPResponse, body: bytes, url: str) -> None:

@@ -31,6 +31,7 @@ from .._util.hashing import xxh3_hex
 from ..errors import (
     AccessDeniedError,
     IntegrityError,
+    RetriesExhaustedError,
     ShardNotFoundError,
     StorageError,
     StorageOptionsError,
@@ -39,14 +40,34 @@ from ..errors import (
     require,
 )
 from ..observe import causes
-from . import s3_get
-from .retry import RetryPolicy, call_with_retry, is_checksum_error, is_throttle
+from . import azure, gcs, object_store, s3_get
+from .retry import (
+    RetryPolicy,
+    call_with_retry,
+    is_checksum_error,
+    is_stale_credentials,
+    is_throttle,
+    is_transient,
+)
 from .throttle import NodeThrottle
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 _LOCAL_PROTOCOLS = (None, "file", "local")
+# Served by zephon's own clients (io/gcs.py, io/azure.py) for every operation: reads,
+# writes, listings.
+GCS_PROTOCOLS = ("gs", "gcs")
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+
+
+def _own_store_root(path: str) -> tuple[str, str | None]:
+    """``(bucket/prefix, account)`` of a gs:// or az:// URL's path; ``account`` from adlfs's
+    ``container@account.dfs.core.windows.net`` form, else None."""
+    path = path.strip("/")
+    first, sep, rest = path.partition("/")
+    container, at, host = first.partition("@")
+    return container + sep + rest, (host.split(".", 1)[0] if at else None)
 # zephon's own storage option: RetryPolicy fields, e.g. {"retry": {"deadline": 300}}. It rides
 # in storage_options so every way in (API, ZephonLoader, the CLI's --storage-options) has it.
 RETRY_OPTION = "retry"
@@ -62,9 +83,6 @@ S3_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 # s3fs's own retry loop (_error_wrapper); 1 means a single try.
 S3FS_RETRIES = 1
-# Extra whole fetches after a hash mismatch before IntegrityError: a flipped bit in transit
-# heals on re-fetch, a corrupt object does not.
-INTEGRITY_REFETCHES = 2
 # After this long a retrying operation logs one warning (the full deadline is a minute).
 _WARN_RETRYING_AFTER_S = 5.0
 
@@ -118,6 +136,16 @@ class _InFlight:
 
 
 _IN_FLIGHT = _InFlight()
+
+
+class _Damaged(Exception):
+    """A read whose bytes failed their xxh3 or length: retried like a 5xx (a flipped bit in
+    transit heals on a re-fetch), reported as corrupt once the read's deadline runs out."""
+
+    def __init__(self, actual: str | None, length: int) -> None:
+        super().__init__(f"xxh3 {actual}, {length} bytes")
+        self.actual = actual
+        self.length = length
 
 
 def is_local_url(url: str) -> bool:
@@ -381,6 +409,14 @@ def resolve(url: str, storage_options: dict[str, Any] | None = None) -> tuple[An
     if protocol in ("s3", "s3a"):
         s3_get.check_client_option(opts)
         return _s3_filesystem(opts), path.strip("/")
+    if protocol in GCS_PROTOCOLS:
+        return object_store.store_for(opts, lambda o: f"gs {_options_key(o)}",
+                                      gcs.from_options), path.strip("/")
+    if protocol in AZURE_PROTOCOLS:
+        root, account = _own_store_root(path)
+        return object_store.store_for(
+            opts, lambda o: f"az {account} {_options_key(o)}",
+            lambda o: azure.from_options(o, host_account=account)), root
     opts.pop(RETRY_OPTION, None)
     opts.setdefault("skip_instance_cache", True)
     fs = fsspec.filesystem(protocol, **opts)
@@ -485,12 +521,23 @@ class Storage:
         return (not self.local and "::" not in self.root_url
                 and self.root_url.split("://", 1)[0] in ("s3", "s3a"))
 
-    def _lean(self) -> s3_get.LeanS3 | None:
+    def _is_gcs(self) -> bool:
+        return (not self.local and "::" not in self.root_url
+                and self.root_url.split("://", 1)[0] in GCS_PROTOCOLS)
+
+    def _is_azure(self) -> bool:
+        return (not self.local and "::" not in self.root_url
+                and self.root_url.split("://", 1)[0] in AZURE_PROTOCOLS)
+
+    def _lean(self) -> s3_get.LeanS3 | object_store.ObjectStore | None:
         """The GET client for this root's reads, or None: s3fs (or another fsspec
         filesystem) serves them. Looked up once per Storage (a forked copy shares it: the
         client opens its own connections in each process)."""
         if self._lean_client is _UNSET:
-            self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
+            if self._is_gcs() or self._is_azure():
+                self._lean_client = self.fs
+            else:
+                self._lean_client = lean_client(self.storage_options) if self._is_s3() else None
         return self._lean_client
 
     def _get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -517,6 +564,9 @@ class Storage:
             if self._is_s3() and s3_get.lean_options(self.storage_options):
                 s3_get.connection_options(self.storage_options)   # bad values: here
                 self._root_path = self.root_url.split("://", 1)[1].strip("/")
+            elif self._is_gcs() or self._is_azure():
+                (gcs if self._is_gcs() else azure).check_options(self.storage_options)
+                self._root_path = _own_store_root(self.root_url.split("://", 1)[1])[0]
             else:
                 fs = self.fs  # noqa: F841 - resolves _root_path
         if not relpath:
@@ -545,11 +595,14 @@ class Storage:
         self._count(integrity_failures=n)
 
     def _call(self, fn: Callable[[], T], *, url: str, label: str, op: str,
-              start: float | None = None) -> T:
+              transient: Callable[[BaseException], bool] = is_transient,
+              renewed: bool = False) -> T:
         """Run one storage operation with retries; map failures to zephon errors.
 
-        ``start`` (a ``time.monotonic()`` value) is when the logical read began: re-fetches
-        of one read share its retry deadline instead of each getting a fresh one."""
+        ``transient`` says which failures are retried (default: the store's transient ones;
+        reads add bytes that failed their hash). An ``s3://`` operation refused for
+        credentials from the chain that were good once (rotated, revoked, expired) runs once
+        more on a fresh client, which resolves the chain again (``renewed``: it did)."""
         throttle = None if self.local else self.throttle
 
         kind = _request_kind(op)
@@ -568,7 +621,7 @@ class Storage:
             with causes.timed(backoff[0]):
                 time.sleep(seconds)
 
-        first = time.monotonic() if start is None else start
+        first = time.monotonic()
         warned = []
 
         def on_retry(attempts: int, exc: BaseException, _delay: float) -> None:
@@ -589,7 +642,8 @@ class Storage:
 
         try:
             return call_with_retry(attempt, self.retry, what=f"{op} {url}", url=url,
-                                   start=first, on_retry=on_retry, sleep=sleep)
+                                   start=first, on_retry=on_retry, transient=transient,
+                                   sleep=sleep)
         except ZephonError:
             raise
         except FileNotFoundError as exc:
@@ -599,6 +653,9 @@ class Storage:
             err.url = url  # type: ignore[attr-defined]
             raise err from exc
         except PermissionError as exc:
+            if not renewed and self._renew_s3_client(exc):
+                return self._call(fn, url=url, label=label, op=op, transient=transient,
+                                  renewed=True)
             raise self._access_denied(url, op, exc) from exc
         except Exception as exc:
             names = {c.__name__ for c in type(exc).__mro__}
@@ -610,9 +667,28 @@ class Storage:
                     f"is permanent)") from exc
             raise
 
+    def _renew_s3_client(self, exc: BaseException) -> bool:
+        """Drop this root's s3fs client when ``exc`` refused credentials from the chain that
+        were good once; True if it did (the next use makes a fresh one)."""
+        opts = self.storage_options
+        explicit = opts.get("key") or (opts.get("client_kwargs") or {}).get("aws_access_key_id")
+        if not self._is_s3() or explicit or not is_stale_credentials(exc):
+            return False
+        with self._lock:
+            self._fs = None
+        return True
+
     def _access_denied(self, url: str, op: str, exc: BaseException) -> AccessDeniedError:
         if self.local:
             hint = "check the file permissions"
+        elif self._is_gcs():
+            hint = ("check credentials: storage_options token (a service-account file, "
+                    "'anon') or GOOGLE_APPLICATION_CREDENTIALS, and the endpoint "
+                    "(endpoint_url, STORAGE_EMULATOR_HOST)")
+        elif self._is_azure():
+            hint = ("check credentials: storage_options account_name with account_key, "
+                    "sas_token or credential, or AZURE_STORAGE_CONNECTION_STRING, and the "
+                    "endpoint (endpoint_url)")
         else:
             hint = ("check credentials: storage_options key/secret/profile or AWS_ACCESS_KEY_ID, "
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, and the endpoint (AWS_ENDPOINT_URL)")
@@ -622,52 +698,73 @@ class Storage:
 
     def _read_verified(self, fetch: Callable[[], bytes], *, url: str, label: str, op: str,
                        expected_xxh3: str | None, expected_len: int | None) -> bytes:
-        def fetch_checked() -> bytes | BaseException:
-            # A response that failed the store's own checksum (whole-object GETs) is a
-            # damaged read like an xxh3 mismatch: re-fetched below, not retried by time.
-            try:
-                return fetch()
-            except Exception as exc:  # noqa: BLE001 - only checksum errors are kept
-                if is_checksum_error(exc):
-                    return exc
-                raise
+        """``fetch()`` until its bytes have the expected length and xxh3.
 
-        actual = ""
-        data: bytes | BaseException = b""
-        start = time.monotonic()
-        for _ in range(1 + INTEGRITY_REFETCHES):
-            data = self._call(fetch_checked, url=url, label=label, op=op, start=start)
-            if isinstance(data, BaseException):
-                self._count(integrity_failures=1)
-                continue
+        Bytes that fail their hash (or the store's own checksum) are ridden out like a 5xx:
+        fetched again after the retry policy's back-off with full jitter, within the same
+        deadline as every other retry of this read, so ranks that saw one damaged response
+        together do not re-read it together. Only when the deadline runs out with damaged
+        bytes is the object called corrupt. A local file is read once: a mismatch on a
+        disk is the stored bytes, not the way."""
+
+        def attempt() -> bytes:
+            try:
+                data = fetch()
+            except Exception as exc:
+                if is_checksum_error(exc):
+                    self._count(integrity_failures=1)
+                raise
             self._count(bytes_fetched=len(data))
             causes.count("bytes." + _request_kind(op).partition(".")[2], len(data))
             length_ok = expected_len is None or len(data) == expected_len
-            if expected_xxh3 is None and length_ok:
+            actual = xxh3_hex(data) if expected_xxh3 is not None else None
+            if length_ok and actual == expected_xxh3:
                 return data
-            if expected_xxh3 is not None:
-                actual = xxh3_hex(data)
-                if actual == expected_xxh3 and length_ok:
-                    return data
             self._count(integrity_failures=1)
-        reads = 1 + INTEGRITY_REFETCHES
-        if isinstance(data, BaseException):
-            raise IntegrityError(
+            raise _Damaged(actual, len(data))
+
+        def damaged(exc: BaseException) -> bool:
+            if isinstance(exc, _Damaged) or is_checksum_error(exc):
+                return not self.local
+            return is_transient(exc)
+
+        first = time.monotonic()
+        try:
+            return self._call(attempt, url=url, label=label, op=op, transient=damaged)
+        except _Damaged as exc:   # local: one read
+            raise self._corrupt(exc, url=url, label=label, reads=1, elapsed=0.0,
+                                expected_xxh3=expected_xxh3, expected_len=expected_len) from None
+        except RetriesExhaustedError as exc:
+            last = exc.last_error
+            if isinstance(last, _Damaged) or (last is not None and is_checksum_error(last)):
+                raise self._corrupt(last, url=url, label=label, reads=exc.attempts,
+                                    elapsed=time.monotonic() - first,
+                                    expected_xxh3=expected_xxh3,
+                                    expected_len=expected_len) from last
+            raise
+
+    def _corrupt(self, exc: BaseException, *, url: str, label: str, reads: int, elapsed: float,
+                 expected_xxh3: str | None, expected_len: int | None) -> StorageError:
+        """The error for bytes that stayed damaged in every read of ``url``."""
+        over = f"{reads} read{'s' if reads != 1 else ''}" + (
+            f" over {elapsed:.1f} s" if reads > 1 else "")
+        verify = f"Run 'zephon verify {self.root_url}' and re-convert"
+        if not isinstance(exc, _Damaged):
+            return IntegrityError(
                 f"{label}: the response failed the storage's own checksum at {url} in each of "
-                f"{reads} reads ({type(data).__name__}: {data}); the stored object is damaged "
-                f"or something on the way corrupts it. Run 'zephon verify {self.root_url}' and "
-                f"re-convert if it persists", url=url, expected=expected_xxh3) from data
+                f"{over} ({type(exc).__name__}: {exc}); the stored object is damaged or "
+                f"something on the way corrupts it. {verify} if it persists",
+                url=url, expected=expected_xxh3)
         if expected_xxh3 is None:
-            raise StorageError(
-                f"{label}: short read at {url}: got {len(data)} of {expected_len} bytes in each "
-                f"of {reads} reads; the object is smaller than the manifest says. Run 'zephon "
-                f"verify {self.root_url}' and re-convert")
-        length_note = "" if expected_len is None else f", {len(data)} of {expected_len} bytes"
-        raise IntegrityError(
-            f"{label}: xxh3 mismatch (expected {expected_xxh3}, got {actual}{length_note}) at "
-            f"{url} in each of {reads} reads; the stored bytes are corrupt or were replaced. "
-            f"Run 'zephon verify {self.root_url}' and re-convert",
-            url=url, expected=expected_xxh3, actual=actual)
+            return StorageError(
+                f"{label}: short read at {url}: got {exc.length} of {expected_len} bytes in "
+                f"each of {over}; the object is smaller than the manifest says. {verify}")
+        length_note = ("" if expected_len is None or exc.length == expected_len
+                       else f", {exc.length} of {expected_len} bytes")
+        return IntegrityError(
+            f"{label}: xxh3 mismatch (expected {expected_xxh3}, got {exc.actual}{length_note}) "
+            f"at {url} in each of {over}; the stored bytes are corrupt or were replaced. "
+            f"{verify}", url=url, expected=expected_xxh3, actual=exc.actual)
 
     def read_range(self, relpath: str, start: int, end: int, *,
                    expected_xxh3: str | None = None, what: str = "") -> bytes:
@@ -790,8 +887,9 @@ class Storage:
         Object stores only."""
         path = self._path(relpath)
         url = self.url(relpath)
-        etag = self._call(lambda: str(self.fs.info(path)["ETag"]), url=url, label=relpath,
-                          op="HEAD")
+        fs = self.fs
+        tag = getattr(fs, "tag", None) or (lambda p: str(fs.info(p)["ETag"]))
+        etag = self._call(lambda: tag(path), url=url, label=relpath, op="HEAD")
         return self.read_file(relpath), etag
 
     def replace_if_match(self, relpath: str, data: bytes, etag: str) -> bool:
@@ -809,11 +907,21 @@ class Storage:
             raise NotImplementedError("conditional writes are for object stores; local roots "
                                       "lock with flock")
         path = self._path(relpath)
-        bucket, key, _ = self.fs.split_path(path)
+        fs = self.fs
+        op = {"put_object": "PUT", "delete_object": "DELETE"}[method] + " (if match)"
+        if hasattr(fs, "replace_if_match"):
+            # A store with its own conditional writes (GCS generations, Azure ETags).
+            def own() -> bool:
+                if method == "put_object":
+                    return fs.replace_if_match(path, kwargs["Body"], etag)
+                return fs.delete_if_match(path, etag)
+
+            return self._call(own, url=self.url(relpath), label=relpath, op=op)
+        bucket, key, _ = fs.split_path(path)
 
         def call() -> bool:
             try:
-                self.fs.call_s3(method, Bucket=bucket, Key=key, IfMatch=etag, **kwargs)
+                fs.call_s3(method, Bucket=bucket, Key=key, IfMatch=etag, **kwargs)
                 return True
             except FileNotFoundError:
                 return False
@@ -822,7 +930,6 @@ class Storage:
                     return False
                 raise
 
-        op = {"put_object": "PUT", "delete_object": "DELETE"}[method] + " (if match)"
         return self._call(call, url=self.url(relpath), label=relpath, op=op)
 
     # -- writes -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from ..format.documents import (
     parse_hash_bucket,
     sort_keys,
 )
-from ..format.manifest import MAX_COUNT, Manifest
+from ..format.manifest import DOCUMENT_TABLES, MAX_COUNT, Manifest
 
 __all__ = ["Document", "DocumentTable", "Span", "SpanArrays", "has_documents", "open_documents"]
 
@@ -109,14 +109,13 @@ class DocumentTable:
         packing = manifest.packing or {}
         self.window = int(packing.get("window") or 0)
         self.per_chunk = int(manifest.documents_per_chunk)
-        index = manifest.side_table("documents")
-        inputs = manifest.side_table("document_inputs")
+        tables = manifest.side_tables(DOCUMENT_TABLES)
+        index, inputs, hashes = (tables[k] for k in DOCUMENT_TABLES)
         self._counts = column_np(index.column("documents"))
         self._tokens = column_np(index.column("tokens"))
         self._first_window = column_np(index.column("first_window"))
         self._end_window = column_np(index.column("end_window"))
         self._digests = [d.hex() for d in index.column("xxh3").to_pylist()]
-        hashes = manifest.side_table("document_hashes")
         self._hash_digests = [d.hex() for d in hashes.column("xxh3").to_pylist()]
         self._hash_counts = column_np(hashes.column("documents"))
         self.inputs: list[str] = inputs.column("input").to_pylist()

@@ -20,6 +20,7 @@ reused connection.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -44,10 +45,23 @@ class Request:
 
 
 def classify(method: str, target: str) -> tuple[str, str]:
-    """(operation, "bucket/key") of a request line's method and target."""
+    """(operation, "bucket/key") of a request line's method and target: S3's REST paths,
+    or GCS's JSON API (``/storage/v1/b/B/o/KEY?alt=media`` a GET, without ``alt=media`` the
+    metadata a HEAD is on S3, ``/storage/v1/b/B/o?prefix=`` a LIST, ``/upload/...`` a PUT),
+    or Azure Blob's (``/account/container/blob``; ``?comp=list`` a LIST).
+
+    >>> classify("GET", "/storage/v1/b/bk/o/ds%2Fmanifest.json?alt=media")
+    ('GET', 'bk/ds/manifest.json')
+    """
     parts = urlsplit(target)
+    gcs = re.match(r"^/(upload/)?storage/v1/b/([^/]+)/o(?:/(.*))?$", parts.path)
+    if gcs:
+        return _classify_gcs(method, gcs, parts.query)
     path = unquote(parts.path).lstrip("/")
     bucket, _, key = path.partition("/")
+    if method == "GET" and "comp=list" in parts.query:   # Azure Blob's listing
+        q = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
+        return "LIST", f"{path}/?{unquote(q.get('prefix', ''))}"
     if method in ("PUT", "POST"):
         return "PUT", path
     if method == "DELETE":
@@ -60,6 +74,20 @@ def classify(method: str, target: str) -> tuple[str, str]:
             return "LIST", f"{bucket}/?{unquote(q.get('prefix', ''))}"
         return "GET", path
     return "OTHER", path
+
+
+def _classify_gcs(method: str, match: re.Match, query: str) -> tuple[str, str]:
+    q = dict(p.partition("=")[::2] for p in query.split("&") if p)
+    upload, bucket, key = match.group(1), unquote(match.group(2)), unquote(match.group(3) or "")
+    if upload or method in ("PUT", "POST"):
+        return "PUT", f"{bucket}/{key or unquote(q.get('name', ''))}"
+    if method == "DELETE":
+        return "DELETE", f"{bucket}/{key}"
+    if method == "GET" and not key:
+        return "LIST", f"{bucket}/?{unquote(q.get('prefix', ''))}"
+    if method == "GET":
+        return ("GET" if q.get("alt") == "media" else "HEAD"), f"{bucket}/{key}"
+    return "OTHER", f"{bucket}/{key}"
 
 
 def _span(headers: dict[str, str], nbytes: int) -> tuple[int, int] | None:

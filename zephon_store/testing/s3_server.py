@@ -112,6 +112,18 @@ class SeaweedServer:
                                   "read_timeout": read_timeout,
                                   "retries": {"total_max_attempts": 1, "mode": "standard"}}}
 
+    def shell(self, command: str) -> str:
+        """Run one ``weed shell`` command against this server (e.g. ``s3.configure -user=u
+        -access_key=K -secret_key=S -actions=Read,List -apply``: identities added or deleted
+        take effect at once); its output. Raises RuntimeError if it fails."""
+        done = subprocess.run(
+            [self.weed, "shell", f"-master=127.0.0.1:{self.ports['master']}",
+             f"-filer=127.0.0.1:{self.ports['filer']}"], input=f"{command}\nexit\n",
+            capture_output=True, text=True, timeout=60, cwd=self.workdir)
+        if done.returncode != 0 or "error" in done.stderr.lower():
+            raise RuntimeError(f"weed shell {command!r} failed: {done.stderr[-500:]}")
+        return done.stdout
+
     def info(self) -> dict[str, Any]:
         return {"endpoint_url": self.endpoint_url, "key": self.key, "secret": self.secret,
                 "pid": self.proc.pid if self.proc else None, "dir": self.workdir,

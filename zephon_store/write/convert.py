@@ -196,6 +196,8 @@ def _convert_locked(out, output, inputs, in_so, options, input_options, parse_fn
         done = None if area.present() or _staging_left(out) else \
             unchanged_output(out, fingerprint)
         if done is not None:
+            if area.local:   # a cleanup killed after the last publish left its trash
+                area.remove_stale_jobs(out.root_url)
             stages["plan"] = time.perf_counter() - t0
             return _result(output, done, files, [], (len(files), done.num_shards), executor,
                            stages, work, t0, unchanged=True)

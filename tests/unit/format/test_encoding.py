@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from tests.helpers import reseal
 from zephon_store import ManifestError, convert, open_dataset
 from zephon_store.errors import InputError, ZephonError
-from zephon_store.format.manifest import FORMAT_VERSION
 from zephon_store.format import encoding as enc_mod
 from zephon_store.format.encoding import (
     FIXED_SIZE_BINARY_LE,
@@ -27,6 +26,7 @@ from zephon_store.format.encoding import (
     to_logical,
     to_storage,
 )
+from zephon_store.format.manifest import FORMAT_VERSION
 from zephon_store.read.verify import verify
 from zephon_store.write.shardwriter import WriteOptions, write_shard
 

@@ -30,6 +30,12 @@ assert ds.take([1]).to_pylist() == [{{"x": 2}}]
 from zephon_store.read.verify import verify
 assert verify({str(tmp_path / 'ds')!r}).ok
 assert not any(m.split('.')[0] in ('torch', 's3fs') for m in sys.modules)
+# Naming a gs:// dataset's files loads no cloud SDK either (issue 44).
+from zephon_store.io.storage import Storage
+assert Storage('gs://b/ds').url('manifest.json') == 'gs://b/ds/manifest.json'
+clouds = ('s3fs', 'botocore', 'aiobotocore', 'boto3', 'google', 'gcsfs', 'azure', 'adlfs')
+assert not [m for m in sys.modules if m.split('.')[0] in clouds], sorted(
+    m for m in sys.modules if m.split('.')[0] in clouds)
 print("ok")
 """)
     assert r.returncode == 0, r.stderr

@@ -131,3 +131,18 @@ def test_inputs_without_a_version_are_never_taken_for_unchanged(tmp_path) -> Non
     again = z.convert(["memory:///rerun-41/a.jsonl"], str(tmp_path / "out"), overwrite=True)
     assert not again.unchanged and again.dataset_id != first.dataset_id
     fs.rm("/rerun-41", recursive=True)
+
+
+def test_a_rerun_with_nothing_to_do_still_sweeps_a_killed_cleanup(tmp_path, monkeypatch) -> None:
+    """A convert killed while it removed its finished job (renamed to ``.<job>.trash.<pid>``)
+    leaves that folder behind; the rerun that then finds nothing to do removes it (it
+    returned at once and left it, seen on an Azure output: issue 44)."""
+    corpus, _ = _setup(tmp_path, monkeypatch)
+    staging = tmp_path / "staging"
+    first = _convert([str(corpus)], tmp_path / "out", staging_dir=str(staging))
+    trash = staging / ".0123456789abcdef.trash.999999.abc123"
+    (trash / "parsed").mkdir(parents=True)
+    (trash / "parsed" / "x.arrow").write_bytes(b"left by a killed cleanup")
+    again = _convert([str(corpus)], tmp_path / "out", staging_dir=str(staging))
+    assert again.unchanged and again.dataset_id == first.dataset_id
+    assert not trash.exists() and os.listdir(staging) == []
