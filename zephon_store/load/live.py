@@ -346,6 +346,7 @@ class LiveShare:
         self._run: _Run | None = None
         self.reused = 0          # batches handed out again for a step served again
         self.decodes = 0         # row-group decodes started, over every reader
+        self.last_note = None    # a process worker's note of the batch just made (observe/)
 
     @classmethod
     def of(cls, dataset, order_options: OrderOptions, *, global_batch: int,
@@ -368,6 +369,7 @@ class LiveShare:
         key = (cursor, participants, index)
         if self._last is not None and self._last[0] == key:
             self.reused += 1
+            self.last_note = None
             return self._last[1]
         run = self._run
         if run is None or run.shape != (participants, index) or run.next_cursor != cursor:
@@ -376,6 +378,7 @@ class LiveShare:
             run = self._run = _Run(reader, self._batches(reader), (participants, index),
                                    cursor, self.global_batch)
         out = run.next()
+        self.last_note = run.note
         self.decodes += run.decodes_since()
         self._last = (key, out)
         return out
@@ -398,13 +401,15 @@ class _Run:
         self.global_batch = global_batch
         self._it = batches
         self._counted = 0
+        self.note = None
 
     def next(self) -> dict:
-        # A process worker's batch comes with its note (observe/account.py), which a live
-        # run does not account yet.
-        i, out, *_ = next(self._it)
+        # A process worker's batch comes with its note (observe/account.py): kept in
+        # ``note`` for the loader's account of the step.
+        i, out, *note = next(self._it)
         assert self.reader.start_cursor + i * self.global_batch == self.next_cursor
         self.next_cursor += self.global_batch
+        self.note = note[0] if note else None
         return out
 
     def decodes_since(self) -> int:
@@ -505,12 +510,22 @@ class LiveLoader(Loader):
                         check_claims(claim, claims)
                 if claim.index is not None and self.run_log:
                     self._log_step(claim)
-                batch = self._share().batch(claim.cursor, claim.participants, claim.index)
+                # The loop's wait for this step, by cause, as the Loader's (its collation
+                # included; a worker's note splits the wait until its batch was ready).
+                _, batch = self.account.next(self._step_batch(claim), self._commits.step,
+                                             self.collate)
                 self.last_step = claim
-                yield self.collate(batch) if self.collate is not None else batch
+                yield batch
         finally:
+            self.account.flush()
             if self.share is not None:
                 self.share.close()
+
+    def _step_batch(self, claim: StepClaim) -> Iterator:
+        """The claimed step's batch as the account reads a step: ``(0, batch[, note])``."""
+        share = self._share()
+        batch = share.batch(claim.cursor, claim.participants, claim.index)
+        yield (0, batch) if share.last_note is None else (0, batch, share.last_note)
 
     def _log_step(self, claim: StepClaim) -> None:
         """Log the segment this loader takes the run up at (its construction or a load), or

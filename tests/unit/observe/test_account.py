@@ -96,3 +96,30 @@ def test_a_users_own_dataloader_over_the_iterable_dataset_still_gets_pairs(ds):
     got = list(DataLoader(it, batch_size=None, num_workers=2, collate_fn=lambda x: x))
     assert sorted(i for i, _ in got) == [0, 1, 2, 3]
     assert all(len(item) == 2 for item in got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_live_loader_accounts_its_steps_as_the_loader_does(ds, workers):
+    """LiveZephonLoader's stats() (issue 43 item 1, every front end): each served step's
+    wait, a slow transform its cause; with process workers their notes cross the hand-over."""
+    from zephon_store.torch import LiveZephonLoader, ReplicaOptions
+
+    quorum = [(0, 2)]
+    loader = LiveZephonLoader(ds, global_batch=16, order=OrderOptions(seed=3),
+                              batch=BatchOptions(transform=_slow),
+                              workers=WorkerOptions(num_workers=workers),
+                              replica=ReplicaOptions(participants=lambda: quorum[0]))
+    batches = iter(loader)
+    for k in range(8):
+        quorum[0] = (k % 2, 2) if k < 4 else (0, 1)   # shapes change: new readers
+        next(batches)
+        loader.commit(True)
+    batches.close()
+    st = loader.stats()
+    assert st["steps"] == 8 and st["step"] == 7
+    assert max(CAUSES, key=lambda c: st[f"wait_total_s/{c}"]) == "transform"
+    assert st["wait_total_s/transform"] >= 8 * 0.03 * 0.9
+    assert sum(st[f"wait_total_s/{c}"] for c in CAUSES) == pytest.approx(st["wait_total_s"],
+                                                                         rel=1e-6)
+    if workers:
+        assert st["wait_total_s/handover"] > 0
