@@ -325,10 +325,11 @@ def open_deny_list(deny_list, space) -> DenyList:
     """The loaders' one entry: ``deny_list`` as the user gave it, for the ids ``space`` (a
     dataset's manifest, or a mixture's :class:`MixtureIds`), checked against it.
 
-    For one dataset: a file (module docstring) or a :class:`DenyList`. For a mixture: a
-    file ``{"sources": {"web": {"ids": [...], "inputs": [...]}, ...}}`` naming each source's
-    own sample ids and inputs, the same as a dict (whose values may also be a list file's
-    path or a source's :class:`DenyList`), or a :class:`DenyList` made for this mixture.
+    For one dataset: a file (module docstring), a list of sample ids or a :class:`DenyList`.
+    For a mixture: a file ``{"sources": {"web": {"ids": [...], "inputs": [...]}, ...}}``
+    naming each source's own sample ids and inputs, the same as a dict (whose values may
+    also be a list of the source's sample ids, a list file's path or a source's
+    :class:`DenyList`), or a :class:`DenyList` made for this mixture.
     Sources not named are not denied from.
     """
     if isinstance(deny_list, DenyList):
@@ -341,7 +342,9 @@ def open_deny_list(deny_list, space) -> DenyList:
     if not isinstance(space, MixtureIds):
         if isinstance(deny_list, Mapping):
             raise DenyListError("deny_list: a dict names the lists of a mixture's sources; for "
-                                "one dataset pass a file or a DenyList")
+                                "one dataset pass a file, a list of sample ids or a DenyList")
+        if _is_id_list(deny_list):
+            return _from_doc({"ids": _id_list(deny_list)}, space, "deny list")
         return load_deny_list(str(deny_list), space)
     path, where = "", "deny list"
     if not isinstance(deny_list, Mapping):
@@ -357,6 +360,17 @@ def open_deny_list(deny_list, space) -> DenyList:
         if not isinstance(deny_list, dict):
             raise DenyListError(f"{where}: 'sources' must be an object, got {deny_list!r:.80}")
     return _mixture_list(deny_list, space, where, path)
+
+
+def _is_id_list(value) -> bool:
+    """Whether ``value`` is sample ids given inline (a list, tuple or integer array), not a
+    file's path."""
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray)
+                                                 and value.ndim == 1)
+
+
+def _id_list(value) -> list:
+    return value.tolist() if isinstance(value, np.ndarray) else list(value)
 
 
 def _mixture_list(per_source: Mapping, space: MixtureIds, where: str, path: str) -> DenyList:
@@ -377,6 +391,8 @@ def _mixture_list(per_source: Mapping, space: MixtureIds, where: str, path: str)
             one = given
         elif isinstance(given, Mapping):
             one = _from_doc(dict(given), manifest, at, source=k)
+        elif _is_id_list(given):   # the source's own sample ids, as 'zephon where' prints them
+            one = _from_doc({"ids": _id_list(given)}, manifest, at, source=k)
         else:
             try:
                 one = load_deny_list(str(given), manifest, source=k)

@@ -99,6 +99,11 @@ class BatchOptions:
     def __post_init__(self) -> None:
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+        if self.deny_list is not None and not callable(getattr(self.deny_list, "masked", None)):
+            raise TypeError(
+                f"BatchOptions(deny_list=...) takes the DenyList a loader opened, not "
+                f"{type(self.deny_list).__name__}; pass deny_list= to the loader itself "
+                "(a file, a list of sample ids, or a mixture's {source: list} dict)")
 
     def read_columns(self) -> tuple[str, ...] | None:
         """The columns a reader selects: ``columns``, plus the packing's token and

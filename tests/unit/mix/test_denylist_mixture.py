@@ -52,7 +52,7 @@ def _check_batches(loader, deny=DENY) -> list[list[tuple[str, int]]]:
     return steps
 
 
-@pytest.mark.parametrize("spelling", ["file", "dict", "paths", "denylists"])
+@pytest.mark.parametrize("spelling", ["file", "dict", "lists", "paths", "denylists"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_each_source_s_ids_are_denied_in_every_batch(mixture, tmp_path, spelling, workers):
     if spelling == "file":
@@ -61,6 +61,8 @@ def test_each_source_s_ids_are_denied_in_every_batch(mixture, tmp_path, spelling
         deny = str(path)
     elif spelling == "dict":
         deny = {k: {"ids": v} for k, v in DENY.items()}
+    elif spelling == "lists":   # each source's ids inline (it read '[3, 17]' as a file name)
+        deny = {k: (list(v) if k == "web" else np.array(v)) for k, v in DENY.items()}
     elif spelling == "paths":
         deny = {}
         for k, v in DENY.items():
@@ -135,6 +137,7 @@ def test_trace_show_reads_no_denied_record_of_a_mixture(mixture, tmp_path, capsy
     ({"nope": {"ids": [1]}}, "source(s) ['nope'] are not in the mixture"),
     ({"web": {"ids": [60]}}, "outside the dataset's [0, 60)"),
     ({"web": {"id": [1]}}, "unknown key(s) ['id']"),
+    ({"web": [1, "two"]}, "source 'web'"),
 ])
 def test_a_wrong_mixture_list_is_refused_at_construction(mixture, deny, message):
     with pytest.raises(DenyListError) as info:
@@ -152,3 +155,8 @@ def test_a_one_dataset_list_given_for_a_mixture_says_what_to_pass(mixture, tmp_p
         one = DenyList(np.array([1]), ds.dataset_id)
     with pytest.raises(DenyListError, match=r"pass \{source name: list\}"):
         _loader(mixture, one)
+
+
+def test_a_deny_list_in_batch_options_says_to_give_it_to_the_loader():
+    with pytest.raises(TypeError, match="pass deny_list= to the loader itself"):
+        BatchOptions(deny_list={"web": [3, 17]})

@@ -101,12 +101,15 @@ def _deny_file(tmp_path, ids) -> str:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("transform", [None, rebuild])
-def test_denied_text_never_reaches_a_batch(text_url, tmp_path, workers, transform) -> None:
+@pytest.mark.parametrize("given", ["file", "ids"])
+def test_denied_text_never_reaches_a_batch(text_url, tmp_path, workers, transform,
+                                           given) -> None:
+    deny = _deny_file(tmp_path, DENIED) if given == "file" else list(DENIED)   # ids inline
     loader = ZephonLoader(text_url, topology=Topology(8, world_size=1, rank=0),
                           order=OrderOptions(seed=5),
                           batch=BatchOptions(with_seq=True, collate=as_numpy, transform=transform),
                           stop=StopOptions(epochs=1), workers=WorkerOptions(num_workers=workers),
-                          deny_list=_deny_file(tmp_path, DENIED))
+                          deny_list=deny)
     masked_seen = []
     for batch in loader:
         assert not _leaks(batch), batch
