@@ -24,7 +24,12 @@ from tests.integration import test_s3_loader as s3_tests
 from zephon_store import BatchOptions, StopOptions, Topology, WorkerOptions, convert, open_dataset
 from zephon_store._util.hashing import xxh3_hex
 from zephon_store.cli.main import main
-from zephon_store.errors import AccessDeniedError, IntegrityError, ShardNotFoundError
+from zephon_store.errors import (
+    AccessDeniedError,
+    InputError,
+    IntegrityError,
+    ShardNotFoundError,
+)
 from zephon_store.io.retry import RetryPolicy
 from zephon_store.io.storage import Storage
 from zephon_store.testing.azurite_server import ACCOUNT
@@ -294,3 +299,16 @@ def test_abfs_urls_name_the_account_in_the_host(az_bucket):
     assert st.listdir("shards") == ["shards/a.bin"]
     assert st.url("shards/a.bin").startswith(f"abfs://{az_bucket.name}@")
 
+
+
+
+def test_inputs_on_the_store_are_refused_in_one_line(bucket, tmp_path):
+    """gs:// and az:// hold datasets; convert's inputs come from local folders or s3://
+    (zephon's own clients list no folders and open no streams): one line says so."""
+    st = Storage(f"{bucket.url}/in", storage_options=bucket.storage_options)
+    st.write_atomic("a.jsonl", b'{"id": 1, "text": "a"}\n')
+    for src in (f"{bucket.url}/in/", f"{bucket.url}/in/a.jsonl"):
+        with pytest.raises(InputError) as info:
+            convert([src], str(tmp_path / "out"), input_storage_options=bucket.storage_options)
+        assert "\n" not in str(info.value) and "copy the inputs" in str(info.value)
+    assert not (tmp_path / "out").exists()

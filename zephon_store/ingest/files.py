@@ -12,7 +12,7 @@ import fsspec
 
 from ..errors import InputError, InputNotFoundError
 from ..io.retry import RetryPolicy, call_with_retry
-from ..io.storage import is_local_url, resolve
+from ..io.storage import AZURE_PROTOCOLS, GCS_PROTOCOLS, is_local_url, resolve
 from . import localtree
 from .containers import DecompressedReader
 from .localtree import HIDDEN, MAGIC, hidden_below_glob
@@ -109,6 +109,13 @@ def _expand_one(pattern: str, storage_options: dict) -> list[tuple[str, int, tup
     if is_local_url(pattern):
         _, path = resolve(os.path.expanduser(pattern), storage_options)
         return _expand_local(path)
+    protocol = pattern.split("://", 1)[0].lower()
+    if protocol in GCS_PROTOCOLS + AZURE_PROTOCOLS:
+        # zephon's own GCS/Azure clients serve datasets (read, and convert's output), not
+        # raw inputs: they list no folders and open no streams.
+        raise InputError(f"{pattern}: convert does not read inputs from {protocol}:// yet "
+                         "(datasets there are read and written); copy the inputs to a local "
+                         "folder or to s3:// and convert from there", path=pattern)
     fs, path, policy = remote_fs(pattern, storage_options)
     if MAGIC.search(path):
         out = []
@@ -145,13 +152,16 @@ def _expand_local(path: str) -> list[localtree.Found]:
 
 
 def object_version(info: dict) -> str | None:
-    """What an fsspec listing entry says changes whenever the object's bytes do: S3's
-    ``ETag``, GCS's ``generation`` (gcsfs), Azure's ``etag`` (adlfs); None when it names none.
+    """What a listing entry says changes whenever the object's bytes do: s3fs's ``ETag``,
+    zephon's own GCS and Azure clients' ``tag`` (a generation, an ETag; io/object_store.py),
+    gcsfs's ``generation``, adlfs's ``etag``; None when it names none.
 
     >>> object_version({"name": "b/a.jsonl", "size": 3, "ETag": '"9b2c"'})
     '"9b2c"'
+    >>> object_version({"name": "b/a.jsonl", "size": 3, "tag": "1733490000000001"})
+    '1733490000000001'
     """
-    for key in ("ETag", "etag", "generation"):
+    for key in ("ETag", "tag", "etag", "generation"):
         if info.get(key) not in (None, ""):
             return str(info[key])
     return None
